@@ -1,0 +1,26 @@
+//! `snapdiff convert IN OUT`.
+
+use anyhow::bail;
+
+use crate::args::ConvertArgs;
+use crate::exit::Exit;
+
+/// The top-level entry point for `snapdiff convert`.
+pub(crate) fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
+    let ext = args.output.extension().and_then(|e| e.to_str());
+    if !matches!(ext, Some("snap" | "json")) {
+        bail!(
+            "{}: cannot tell the output format: name it .snap or .json",
+            args.output.display()
+        );
+    }
+    if args.output.exists() && !args.force {
+        bail!(
+            "{}: already exists; pass --force to replace it",
+            args.output.display()
+        );
+    }
+    let snap = snapdiff_format::read_path(&args.input)?;
+    snapdiff_format::write_path(&args.output, &snap)?;
+    Ok(Exit::Clean)
+}

@@ -1,0 +1,91 @@
+//! `snapdiff summary FILE`.
+
+use std::io::Write;
+
+use snapdiff_analyze::summarize;
+
+use crate::args::SummaryArgs;
+use crate::exit::Exit;
+use crate::render::{align_right, print_json, size, table};
+
+/// The top-level entry point for `snapdiff summary`.
+pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
+    let snap = snapdiff_format::read_path(&args.file)?;
+    let summary = summarize(&snap);
+    if args.json {
+        print_json(&summary)?;
+        return Ok(Exit::Clean);
+    }
+    let mut out = std::io::stdout().lock();
+    let t = &summary.totals;
+    writeln!(out, "{}", args.file.display())?;
+    if let Some(source) = &snap.meta.source {
+        writeln!(out, "  from {source}, recorded by {}", snap.meta.producer)?;
+    }
+    let mut totals = table(["", "bytes", ""]);
+    totals.add_row(vec![
+        "reserved".to_owned(),
+        size(t.reserved_bytes),
+        format!("{} segments", t.segments),
+    ]);
+    totals.add_row(vec![
+        "allocated".to_owned(),
+        size(t.allocated_bytes),
+        format!("{} blocks in all", t.blocks),
+    ]);
+    totals.add_row(vec![
+        "active".to_owned(),
+        size(t.active_bytes),
+        "allocated + pending free".to_owned(),
+    ]);
+    totals.add_row(vec![
+        "requested".to_owned(),
+        size(t.requested_bytes),
+        "asked for by the program".to_owned(),
+    ]);
+    let f = &summary.fragmentation;
+    totals.add_row(vec![
+        "free in cache".to_owned(),
+        size(f.free_bytes),
+        format!("largest free block {}", size(f.largest_free_block)),
+    ]);
+    align_right(&mut totals, &[1]);
+    writeln!(out, "{totals}")?;
+
+    if !summary.pools.is_empty() {
+        let mut pools = table([
+            "device",
+            "pool",
+            "stream",
+            "segments",
+            "reserved",
+            "allocated",
+            "active",
+        ]);
+        for p in &summary.pools {
+            pools.add_row(vec![
+                p.device.to_string(),
+                p.pool.to_owned(),
+                p.stream.to_string(),
+                p.totals.segments.to_string(),
+                size(p.totals.reserved_bytes),
+                size(p.totals.allocated_bytes),
+                size(p.totals.active_bytes),
+            ]);
+        }
+        align_right(&mut pools, &[0, 2, 3, 4, 5, 6]);
+        writeln!(out, "{pools}")?;
+    }
+
+    write!(out, "{} trace events", summary.trace_events)?;
+    let actions: Vec<String> = summary
+        .actions
+        .iter()
+        .map(|(a, n)| format!("{a} {n}"))
+        .collect();
+    if !actions.is_empty() {
+        write!(out, ": {}", actions.join(", "))?;
+    }
+    writeln!(out)?;
+    Ok(Exit::Clean)
+}

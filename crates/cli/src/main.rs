@@ -1,0 +1,38 @@
+//! The `snapdiff` command: argument parsing, dispatch and rendering.
+//!
+//! All analysis lives in the library crates; this crate only turns flags into
+//! options, calls them, and prints the results (see `crates/cli/README.md`).
+
+mod args;
+mod cmd;
+mod exit;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = args::Cli::parse();
+    match cmd::run(cli) {
+        Ok(code) => code.into(),
+        Err(err) => {
+            // A closed pipe (`snapdiff ... | head`) is not an error, as for other Unix tools.
+            let broken_pipe = err.chain().any(|e| {
+                let io_kind = e
+                    .downcast_ref::<std::io::Error>()
+                    .map(std::io::Error::kind)
+                    .or_else(|| {
+                        e.downcast_ref::<serde_json::Error>()
+                            .and_then(|j| j.io_error_kind())
+                    });
+                io_kind == Some(std::io::ErrorKind::BrokenPipe)
+            });
+            if broken_pipe {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("snapdiff: {err:#}");
+            exit::Exit::Error.into()
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The snapdiff snapshot model and its files.
+//!
+//! Every reader produces the same [`Snapshot`]; nothing downstream knows which
+//! file it came from. Readers recognise the kind of file from its bytes,
+//! never its name:
+//!
+//! | kind | recognised by | written by |
+//! |---|---|---|
+//! | `.snap` | `SNAPDIFF` magic | [`write_path`], `snapdiff-runtime` |
+//! | `.json` | a `{` | [`write_path`] |
+//! | PyTorch pickle | `\x80` + protocol 2-5 | `torch.cuda.memory._dump_snapshot()`, pickle of `memory_snapshot()` |
+//! | `torch.save` zip | `PK\x03\x04` | `torch.save(torch.cuda.memory._snapshot(), f)` |
+//!
+//! ```
+//! use snapdiff_format::{read_bytes, write_snap, Snapshot};
+//!
+//! let mut file = Vec::new();
+//! write_snap(&Snapshot::default(), &mut file)?;
+//! let back = read_bytes(&file)?;
+//! assert_eq!(back, Snapshot::default());
+//! # Ok::<(), snapdiff_format::Error>(())
+//! ```
+
+#![deny(missing_docs)]
+#![warn(unreachable_pub)]
+
+mod codes;
+mod error;
+mod model;
+mod pickle;
+mod snap;
+pub mod units;
+mod value;
+
+use std::path::Path;
+
+pub use crate::error::{Error, ErrorKind, Result};
+pub use crate::model::{
+    Action, Annotation, Block, BlockState, DeviceInfo, DeviceTrace, Frame, FrameId, HistoryEntry,
+    Meta, Pool, Segment, Snapshot, StackId, StrId, Totals, TraceEvent,
+};
+pub use crate::snap::{
+    FORMAT_VERSION, MAGIC, read_json, read_snap, write_atomically, write_json, write_snap,
+};
+pub use crate::value::{Extra, Value};
+
+/// The kinds of file snapdiff reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// The native `.snap` file.
+    Snap,
+    /// The `.json` form of the model.
+    Json,
+    /// A PyTorch snapshot pickle.
+    Pickle,
+    /// A `torch.save` zip file.
+    TorchZip,
+}
+
+impl FileKind {
+    /// Recognises a file from its first bytes.
+    pub fn detect(data: &[u8]) -> Option<FileKind> {
+        match data {
+            [b'S', b'N', b'A', b'P', b'D', b'I', b'F', b'F', ..] => Some(FileKind::Snap),
+            [0x80, 2..=5, ..] => Some(FileKind::Pickle),
+            [b'P', b'K', 3, 4, ..] => Some(FileKind::TorchZip),
+            _ if data.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') => {
+                Some(FileKind::Json)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Reads a snapshot from bytes of any supported kind.
+pub fn read_bytes(data: &[u8]) -> Result<Snapshot> {
+    match FileKind::detect(data) {
+        Some(FileKind::Snap) => read_snap(data),
+        Some(FileKind::Json) => read_json(data),
+        Some(FileKind::Pickle) => pickle::read(data, None),
+        Some(FileKind::TorchZip) => pickle::torch_zip::read(data),
+        None if data.is_empty() => Err(Error::new(
+            ErrorKind::UnknownFormat,
+            "empty file, not a snapshot",
+        )),
+        None if data[0] == 0x80 => Err(Error::new(
+            ErrorKind::UnknownFormat,
+            format!(
+                "pickle protocol {} is not one snapshots use (2 to 5)",
+                data.get(1).copied().unwrap_or(0)
+            ),
+        )),
+        None => {
+            let head: Vec<String> = data.iter().take(4).map(|b| format!("{b:02x}")).collect();
+            Err(Error::new(
+                ErrorKind::UnknownFormat,
+                format!(
+                    "not a snapshot: unrecognised content starting with bytes {} (expected a .snap, \
+                     .json, PyTorch pickle or torch.save file)",
+                    head.join(" ")
+                ),
+            ))
+        }
+    }
+}
+
+/// Reads the snapshot file at `path`, whatever its kind. Errors name the file.
+pub fn read_path(path: impl AsRef<Path>) -> Result<Snapshot> {
+    let path = path.as_ref();
+    let data = std::fs::read(path).map_err(|e| Error::io("cannot read", e).with_path(path))?;
+    read_bytes(&data).map_err(|e| e.with_path(path))
+}
+
+/// Writes `snap` to `path` atomically, as JSON if the name ends in `.json` and
+/// as `.snap` if it ends in `.snap`.
+pub fn write_path(path: impl AsRef<Path>, snap: &Snapshot) -> Result<()> {
+    let path = path.as_ref();
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => write_atomically(path, |w| write_json(snap, w)),
+        Some("snap") => write_atomically(path, |w| write_snap(snap, w)),
+        _ => Err(Error::new(
+            ErrorKind::Io,
+            "cannot tell the output format: name it .snap or .json",
+        )
+        .with_path(path)),
+    }
+}

@@ -1,0 +1,664 @@
+//! Turning pickled dicts into typed records, with PyTorch's schema.
+//!
+//! The same functions serve two moments. While the pickle runs, every
+//! completed dict that looks like a frame, a trace event or a block is
+//! lowered at once (errors are ignored then: the dict simply stays generic).
+//! After it runs, [`Lowerer`] walks the result from the top with the schema
+//! in hand, picks up the lowered records and converts whatever is still
+//! generic, reporting problems with their path (`segments[3].blocks[0].size`).
+//!
+//! Frames and stacks are interned here: a frame list that the pickle memo
+//! shares is one container, converted once into one [`StackId`].
+
+use rustc_hash::FxHashMap;
+
+use crate::model::{
+    Action, Block, BlockState, Frame, FrameId, HistoryEntry, StackId, StrId, TraceEvent,
+};
+use crate::pickle::machine::{Container, Heap, Val};
+use crate::value::Value;
+
+/// How deep generic values (settings, unknown keys) may nest.
+const MAX_DEPTH: usize = 64;
+
+/// A conversion failure: the message, and the path inside the record where
+/// it happened, innermost last (joined by the caller).
+pub(crate) type Failure = String;
+
+/// Typed records lowered so far, and the interning tables behind them.
+#[derive(Default)]
+pub(crate) struct Lowerer {
+    pub(crate) frames: Vec<Frame>,
+    frame_ids: FxHashMap<Frame, FrameId>,
+    pub(crate) stacks: Vec<Vec<FrameId>>,
+    stack_ids: FxHashMap<Vec<FrameId>, StackId>,
+    /// Stack of each frame-list container already converted.
+    list_stacks: FxHashMap<u32, Option<StackId>>,
+    pub(crate) strings: Vec<String>,
+    string_ids: FxHashMap<String, StrId>,
+    /// Lowered events; taken (set to `None`) when placed into a trace.
+    pub(crate) events: Vec<Option<TraceEvent>>,
+    /// Lowered blocks and whether their dict had an `address`.
+    pub(crate) blocks: Vec<Option<(Block, bool)>>,
+    /// Generic values still allowed to be produced: bounds the expansion of
+    /// a pickle that shares one container many times over.
+    value_budget: usize,
+}
+
+/// Which typed record a dict's keys say it is.
+enum Shape {
+    Frame,
+    Event,
+    Block,
+    Other,
+}
+
+fn shape(heap: &Heap, entries: &[(Val, Val)]) -> Shape {
+    let (mut action, mut state, mut size, mut blocks, mut filename, mut name, mut line) =
+        (false, false, false, false, false, false, false);
+    for (k, _) in entries {
+        if let Val::Str(id) = k {
+            match heap.str(*id) {
+                "action" => action = true,
+                "state" => state = true,
+                "size" => size = true,
+                "blocks" => blocks = true,
+                "filename" => filename = true,
+                "name" => name = true,
+                "line" => line = true,
+                _ => {}
+            }
+        }
+    }
+    if action {
+        Shape::Event
+    } else if state && size && !blocks {
+        Shape::Block
+    } else if filename && name && line && !state && !blocks {
+        Shape::Frame
+    } else {
+        Shape::Other
+    }
+}
+
+/// Describes a value's type for messages ("expected an integer, found a string").
+pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
+    match v {
+        Val::Unset => "nothing",
+        Val::None => "None",
+        Val::Bool(_) => "a boolean",
+        Val::Int(_) | Val::Big(_) => "an integer",
+        Val::Float(_) => "a float",
+        Val::Str(_) => "a string",
+        Val::Bytes(_) => "bytes",
+        Val::Obj(id) => match heap.containers[id as usize] {
+            Container::List(_) => "a list",
+            Container::Tuple(_) => "a tuple",
+            Container::Set(_) => "a set",
+            Container::Dict(_) => "a dict",
+            Container::Frame(_) => "a frame dict",
+            Container::Event(_) => "a trace event dict",
+            Container::Block(_) => "a block dict",
+        },
+    }
+}
+
+pub(crate) fn int(heap: &Heap, v: Val) -> Result<i128, Failure> {
+    match v {
+        Val::Int(i) => Ok(i.into()),
+        Val::Big(b) => Ok(heap.bigs[b as usize]),
+        other => Err(format!(
+            "expected an integer, found {}",
+            describe(heap, other)
+        )),
+    }
+}
+
+pub(crate) fn u64_of(heap: &Heap, v: Val) -> Result<u64, Failure> {
+    let i = int(heap, v)?;
+    u64::try_from(i).map_err(|_| format!("expected an integer from 0 to 2^64-1, found {i}"))
+}
+
+pub(crate) fn i64_of(heap: &Heap, v: Val) -> Result<i64, Failure> {
+    let i = int(heap, v)?;
+    i64::try_from(i).map_err(|_| format!("integer {i} does not fit in 64 bits"))
+}
+
+pub(crate) fn u32_of(heap: &Heap, v: Val) -> Result<u32, Failure> {
+    let i = int(heap, v)?;
+    u32::try_from(i).map_err(|_| format!("expected an integer from 0 to 2^32-1, found {i}"))
+}
+
+pub(crate) fn str_of<'h>(heap: &'h Heap, v: Val) -> Result<&'h str, Failure> {
+    match v {
+        Val::Str(id) => Ok(heap.str(id)),
+        other => Err(format!(
+            "expected a string, found {}",
+            describe(heap, other)
+        )),
+    }
+}
+
+pub(crate) fn bool_of(heap: &Heap, v: Val) -> Result<bool, Failure> {
+    match v {
+        Val::Bool(b) => Ok(b),
+        Val::Int(0) => Ok(false),
+        Val::Int(1) => Ok(true),
+        other => Err(format!(
+            "expected a boolean, found {}",
+            describe(heap, other)
+        )),
+    }
+}
+
+/// The items of a list or tuple.
+pub(crate) fn items<'h>(heap: &'h Heap, v: Val) -> Result<&'h [Val], Failure> {
+    match v {
+        Val::Obj(id) => match &heap.containers[id as usize] {
+            Container::List(items) | Container::Tuple(items) => Ok(items),
+            _ => Err(format!("expected a list, found {}", describe(heap, v))),
+        },
+        other => Err(format!("expected a list, found {}", describe(heap, other))),
+    }
+}
+
+/// The entries of a generic dict.
+pub(crate) fn entries<'h>(heap: &'h Heap, v: Val) -> Result<&'h [(Val, Val)], Failure> {
+    match v {
+        Val::Obj(id) => match &heap.containers[id as usize] {
+            Container::Dict(entries) => Ok(entries),
+            _ => Err(format!("expected a dict, found {}", describe(heap, v))),
+        },
+        other => Err(format!("expected a dict, found {}", describe(heap, other))),
+    }
+}
+
+pub(crate) fn pair_of(heap: &Heap, v: Val) -> Result<(i64, i64), Failure> {
+    match items(heap, v)? {
+        [a, b] => Ok((i64_of(heap, *a)?, i64_of(heap, *b)?)),
+        other => Err(format!(
+            "expected a pair of integers, found {} items",
+            other.len()
+        )),
+    }
+}
+
+/// The text form of a dict key; snapshots only use string keys.
+pub(crate) fn key_text(heap: &Heap, k: Val) -> String {
+    match k {
+        Val::Str(id) => heap.str(id).to_owned(),
+        Val::Int(i) => i.to_string(),
+        Val::Big(b) => heap.bigs[b as usize].to_string(),
+        Val::Bool(b) => if b { "True" } else { "False" }.to_owned(),
+        Val::None => "None".to_owned(),
+        Val::Float(f) => f.to_string(),
+        other => format!("<{}>", describe(heap, other)),
+    }
+}
+
+/// Prefixes a failure with the field it happened in.
+pub(crate) fn at(field: &str, f: Failure) -> Failure {
+    if f.starts_with(['[', '.', ':']) {
+        format!(".{field}{f}")
+    } else {
+        format!(".{field}: {f}")
+    }
+}
+
+/// Prefixes a failure with the list index it happened at.
+pub(crate) fn index(i: usize, f: Failure) -> Failure {
+    if f.starts_with(['[', '.', ':']) {
+        format!("[{i}]{f}")
+    } else {
+        format!("[{i}]: {f}")
+    }
+}
+
+/// Makes a leaf failure into a path failure at the current position.
+pub(crate) fn here(f: Failure) -> Failure {
+    if f.starts_with(['[', '.', ':']) {
+        f
+    } else {
+        format!(": {f}")
+    }
+}
+
+fn missing(field: &str) -> Failure {
+    format!(": missing '{field}'")
+}
+
+impl Lowerer {
+    /// A lowerer that may produce at most `budget` generic values.
+    pub(crate) fn with_value_budget(budget: usize) -> Lowerer {
+        Lowerer {
+            value_budget: budget,
+            ..Lowerer::default()
+        }
+    }
+
+    /// Lowers dict `id` in place if its keys say it is a frame, a trace event
+    /// or a block and it converts cleanly; otherwise leaves it generic.
+    pub(crate) fn lower_dict(&mut self, heap: &mut Heap, id: u32) {
+        let Container::Dict(entries) = &heap.containers[id as usize] else {
+            return;
+        };
+        let lowered = match shape(heap, entries) {
+            Shape::Frame => self.frame(heap, entries).ok().map(Container::Frame),
+            Shape::Event => self.event(heap, entries).ok().map(|ev| {
+                self.events.push(Some(ev));
+                Container::Event(self.events.len() as u32 - 1)
+            }),
+            Shape::Block => self.block(heap, entries).ok().map(|b| {
+                self.blocks.push(Some(b));
+                Container::Block(self.blocks.len() as u32 - 1)
+            }),
+            Shape::Other => None,
+        };
+        if let Some(c) = lowered {
+            heap.containers[id as usize] = c;
+        }
+    }
+
+    /// Forgets the stack converted from list `id`, which is changing.
+    pub(crate) fn forget_list(&mut self, id: u32) {
+        if !self.list_stacks.is_empty() {
+            self.list_stacks.remove(&id);
+        }
+    }
+
+    fn intern_frame(&mut self, frame: Frame) -> FrameId {
+        if let Some(&id) = self.frame_ids.get(&frame) {
+            return id;
+        }
+        let id = self.frames.len() as FrameId;
+        self.frames.push(frame.clone());
+        self.frame_ids.insert(frame, id);
+        id
+    }
+
+    pub(crate) fn intern_string(&mut self, s: &str) -> StrId {
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as StrId;
+        self.strings.push(s.to_owned());
+        self.string_ids.insert(s.to_owned(), id);
+        id
+    }
+
+    fn frame(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<FrameId, Failure> {
+        let mut frame = Frame::default();
+        let (mut has_name, mut has_file, mut has_line) = (false, false, false);
+        for &(k, v) in entries {
+            let key = key_text(heap, k);
+            match key.as_str() {
+                "name" => {
+                    frame.name = str_of(heap, v).map_err(|f| at("name", f))?.to_owned();
+                    has_name = true;
+                }
+                "filename" => {
+                    frame.file = str_of(heap, v).map_err(|f| at("filename", f))?.to_owned();
+                    has_file = true;
+                }
+                "line" => {
+                    // Negative lines do not occur; clamp rather than reject.
+                    let line = int(heap, v).map_err(|f| at("line", f))?;
+                    frame.line = u32::try_from(line.max(0)).unwrap_or(u32::MAX);
+                    has_line = true;
+                }
+                _ => {
+                    let text = match v {
+                        Val::Str(id) => heap.str(id).to_owned(),
+                        other => value_text(heap, other),
+                    };
+                    frame.extra.push((key, text));
+                }
+            }
+        }
+        for (present, field) in [
+            (has_name, "name"),
+            (has_file, "filename"),
+            (has_line, "line"),
+        ] {
+            if !present {
+                return Err(missing(field));
+            }
+        }
+        Ok(self.intern_frame(frame))
+    }
+
+    /// Converts a `frames` value (a list of frame dicts) to an interned stack;
+    /// an empty list is no stack.
+    pub(crate) fn stack(&mut self, heap: &Heap, v: Val) -> Result<Option<StackId>, Failure> {
+        let list_id = match v {
+            Val::Obj(id) => id,
+            Val::None => return Ok(None),
+            other => {
+                return Err(format!(
+                    "expected a list of frames, found {}",
+                    describe(heap, other)
+                ));
+            }
+        };
+        if let Some(&s) = self.list_stacks.get(&list_id) {
+            return Ok(s);
+        }
+        let items = items(heap, v)?;
+        if items.is_empty() {
+            return Ok(None);
+        }
+        let mut ids = Vec::with_capacity(items.len());
+        for (i, &item) in items.iter().enumerate() {
+            let id = match item {
+                Val::Obj(c) => match &heap.containers[c as usize] {
+                    Container::Frame(f) => *f,
+                    Container::Dict(entries) => {
+                        self.frame(heap, entries).map_err(|f| index(i, f))?
+                    }
+                    _ => {
+                        return Err(index(
+                            i,
+                            format!("expected a frame dict, found {}", describe(heap, item)),
+                        ));
+                    }
+                },
+                other => {
+                    return Err(index(
+                        i,
+                        format!("expected a frame dict, found {}", describe(heap, other)),
+                    ));
+                }
+            };
+            ids.push(id);
+        }
+        let id = match self.stack_ids.get(&ids) {
+            Some(&id) => id,
+            None => {
+                let id = self.stacks.len() as StackId;
+                self.stacks.push(ids.clone());
+                self.stack_ids.insert(ids, id);
+                id
+            }
+        };
+        self.list_stacks.insert(list_id, Some(id));
+        Ok(Some(id))
+    }
+
+    fn event(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<TraceEvent, Failure> {
+        let mut ev = TraceEvent::default();
+        let (mut has_action, mut has_size) = (false, false);
+        for &(k, v) in entries {
+            let key = key_text(heap, k);
+            let field = key.as_str();
+            let wrap = |f: Failure| at(field, f);
+            match field {
+                "action" => {
+                    ev.action = Action::from_name(str_of(heap, v).map_err(wrap)?);
+                    has_action = true;
+                }
+                "addr" => ev.address = u64_of(heap, v).map_err(wrap)?,
+                "size" => {
+                    ev.size = u64_of(heap, v).map_err(wrap)?;
+                    has_size = true;
+                }
+                "stream" => ev.stream = i64_of(heap, v).map_err(wrap)?,
+                "time_us" => ev.time_us = Some(i64_of(heap, v).map_err(wrap)?),
+                "frames" => ev.stack = self.stack(heap, v).map_err(wrap)?,
+                "device_free" => ev.device_free = Some(u64_of(heap, v).map_err(wrap)?),
+                "compile_context" => {
+                    ev.compile_context = Some(self.intern_string(str_of(heap, v).map_err(wrap)?))
+                }
+                "user_metadata" => {
+                    ev.user_metadata = Some(self.intern_string(str_of(heap, v).map_err(wrap)?))
+                }
+                "pool_id" => ev.pool_id = Some(pair_of(heap, v).map_err(wrap)?),
+                _ => {
+                    let value = self.value(heap, v, 1).map_err(wrap)?;
+                    ev.extra.push((key, value));
+                }
+            }
+        }
+        if !has_action {
+            return Err(missing("action"));
+        }
+        if !has_size {
+            return Err(missing("size"));
+        }
+        Ok(ev)
+    }
+
+    /// A block dict; the flag says whether it had an `address` (older files
+    /// leave it out and the segment's conversion fills it in).
+    fn block(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<(Block, bool), Failure> {
+        let mut b = Block::default();
+        let (mut has_address, mut has_size, mut has_state, mut has_requested) =
+            (false, false, false, false);
+        for &(k, v) in entries {
+            let key = key_text(heap, k);
+            let field = key.as_str();
+            let wrap = |f: Failure| at(field, f);
+            match field {
+                "address" => {
+                    b.address = u64_of(heap, v).map_err(wrap)?;
+                    has_address = true;
+                }
+                "size" => {
+                    b.size = u64_of(heap, v).map_err(wrap)?;
+                    has_size = true;
+                }
+                "requested_size" => {
+                    b.requested_size = u64_of(heap, v).map_err(wrap)?;
+                    has_requested = true;
+                }
+                "state" => {
+                    let name = str_of(heap, v).map_err(wrap)?;
+                    b.state = BlockState::from_name(name)
+                        .ok_or_else(|| wrap(format!("unknown block state {name:?}")))?;
+                    has_state = true;
+                }
+                "frames" => b.stack = self.stack(heap, v).map_err(wrap)?,
+                "history" => {
+                    for (i, &h) in items(heap, v).map_err(wrap)?.iter().enumerate() {
+                        let entry = self
+                            .history(heap, h)
+                            .map_err(|f| at("history", index(i, f)))?;
+                        b.history.push(entry);
+                    }
+                }
+                _ => {
+                    let value = self.value(heap, v, 1).map_err(wrap)?;
+                    b.extra.push((key, value));
+                }
+            }
+        }
+        if !has_size {
+            return Err(missing("size"));
+        }
+        if !has_state {
+            return Err(missing("state"));
+        }
+        // Old files: the request and the stack live in the first history entry.
+        if let Some(first) = b.history.first() {
+            if !has_requested {
+                b.requested_size = first.real_size;
+            }
+            if b.stack.is_none() {
+                b.stack = first.stack;
+            }
+        } else if !has_requested {
+            b.requested_size = b.size;
+        }
+        Ok((b, has_address))
+    }
+
+    fn history(&mut self, heap: &Heap, v: Val) -> Result<HistoryEntry, Failure> {
+        let mut h = HistoryEntry::default();
+        for &(k, v) in entries(heap, v)? {
+            let key = key_text(heap, k);
+            let field = key.as_str();
+            let wrap = |f: Failure| at(field, f);
+            match field {
+                "addr" => h.address = u64_of(heap, v).map_err(wrap)?,
+                "real_size" => h.real_size = u64_of(heap, v).map_err(wrap)?,
+                "frames" => h.stack = self.stack(heap, v).map_err(wrap)?,
+                _ => {
+                    let value = self.value(heap, v, 1).map_err(wrap)?;
+                    h.extra.push((key, value));
+                }
+            }
+        }
+        Ok(h)
+    }
+
+    /// Takes the lowered block behind `v`, or converts a generic block dict.
+    pub(crate) fn take_block(&mut self, heap: &Heap, v: Val) -> Result<(Block, bool), Failure> {
+        match v {
+            Val::Obj(id) => match &heap.containers[id as usize] {
+                Container::Block(i) => self.blocks[*i as usize]
+                    .take()
+                    .ok_or_else(|| ": the same block dict appears twice".to_owned()),
+                Container::Dict(entries) => self.block(heap, entries),
+                _ => Err(format!(
+                    ": expected a block dict, found {}",
+                    describe(heap, v)
+                )),
+            },
+            other => Err(format!(
+                ": expected a block dict, found {}",
+                describe(heap, other)
+            )),
+        }
+    }
+
+    /// Takes the lowered event behind `v`, or converts a generic event dict.
+    pub(crate) fn take_event(&mut self, heap: &Heap, v: Val) -> Result<TraceEvent, Failure> {
+        match v {
+            Val::Obj(id) => match &heap.containers[id as usize] {
+                Container::Event(i) => self.events[*i as usize]
+                    .take()
+                    .ok_or_else(|| ": the same trace event dict appears twice".to_owned()),
+                Container::Dict(entries) => self.event(heap, entries),
+                _ => Err(format!(
+                    ": expected a trace event dict, found {}",
+                    describe(heap, v)
+                )),
+            },
+            other => Err(format!(
+                ": expected a trace event dict, found {}",
+                describe(heap, other)
+            )),
+        }
+    }
+
+    /// Converts any value to a generic [`Value`], for keys without a schema.
+    pub(crate) fn value(&mut self, heap: &Heap, v: Val, depth: usize) -> Result<Value, Failure> {
+        if depth > MAX_DEPTH {
+            return Err(format!(": values nested deeper than {MAX_DEPTH} levels"));
+        }
+        self.value_budget = self.value_budget.checked_sub(1).ok_or_else(|| {
+            ": the pickle expands to far more values than its size allows (shared containers?)"
+                .to_owned()
+        })?;
+        Ok(match v {
+            Val::Unset | Val::None => Value::None,
+            Val::Bool(b) => Value::Bool(b),
+            Val::Int(i) => Value::Int(i.into()),
+            Val::Big(b) => Value::Int(heap.bigs[b as usize]),
+            Val::Float(f) => Value::Float(f),
+            Val::Str(id) => Value::Str(heap.str(id).to_owned()),
+            Val::Bytes(id) => Value::Bytes(heap.bytes[id as usize].to_vec()),
+            Val::Obj(id) => match &heap.containers[id as usize] {
+                Container::List(items) | Container::Tuple(items) | Container::Set(items) => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for (i, &item) in items.iter().enumerate() {
+                        out.push(self.value(heap, item, depth + 1).map_err(|f| index(i, f))?);
+                    }
+                    Value::List(out)
+                }
+                Container::Dict(entries) => {
+                    let mut out = Vec::with_capacity(entries.len());
+                    for &(k, item) in entries {
+                        let key = key_text(heap, k);
+                        let value = self.value(heap, item, depth + 1).map_err(|f| at(&key, f))?;
+                        out.push((key, value));
+                    }
+                    Value::Map(out)
+                }
+                Container::Frame(f) => frame_value(&self.frames[*f as usize]),
+                Container::Event(i) => match &self.events[*i as usize] {
+                    Some(ev) => self.event_value(ev),
+                    None => return Err(": the same trace event dict appears twice".to_owned()),
+                },
+                Container::Block(i) => match &self.blocks[*i as usize] {
+                    Some((b, _)) => self.block_value(b),
+                    None => return Err(": the same block dict appears twice".to_owned()),
+                },
+            },
+        })
+    }
+
+    fn stack_value(&self, stack: Option<StackId>) -> Value {
+        let ids: &[FrameId] = stack.map_or(&[], |s| &self.stacks[s as usize]);
+        Value::List(
+            ids.iter()
+                .map(|&f| frame_value(&self.frames[f as usize]))
+                .collect(),
+        )
+    }
+
+    /// A lowered event found where the schema has no place for one, back in PyTorch's form.
+    fn event_value(&self, ev: &TraceEvent) -> Value {
+        let mut m = vec![
+            ("action".to_owned(), Value::Str(ev.action.name().to_owned())),
+            ("addr".to_owned(), Value::Int(ev.address.into())),
+            ("size".to_owned(), Value::Int(ev.size.into())),
+            ("stream".to_owned(), Value::Int(ev.stream.into())),
+        ];
+        if let Some(t) = ev.time_us {
+            m.push(("time_us".to_owned(), Value::Int(t.into())));
+        }
+        if ev.stack.is_some() {
+            m.push(("frames".to_owned(), self.stack_value(ev.stack)));
+        }
+        m.extend(ev.extra.iter().cloned());
+        Value::Map(m)
+    }
+
+    /// A lowered block found where the schema has no place for one, back in PyTorch's form.
+    fn block_value(&self, b: &Block) -> Value {
+        let mut m = vec![
+            ("address".to_owned(), Value::Int(b.address.into())),
+            ("size".to_owned(), Value::Int(b.size.into())),
+            (
+                "requested_size".to_owned(),
+                Value::Int(b.requested_size.into()),
+            ),
+            ("state".to_owned(), Value::Str(b.state.name().to_owned())),
+            ("frames".to_owned(), self.stack_value(b.stack)),
+        ];
+        m.extend(b.extra.iter().cloned());
+        Value::Map(m)
+    }
+}
+
+fn frame_value(f: &Frame) -> Value {
+    let mut m = vec![
+        ("name".to_owned(), Value::Str(f.name.clone())),
+        ("filename".to_owned(), Value::Str(f.file.clone())),
+        ("line".to_owned(), Value::Int(f.line.into())),
+    ];
+    m.extend(
+        f.extra
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::Str(v.clone()))),
+    );
+    Value::Map(m)
+}
+
+/// A short text form of a scalar, for frame fields that are not strings.
+fn value_text(heap: &Heap, v: Val) -> String {
+    match v {
+        Val::Str(id) => heap.str(id).to_owned(),
+        other => key_text(heap, other),
+    }
+}

@@ -1,0 +1,718 @@
+//! The pickle virtual machine: opcodes in, a graph of values out.
+//!
+//! Written by hand because general pickle crates cannot read real snapshots:
+//! they reject or silently drop objects that the pickle memo shares, and
+//! PyTorch shares every frame list and frame dict that way (see
+//! `reference/rust-ecosystem.md` §4). This one runs the ~40 data opcodes of
+//! protocols 2 to 5 over an explicit stack; it never recurses and never
+//! executes anything: opcodes that would import or call Python code are
+//! refused with an error that says what the file is.
+//!
+//! Values are small `Copy` handles ([`Val`]); strings borrow the input and
+//! containers live in an arena, so a list or dict referenced twice through
+//! the memo is the same arena slot, as it is in Python. As each dict is
+//! completed, [`Lowerer`] turns frames, trace events and blocks into typed
+//! records right away, so a file of millions of events never exists as
+//! millions of generic dicts.
+
+use std::borrow::Cow;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::pickle::lower::Lowerer;
+
+/// A handle to a value on the stack, in the memo or inside a container.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Val {
+    /// A memo slot that was never written.
+    Unset,
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An integer wider than 64 bits: index into [`Heap::bigs`].
+    Big(u32),
+    Float(f64),
+    /// Index into [`Heap::strings`].
+    Str(u32),
+    /// Index into [`Heap::bytes`].
+    Bytes(u32),
+    /// Index into [`Heap::containers`]; lists, tuples, sets and dicts.
+    Obj(u32),
+}
+
+/// A container, or the typed record a completed dict was lowered to.
+#[derive(Debug)]
+pub(crate) enum Container {
+    List(Vec<Val>),
+    Tuple(Vec<Val>),
+    Set(Vec<Val>),
+    Dict(Vec<(Val, Val)>),
+    /// A frame dict, now an index into the lowerer's frame table.
+    Frame(u32),
+    /// A trace-event dict, now an index into the lowerer's event store.
+    Event(u32),
+    /// A block dict, now an index into the lowerer's block store.
+    Block(u32),
+}
+
+/// Storage behind [`Val`] handles.
+#[derive(Default)]
+pub(crate) struct Heap<'a> {
+    pub(crate) strings: Vec<Cow<'a, str>>,
+    pub(crate) bytes: Vec<&'a [u8]>,
+    pub(crate) bigs: Vec<i128>,
+    pub(crate) containers: Vec<Container>,
+}
+
+impl<'a> Heap<'a> {
+    pub(crate) fn str(&self, id: u32) -> &str {
+        &self.strings[id as usize]
+    }
+
+    fn push(&mut self, c: Container) -> Val {
+        self.containers.push(c);
+        Val::Obj(self.containers.len() as u32 - 1)
+    }
+}
+
+/// Memo indices may skip ahead (BINPUT writes any index); this bounds how far,
+/// so that a hostile index cannot make the memo table huge.
+const MAX_MEMO_GAP: usize = 1 << 16;
+
+/// Runs the pickle in `data` and returns the value it leaves, the heap behind
+/// it, the lowered records, and the protocol it declared.
+pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
+    let mut m = Machine {
+        data,
+        pos: 0,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: Vec::new(),
+        heap: Heap::default(),
+        lower: Lowerer::with_value_budget(data.len() + (1 << 20)),
+        protocol: 0,
+    };
+    let top = m.execute()?;
+    Ok((top, m.heap, m.lower, m.protocol))
+}
+
+struct Machine<'a> {
+    data: &'a [u8],
+    pos: usize,
+    stack: Vec<Val>,
+    marks: Vec<usize>,
+    memo: Vec<Val>,
+    heap: Heap<'a>,
+    lower: Lowerer,
+    protocol: u8,
+}
+
+/// The opcode's name, for messages.
+fn opcode_name(op: u8) -> &'static str {
+    match op {
+        b'(' => "MARK",
+        b'.' => "STOP",
+        b'0' => "POP",
+        b'1' => "POP_MARK",
+        b'2' => "DUP",
+        b'F' => "FLOAT",
+        b'I' => "INT",
+        b'J' => "BININT",
+        b'K' => "BININT1",
+        b'L' => "LONG",
+        b'M' => "BININT2",
+        b'N' => "NONE",
+        b'P' => "PERSID",
+        b'Q' => "BINPERSID",
+        b'R' => "REDUCE",
+        b'S' => "STRING",
+        b'T' => "BINSTRING",
+        b'U' => "SHORT_BINSTRING",
+        b'V' => "UNICODE",
+        b'X' => "BINUNICODE",
+        b'a' => "APPEND",
+        b'b' => "BUILD",
+        b'c' => "GLOBAL",
+        b'd' => "DICT",
+        b'}' => "EMPTY_DICT",
+        b'e' => "APPENDS",
+        b'g' => "GET",
+        b'h' => "BINGET",
+        b'i' => "INST",
+        b'j' => "LONG_BINGET",
+        b'l' => "LIST",
+        b']' => "EMPTY_LIST",
+        b'o' => "OBJ",
+        b'p' => "PUT",
+        b'q' => "BINPUT",
+        b'r' => "LONG_BINPUT",
+        b's' => "SETITEM",
+        b't' => "TUPLE",
+        b')' => "EMPTY_TUPLE",
+        b'u' => "SETITEMS",
+        b'G' => "BINFLOAT",
+        b'B' => "BINBYTES",
+        b'C' => "SHORT_BINBYTES",
+        0x80 => "PROTO",
+        0x81 => "NEWOBJ",
+        0x82 => "EXT1",
+        0x83 => "EXT2",
+        0x84 => "EXT4",
+        0x85 => "TUPLE1",
+        0x86 => "TUPLE2",
+        0x87 => "TUPLE3",
+        0x88 => "NEWTRUE",
+        0x89 => "NEWFALSE",
+        0x8a => "LONG1",
+        0x8b => "LONG4",
+        0x8c => "SHORT_BINUNICODE",
+        0x8d => "BINUNICODE8",
+        0x8e => "BINBYTES8",
+        0x8f => "EMPTY_SET",
+        0x90 => "ADDITEMS",
+        0x91 => "FROZENSET",
+        0x92 => "NEWOBJ_EX",
+        0x93 => "STACK_GLOBAL",
+        0x94 => "MEMOIZE",
+        0x95 => "FRAME",
+        0x96 => "BYTEARRAY8",
+        0x97 => "NEXT_BUFFER",
+        0x98 => "READONLY_BUFFER",
+        _ => "an unknown opcode",
+    }
+}
+
+impl<'a> Machine<'a> {
+    fn execute(&mut self) -> Result<Val> {
+        loop {
+            let at = self.pos;
+            let op = *self
+                .data
+                .get(at)
+                .ok_or_else(|| self.error_at(ErrorKind::Truncated, "truncated: no STOP opcode"))?;
+            self.pos += 1;
+            match op {
+                0x80 => {
+                    let p = self.u8(op)?;
+                    if p > 5 {
+                        return Err(self.error_at(
+                            ErrorKind::Malformed,
+                            format!("pickle protocol {p} is newer than this reader (2 to 5)"),
+                        ));
+                    }
+                    self.protocol = p;
+                }
+                0x95 => {
+                    // FRAME: a length hint for buffered readers; all bytes are here already.
+                    self.take(8, op)?;
+                }
+                b'.' => {
+                    let top = self.pop(op, at)?;
+                    if !self.stack.is_empty() || !self.marks.is_empty() {
+                        return Err(self
+                            .error_at(ErrorKind::Malformed, "STOP with values left on the stack"));
+                    }
+                    return Ok(top);
+                }
+                b'(' => self.marks.push(self.stack.len()),
+                b'0' => {
+                    self.pop(op, at)?;
+                }
+                b'1' => {
+                    let mark = self.pop_mark(op, at)?;
+                    self.stack.truncate(mark);
+                }
+                b'2' => {
+                    let top = self.peek(op, at)?;
+                    self.stack.push(top);
+                }
+                b'N' => self.stack.push(Val::None),
+                0x88 => self.stack.push(Val::Bool(true)),
+                0x89 => self.stack.push(Val::Bool(false)),
+                b'J' => {
+                    let b = self.take(4, op)?;
+                    self.stack
+                        .push(Val::Int(i32::from_le_bytes(b.try_into().unwrap()).into()));
+                }
+                b'K' => {
+                    let v = self.u8(op)?;
+                    self.stack.push(Val::Int(v.into()));
+                }
+                b'M' => {
+                    let b = self.take(2, op)?;
+                    self.stack
+                        .push(Val::Int(u16::from_le_bytes([b[0], b[1]]).into()));
+                }
+                0x8a => {
+                    let n = self.u8(op)? as usize;
+                    let b = self.take(n, op)?;
+                    let v = self.long(b, op, at)?;
+                    self.stack.push(v);
+                }
+                0x8b => {
+                    let n = self.len4(op)?;
+                    let b = self.take(n, op)?;
+                    let v = self.long(b, op, at)?;
+                    self.stack.push(v);
+                }
+                b'G' => {
+                    let b = self.take(8, op)?;
+                    self.stack
+                        .push(Val::Float(f64::from_be_bytes(b.try_into().unwrap())));
+                }
+                0x8c => {
+                    let n = self.u8(op)? as usize;
+                    self.push_str(n, op)?;
+                }
+                b'X' => {
+                    let n = self.len4(op)?;
+                    self.push_str(n, op)?;
+                }
+                0x8d => {
+                    let n = self.len8(op)?;
+                    self.push_str(n, op)?;
+                }
+                b'C' => {
+                    let n = self.u8(op)? as usize;
+                    self.push_bytes(n, op)?;
+                }
+                b'B' => {
+                    let n = self.len4(op)?;
+                    self.push_bytes(n, op)?;
+                }
+                0x8e | 0x96 => {
+                    let n = self.len8(op)?;
+                    self.push_bytes(n, op)?;
+                }
+                b'}' => {
+                    let v = self.heap.push(Container::Dict(Vec::new()));
+                    self.stack.push(v);
+                }
+                b']' => {
+                    let v = self.heap.push(Container::List(Vec::new()));
+                    self.stack.push(v);
+                }
+                b')' => {
+                    let v = self.heap.push(Container::Tuple(Vec::new()));
+                    self.stack.push(v);
+                }
+                0x8f => {
+                    let v = self.heap.push(Container::Set(Vec::new()));
+                    self.stack.push(v);
+                }
+                b'l' | b't' | 0x91 => {
+                    let mark = self.pop_mark(op, at)?;
+                    let items = self.stack.split_off(mark);
+                    let c = match op {
+                        b'l' => Container::List(items),
+                        b't' => Container::Tuple(items),
+                        _ => Container::Set(items),
+                    };
+                    let v = self.heap.push(c);
+                    self.stack.push(v);
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < n + self.fence() {
+                        return Err(self.underflow(op, at));
+                    }
+                    let items = self.stack.split_off(self.stack.len() - n);
+                    let v = self.heap.push(Container::Tuple(items));
+                    self.stack.push(v);
+                }
+                b'd' => {
+                    let mark = self.pop_mark(op, at)?;
+                    let items = self.stack.split_off(mark);
+                    if items.len() % 2 != 0 {
+                        return Err(
+                            self.error_at(ErrorKind::Malformed, "DICT with an odd number of items")
+                        );
+                    }
+                    let pairs = items.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+                    let v = self.heap.push(Container::Dict(pairs));
+                    self.stack.push(v);
+                    self.lower_top();
+                }
+                b'a' => {
+                    let item = self.pop(op, at)?;
+                    let target = self.top_container(op, at)?;
+                    self.extend(target, std::iter::once(item), op, at)?;
+                }
+                b'e' | 0x90 => {
+                    let mark = self.pop_mark(op, at)?;
+                    let items = self.stack.split_off(mark);
+                    let target = self.top_container(op, at)?;
+                    self.extend(target, items.into_iter(), op, at)?;
+                }
+                b's' => {
+                    let value = self.pop(op, at)?;
+                    let key = self.pop(op, at)?;
+                    let target = self.top_container(op, at)?;
+                    self.set_items(target, [(key, value)].into_iter(), op, at)?;
+                    self.lower_top();
+                }
+                b'u' => {
+                    let mark = self.pop_mark(op, at)?;
+                    let items = self.stack.split_off(mark);
+                    if items.len() % 2 != 0 {
+                        return Err(self.error_at(
+                            ErrorKind::Malformed,
+                            "SETITEMS with an odd number of items",
+                        ));
+                    }
+                    let target = self.top_container(op, at)?;
+                    let pairs: Vec<(Val, Val)> =
+                        items.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+                    self.set_items(target, pairs.into_iter(), op, at)?;
+                    self.lower_top();
+                }
+                0x94 => {
+                    let top = self.peek(op, at)?;
+                    self.memo.push(top);
+                }
+                b'q' => {
+                    let i = self.u8(op)? as usize;
+                    self.put(i, op, at)?;
+                }
+                b'r' => {
+                    let i = self.len4(op)?;
+                    self.put(i, op, at)?;
+                }
+                b'h' => {
+                    let i = self.u8(op)? as usize;
+                    self.get(i, at)?;
+                }
+                b'j' => {
+                    let i = self.len4(op)?;
+                    self.get(i, at)?;
+                }
+                b'c' => return Err(self.refuse_global(at)),
+                0x93 => {
+                    let name = self.pop(op, at).ok().and_then(|v| self.text(v));
+                    let module = self.pop(op, at).ok().and_then(|v| self.text(v));
+                    let what = match (module, name) {
+                        (Some(m), Some(n)) => format!("{m}.{n}"),
+                        _ => "a Python object".to_owned(),
+                    };
+                    return Err(self.refuse_object(&what, op, at));
+                }
+                b'P' | b'Q' => {
+                    return Err(self.error_at(
+                        ErrorKind::Refused,
+                        format!(
+                            "pickle refers to tensor storage ({} at byte {at}): this is a \
+                             torch.save of tensors or a model, not a memory snapshot",
+                            opcode_name(op)
+                        ),
+                    ));
+                }
+                b'R' | b'b' | b'i' | b'o' | 0x81 | 0x92 | 0x82..=0x84 => {
+                    return Err(self.error_at(
+                        ErrorKind::Refused,
+                        format!(
+                            "pickle builds Python objects ({} at byte {at}); a memory snapshot \
+                             holds only dicts, lists, numbers and strings, and snapdiff never \
+                             runs code from a file",
+                            opcode_name(op)
+                        ),
+                    ));
+                }
+                0x97 | 0x98 => {
+                    return Err(self.error_at(
+                        ErrorKind::Malformed,
+                        format!("pickle uses out-of-band buffers ({})", opcode_name(op)),
+                    ));
+                }
+                b'F' | b'I' | b'L' | b'S' | b'T' | b'U' | b'V' | b'g' | b'p' => {
+                    return Err(self.error_at(
+                        ErrorKind::Malformed,
+                        format!(
+                            "unsupported opcode {} at byte {at} (a protocol 0/1 text pickle; \
+                             snapshots are written with protocol 2 or later)",
+                            opcode_name(op)
+                        ),
+                    ));
+                }
+                _ => {
+                    return Err(self.error_at(
+                        ErrorKind::Malformed,
+                        format!("unknown opcode 0x{op:02x} at byte {at}"),
+                    ));
+                }
+            }
+        }
+    }
+
+    #[cold]
+    fn error_at(&self, kind: ErrorKind, msg: impl Into<String>) -> Error {
+        Error::new(kind, msg)
+    }
+
+    #[cold]
+    fn underflow(&self, op: u8, at: usize) -> Error {
+        self.error_at(
+            ErrorKind::Malformed,
+            format!(
+                "{} at byte {at} with too few values on the stack",
+                opcode_name(op)
+            ),
+        )
+    }
+
+    #[cold]
+    fn truncated(&self, op: u8) -> Error {
+        Error::new(
+            ErrorKind::Truncated,
+            format!(
+                "truncated at byte {} while reading {}",
+                self.data.len(),
+                opcode_name(op)
+            ),
+        )
+    }
+
+    #[cold]
+    fn refuse_global(&mut self, at: usize) -> Error {
+        // GLOBAL's argument is two newline-terminated lines: module and name.
+        let rest = &self.data[self.pos.min(self.data.len())..];
+        let mut lines = rest
+            .split(|&b| b == b'\n')
+            .take(2)
+            .map(String::from_utf8_lossy);
+        let what = match (lines.next(), lines.next()) {
+            (Some(m), Some(n)) if m.len() < 200 && n.len() < 200 => format!("{m}.{n}"),
+            _ => "a Python object".to_owned(),
+        };
+        self.refuse_object(&what, b'c', at)
+    }
+
+    #[cold]
+    fn refuse_object(&self, what: &str, op: u8, at: usize) -> Error {
+        let hint = if what.starts_with("torch") {
+            " (a torch.save of tensors or a model?)"
+        } else {
+            ""
+        };
+        self.error_at(
+            ErrorKind::Refused,
+            format!(
+                "pickle refers to Python object {what} ({} at byte {at}){hint}; a memory \
+                 snapshot holds only plain data, and snapdiff never runs code from a file",
+                opcode_name(op)
+            ),
+        )
+    }
+
+    fn take(&mut self, n: usize, op: u8) -> Result<&'a [u8]> {
+        let data: &'a [u8] = self.data;
+        match self.pos.checked_add(n).filter(|&end| end <= data.len()) {
+            Some(end) => {
+                let s = &data[self.pos..end];
+                self.pos = end;
+                Ok(s)
+            }
+            None => Err(self.truncated(op)),
+        }
+    }
+
+    fn u8(&mut self, op: u8) -> Result<u8> {
+        Ok(self.take(1, op)?[0])
+    }
+
+    fn len4(&mut self, op: u8) -> Result<usize> {
+        let b = self.take(4, op)?;
+        Ok(u32::from_le_bytes(b.try_into().unwrap()) as usize)
+    }
+
+    fn len8(&mut self, op: u8) -> Result<usize> {
+        let b = self.take(8, op)?;
+        // A length beyond the input is caught by `take` as truncation.
+        Ok(usize::try_from(u64::from_le_bytes(b.try_into().unwrap())).unwrap_or(usize::MAX))
+    }
+
+    /// Decodes a little-endian two's-complement integer (LONG1, LONG4).
+    fn long(&mut self, b: &[u8], op: u8, at: usize) -> Result<Val> {
+        if b.len() > 16 {
+            return Err(self.error_at(
+                ErrorKind::TooLarge,
+                format!(
+                    "integer of {} bytes at byte {at} is wider than 128 bits",
+                    b.len()
+                ),
+            ));
+        }
+        let _ = op;
+        let mut buf = if b.last().is_some_and(|&x| x & 0x80 != 0) {
+            [0xff; 16]
+        } else {
+            [0; 16]
+        };
+        buf[..b.len()].copy_from_slice(b);
+        let v = i128::from_le_bytes(buf);
+        Ok(match i64::try_from(v) {
+            Ok(small) => Val::Int(small),
+            Err(_) => {
+                self.heap.bigs.push(v);
+                Val::Big(self.heap.bigs.len() as u32 - 1)
+            }
+        })
+    }
+
+    fn push_str(&mut self, n: usize, op: u8) -> Result<()> {
+        let b = self.take(n, op)?;
+        // Python writes lone surrogates with "surrogatepass"; keep such strings, lossily.
+        let s = String::from_utf8_lossy(b);
+        self.heap.strings.push(s);
+        self.stack
+            .push(Val::Str(self.heap.strings.len() as u32 - 1));
+        Ok(())
+    }
+
+    fn push_bytes(&mut self, n: usize, op: u8) -> Result<()> {
+        let b = self.take(n, op)?;
+        self.heap.bytes.push(b);
+        self.stack
+            .push(Val::Bytes(self.heap.bytes.len() as u32 - 1));
+        Ok(())
+    }
+
+    /// The innermost mark: values below it belong to an enclosing MARK.
+    fn fence(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    fn pop(&mut self, op: u8, at: usize) -> Result<Val> {
+        if self.stack.len() <= self.fence() {
+            return Err(self.underflow(op, at));
+        }
+        Ok(self.stack.pop().expect("stack is above the fence"))
+    }
+
+    fn peek(&self, op: u8, at: usize) -> Result<Val> {
+        if self.stack.len() <= self.fence() {
+            return Err(self.underflow(op, at));
+        }
+        Ok(*self.stack.last().expect("stack is above the fence"))
+    }
+
+    fn pop_mark(&mut self, op: u8, at: usize) -> Result<usize> {
+        self.marks.pop().ok_or_else(|| {
+            self.error_at(
+                ErrorKind::Malformed,
+                format!("{} at byte {at} without a MARK", opcode_name(op)),
+            )
+        })
+    }
+
+    fn top_container(&self, op: u8, at: usize) -> Result<u32> {
+        match self.stack.last() {
+            Some(Val::Obj(id)) if self.stack.len() > self.fence() => Ok(*id),
+            Some(_) => Err(self.error_at(
+                ErrorKind::Malformed,
+                format!(
+                    "{} at byte {at} on a value that is not a container",
+                    opcode_name(op)
+                ),
+            )),
+            None => Err(self.underflow(op, at)),
+        }
+    }
+
+    fn extend(
+        &mut self,
+        target: u32,
+        items: impl Iterator<Item = Val>,
+        op: u8,
+        at: usize,
+    ) -> Result<()> {
+        match &mut self.heap.containers[target as usize] {
+            Container::List(v) | Container::Set(v) => {
+                v.extend(items);
+                self.lower.forget_list(target);
+                Ok(())
+            }
+            _ => Err(self.error_at(
+                ErrorKind::Malformed,
+                format!(
+                    "{} at byte {at} on a value that is not a list",
+                    opcode_name(op)
+                ),
+            )),
+        }
+    }
+
+    fn set_items(
+        &mut self,
+        target: u32,
+        items: impl Iterator<Item = (Val, Val)>,
+        op: u8,
+        at: usize,
+    ) -> Result<()> {
+        match &mut self.heap.containers[target as usize] {
+            Container::Dict(v) => {
+                v.extend(items);
+                Ok(())
+            }
+            Container::Frame(_) | Container::Event(_) | Container::Block(_) => Err(self.error_at(
+                ErrorKind::Malformed,
+                format!(
+                    "{} at byte {at} changes a dict after it was complete",
+                    opcode_name(op)
+                ),
+            )),
+            _ => Err(self.error_at(
+                ErrorKind::Malformed,
+                format!(
+                    "{} at byte {at} on a value that is not a dict",
+                    opcode_name(op)
+                ),
+            )),
+        }
+    }
+
+    /// Lowers the dict on top of the stack to a typed record if it is one.
+    fn lower_top(&mut self) {
+        if let Some(&Val::Obj(id)) = self.stack.last() {
+            self.lower.lower_dict(&mut self.heap, id);
+        }
+    }
+
+    fn put(&mut self, i: usize, op: u8, at: usize) -> Result<()> {
+        let top = self.peek(op, at)?;
+        if i < self.memo.len() {
+            self.memo[i] = top;
+        } else if i - self.memo.len() <= MAX_MEMO_GAP {
+            self.memo.resize(i, Val::Unset);
+            self.memo.push(top);
+        } else {
+            return Err(self.error_at(
+                ErrorKind::Malformed,
+                format!(
+                    "{} at byte {at} writes memo slot {i}, far past the {} in use",
+                    opcode_name(op),
+                    self.memo.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, i: usize, at: usize) -> Result<()> {
+        match self.memo.get(i) {
+            Some(&v) if v != Val::Unset => {
+                self.stack.push(v);
+                Ok(())
+            }
+            _ => Err(self.error_at(
+                ErrorKind::Malformed,
+                format!("memo slot {i} read at byte {at} was never written"),
+            )),
+        }
+    }
+
+    fn text(&self, v: Val) -> Option<String> {
+        match v {
+            Val::Str(id) => Some(self.heap.str(id).to_owned()),
+            _ => None,
+        }
+    }
+}

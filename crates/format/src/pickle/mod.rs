@@ -1,0 +1,228 @@
+//! Reading PyTorch's memory snapshot pickles.
+//!
+//! Handles what `torch.cuda.memory._dump_snapshot()` writes (protocol 4, or 5
+//! on Python 3.14), the C++ `_memory_snapshot_pickled()` (protocol 2), a bare
+//! list of segments (`memory_snapshot()`), and `torch.save` zip files holding
+//! those. The layout and its variations across PyTorch versions are described
+//! in `reference/pytorch-snapshot.md` and `docs/format.md`.
+
+mod lower;
+mod machine;
+pub(crate) mod torch_zip;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::{Annotation, DeviceTrace, Meta, Pool, Segment, Snapshot};
+use lower::{
+    Failure, Lowerer, at, bool_of, entries, here, i64_of, index, items, key_text, pair_of, str_of,
+    u32_of, u64_of,
+};
+use machine::{Heap, Val};
+
+/// Segments of at most this size without a `segment_type` belong to the small pool.
+const SMALL_SEGMENT_SIZE: u64 = 2 << 20;
+
+/// Reads a snapshot pickle. `container` names what held it (e.g. "torch.save zip")
+/// for [`Meta::source`].
+pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
+    let (top, heap, mut lower, protocol) = machine::run(data)?;
+    let mut snap = Snapshot {
+        meta: Meta {
+            producer: Meta::PRODUCER_TORCH.to_owned(),
+            source: Some(match container {
+                Some(c) => format!("PyTorch pickle (protocol {protocol}) in a {c}"),
+                None => format!("PyTorch pickle (protocol {protocol})"),
+            }),
+            ..Meta::default()
+        },
+        ..Snapshot::default()
+    };
+    let not_snapshot = |what: &str| {
+        Error::new(
+            ErrorKind::NotASnapshot,
+            format!(
+                "the pickle holds {what}, not a memory snapshot (expected a dict with \
+                 'segments', or a list of segments)"
+            ),
+        )
+    };
+    let malformed = |path: &str, f: Failure| {
+        Error::new(
+            ErrorKind::NotASnapshot,
+            format!("{}", at(path, f).trim_start_matches('.')),
+        )
+    };
+    match top {
+        Val::Obj(_) if items(&heap, top).is_ok() => {
+            // `torch.cuda.memory_snapshot()` returns only the segment list.
+            snap.segments =
+                segments(&mut lower, &heap, top).map_err(|f| malformed("segments", f))?;
+        }
+        Val::Obj(_) if entries(&heap, top).is_ok() => {
+            let top_entries = entries(&heap, top).expect("checked");
+            if !top_entries
+                .iter()
+                .any(|&(k, _)| matches!(k, Val::Str(id) if heap.str(id) == "segments"))
+            {
+                return Err(not_snapshot("a dict without 'segments'"));
+            }
+            for &(k, v) in top_entries {
+                let key = key_text(&heap, k);
+                match key.as_str() {
+                    "segments" => {
+                        snap.segments =
+                            segments(&mut lower, &heap, v).map_err(|f| malformed("segments", f))?
+                    }
+                    "device_traces" => {
+                        snap.traces = traces(&mut lower, &heap, v)
+                            .map_err(|f| malformed("device_traces", f))?
+                    }
+                    "external_annotations" => {
+                        snap.annotations = annotations(&mut lower, &heap, v)
+                            .map_err(|f| malformed("external_annotations", f))?
+                    }
+                    "allocator_settings" => {
+                        let value = lower
+                            .value(&heap, v, 1)
+                            .map_err(|f| malformed("allocator_settings", f))?;
+                        snap.allocator_settings = Some(value);
+                    }
+                    _ => {
+                        let value = lower.value(&heap, v, 1).map_err(|f| malformed(&key, f))?;
+                        snap.extra.push((key, value));
+                    }
+                }
+            }
+        }
+        other => return Err(not_snapshot(lower::describe(&heap, other))),
+    }
+    snap.frames = std::mem::take(&mut lower.frames);
+    snap.stacks = std::mem::take(&mut lower.stacks);
+    snap.strings = std::mem::take(&mut lower.strings);
+    Ok(snap)
+}
+
+fn segments(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<Segment>, Failure> {
+    let list = items(heap, v).map_err(here)?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, &s) in list.iter().enumerate() {
+        out.push(segment(lower, heap, s).map_err(|f| index(i, f))?);
+    }
+    Ok(out)
+}
+
+fn segment(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Segment, Failure> {
+    let mut seg = Segment::default();
+    let mut pool = None;
+    let (mut has_address, mut has_total) = (false, false);
+    let mut block_vals: &[Val] = &[];
+    for &(k, v) in entries(heap, v).map_err(here)? {
+        let key = key_text(heap, k);
+        let field = key.as_str();
+        let wrap = |f: Failure| at(field, f);
+        match field {
+            "device" => seg.device = u32_of(heap, v).map_err(wrap)?,
+            "address" => {
+                seg.address = u64_of(heap, v).map_err(wrap)?;
+                has_address = true;
+            }
+            "total_size" => {
+                seg.total_size = u64_of(heap, v).map_err(wrap)?;
+                has_total = true;
+            }
+            "stream" => seg.stream = i64_of(heap, v).map_err(wrap)?,
+            "segment_type" => {
+                let name = str_of(heap, v).map_err(wrap)?;
+                pool = Some(
+                    Pool::from_name(name)
+                        .ok_or_else(|| wrap(format!("unknown segment type {name:?}")))?,
+                );
+            }
+            "segment_pool_id" => seg.pool_id = pair_of(heap, v).map_err(wrap)?,
+            "is_expandable" => seg.is_expandable = bool_of(heap, v).map_err(wrap)?,
+            "frames" => seg.stack = lower.stack(heap, v).map_err(wrap)?,
+            "blocks" => block_vals = items(heap, v).map_err(wrap)?,
+            "allocated_size" => seg.allocated_size = Some(u64_of(heap, v).map_err(wrap)?),
+            "active_size" => seg.active_size = Some(u64_of(heap, v).map_err(wrap)?),
+            "requested_size" => seg.requested_size = Some(u64_of(heap, v).map_err(wrap)?),
+            _ => {
+                let value = lower.value(heap, v, 1).map_err(wrap)?;
+                seg.extra.push((key, value));
+            }
+        }
+    }
+    if !has_address {
+        return Err(": missing 'address'".to_owned());
+    }
+    if !has_total {
+        return Err(": missing 'total_size'".to_owned());
+    }
+    seg.pool = pool.unwrap_or(if seg.total_size <= SMALL_SEGMENT_SIZE {
+        Pool::Small
+    } else {
+        Pool::Large
+    });
+    let mut next_address = seg.address;
+    seg.blocks.reserve(block_vals.len());
+    for (i, &b) in block_vals.iter().enumerate() {
+        let (mut block, has_address) = lower
+            .take_block(heap, b)
+            .map_err(|f| at("blocks", index(i, f)))?;
+        if !has_address {
+            // Older files leave the address out; PyTorch's viewer computes it the same way.
+            block.address = next_address;
+        }
+        next_address = block.address.wrapping_add(block.size);
+        seg.blocks.push(block);
+    }
+    Ok(seg)
+}
+
+fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, Failure> {
+    let devices = items(heap, v).map_err(here)?;
+    let mut out = Vec::with_capacity(devices.len());
+    for (d, &dev) in devices.iter().enumerate() {
+        let list = items(heap, dev).map_err(|f| index(d, f))?;
+        let mut events = Vec::with_capacity(list.len());
+        for (i, &e) in list.iter().enumerate() {
+            events.push(
+                lower
+                    .take_event(heap, e)
+                    .map_err(|f| index(d, index(i, f)))?,
+            );
+        }
+        out.push(DeviceTrace {
+            device: d as u32,
+            events,
+        });
+    }
+    Ok(out)
+}
+
+fn annotations(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<Annotation>, Failure> {
+    let list = items(heap, v).map_err(here)?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, &a) in list.iter().enumerate() {
+        let mut ann = Annotation::default();
+        for &(k, v) in entries(heap, a).map_err(|f| index(i, f))? {
+            let key = key_text(heap, k);
+            let field = key.as_str();
+            let wrap = |f: Failure| index(i, at(field, f));
+            match field {
+                "device" => ann.device = u32_of(heap, v).map_err(wrap)?,
+                "time_us" => ann.time_us = Some(i64_of(heap, v).map_err(wrap)?),
+                "name" if matches!(v, Val::Str(_)) => {
+                    ann.name = Some(str_of(heap, v).map_err(wrap)?.to_owned())
+                }
+                "stage" if matches!(v, Val::Str(_)) => {
+                    ann.stage = Some(str_of(heap, v).map_err(wrap)?.to_owned())
+                }
+                _ => {
+                    let value = lower.value(heap, v, 1).map_err(wrap)?;
+                    ann.extra.push((key, value));
+                }
+            }
+        }
+        out.push(ann);
+    }
+    Ok(out)
+}

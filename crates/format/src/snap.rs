@@ -1,0 +1,206 @@
+//! The native `.snap` file and its `.json` twin.
+//!
+//! A `.snap` file is a 20-byte header followed by one zstd frame:
+//!
+//! ```text
+//! offset  size  field
+//! 0       8     magic: the ASCII bytes "SNAPDIFF"
+//! 8       4     format version, u32 little-endian (currently 1)
+//! 12      8     length of the uncompressed body, u64 little-endian
+//! 20      ...   zstd frame; uncompressed, the MessagePack encoding of a
+//!               `Snapshot`, structs as arrays in field order
+//! ```
+//!
+//! The full layout, field by field, and the versioning rule are in
+//! `docs/format.md`. Any change to the model's fields bumps the version;
+//! readers refuse versions newer than they know.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::Snapshot;
+
+/// The first bytes of every `.snap` file.
+pub const MAGIC: &[u8; 8] = b"SNAPDIFF";
+/// The format version this build writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Header length in bytes.
+const HEADER_LEN: usize = 20;
+
+/// zstd level: 3 is zstd's default, fast to write and about as small as the
+/// slower levels on this data (see docs/performance.md).
+const ZSTD_LEVEL: i32 = 3;
+/// A body claiming to expand more than this many times is refused as corrupt.
+const MAX_EXPANSION: u64 = 1024;
+
+/// Encodes `snap` as a `.snap` file into `out`.
+pub fn write_snap<W: Write>(snap: &Snapshot, mut out: W) -> Result<()> {
+    let body = rmp_serde::to_vec(snap)
+        .map_err(|e| Error::new(ErrorKind::Malformed, format!("cannot encode snapshot: {e}")))?;
+    let compressed = zstd::bulk::compress(&body, ZSTD_LEVEL)
+        .map_err(|e| Error::io("cannot compress snapshot", e))?;
+    let mut header = [0u8; HEADER_LEN];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[12..20].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    out.write_all(&header)
+        .and_then(|()| out.write_all(&compressed))
+        .map_err(|e| Error::io("cannot write", e))
+}
+
+/// Decodes a `.snap` file held in `data`.
+pub fn read_snap(data: &[u8]) -> Result<Snapshot> {
+    if data.len() < HEADER_LEN {
+        return Err(Error::new(
+            ErrorKind::Truncated,
+            format!(
+                "truncated .snap header ({} of {HEADER_LEN} bytes)",
+                data.len()
+            ),
+        ));
+    }
+    if &data[..8] != MAGIC {
+        return Err(Error::new(
+            ErrorKind::Malformed,
+            "not a .snap file (bad magic bytes)",
+        ));
+    }
+    let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
+    check_version(version, ".snap")?;
+    let body_len = u64::from_le_bytes(data[12..20].try_into().unwrap());
+    let compressed = &data[HEADER_LEN..];
+    if body_len > (compressed.len() as u64).saturating_mul(MAX_EXPANSION) {
+        return Err(Error::new(
+            ErrorKind::Malformed,
+            format!(
+                "corrupt .snap header: a {}-byte body cannot expand to the {body_len} bytes it claims",
+                compressed.len()
+            ),
+        ));
+    }
+    let mut body = Vec::with_capacity(body_len as usize);
+    let decoder = zstd::stream::read::Decoder::with_buffer(compressed)
+        .map_err(|e| Error::io("cannot start decompression", e))?;
+    decoder
+        .take(body_len + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| {
+            let kind = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                ErrorKind::Truncated
+            } else {
+                ErrorKind::Malformed
+            };
+            Error::new(kind, format!("corrupt or truncated .snap body: {e}"))
+        })?;
+    if body.len() as u64 != body_len {
+        return Err(Error::new(
+            ErrorKind::Truncated,
+            format!("truncated .snap body: {} of {body_len} bytes", body.len()),
+        ));
+    }
+    let snap: Snapshot = rmp_serde::from_slice(&body)
+        .map_err(|e| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {e}")))?;
+    snap.check_references()
+        .map_err(|m| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {m}")))?;
+    Ok(snap)
+}
+
+fn check_version(version: u32, what: &str) -> Result<()> {
+    if version > FORMAT_VERSION {
+        return Err(Error::new(
+            ErrorKind::NewerVersion,
+            format!(
+                "{what} format version {version} was written by a newer snapdiff; this one reads up to \
+                 version {FORMAT_VERSION}"
+            ),
+        ));
+    }
+    if version == 0 {
+        return Err(Error::new(
+            ErrorKind::Malformed,
+            format!("{what} format version 0 does not exist"),
+        ));
+    }
+    Ok(())
+}
+
+/// The `.json` document: the format version, then the snapshot.
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    snapdiff_format: u32,
+    snapshot: &'a Snapshot,
+}
+
+#[derive(Deserialize)]
+struct JsonIn {
+    snapdiff_format: u32,
+    snapshot: serde::de::IgnoredAny,
+}
+
+#[derive(Deserialize)]
+struct JsonBody {
+    snapshot: Snapshot,
+}
+
+/// Encodes `snap` as a pretty-printed `.json` document into `out`.
+pub fn write_json<W: Write>(snap: &Snapshot, out: W) -> Result<()> {
+    serde_json::to_writer_pretty(
+        out,
+        &JsonOut {
+            snapdiff_format: FORMAT_VERSION,
+            snapshot: snap,
+        },
+    )
+    .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write JSON: {e}")))
+}
+
+/// Decodes a `.json` document held in `data`.
+pub fn read_json(data: &[u8]) -> Result<Snapshot> {
+    let bad = |e: serde_json::Error| {
+        let kind = if e.is_eof() {
+            ErrorKind::Truncated
+        } else {
+            ErrorKind::Malformed
+        };
+        Error::new(kind, format!("invalid snapdiff JSON: {e}"))
+    };
+    // Check the version before trusting the shape of the rest.
+    let head: JsonIn = serde_json::from_slice(data).map_err(bad)?;
+    let _ = head.snapshot;
+    check_version(head.snapdiff_format, "JSON")?;
+    let body: JsonBody = serde_json::from_slice(data).map_err(bad)?;
+    body.snapshot
+        .check_references()
+        .map_err(|m| Error::new(ErrorKind::Malformed, format!("invalid snapdiff JSON: {m}")))?;
+    Ok(body.snapshot)
+}
+
+/// Writes `bytes` produced by `encode` to `path` atomically: into a temporary
+/// file in the same folder, then renamed over `path`, so a reader never sees
+/// half a file and a failed write leaves any old file intact.
+pub fn write_atomically(
+    path: &Path,
+    encode: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let err = |what: &str, e: std::io::Error| Error::io(what.to_owned(), e).with_path(path);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".snapdiff-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| err("cannot create a temporary file", e))?;
+    {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
+        encode(&mut w).map_err(|e| e.with_path(path))?;
+        w.flush().map_err(|e| err("cannot write", e))?;
+    }
+    tmp.persist(path)
+        .map_err(|e| err("cannot rename the temporary file into place", e.error))?;
+    Ok(())
+}
