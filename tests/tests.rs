@@ -1,1 +1,9 @@
+//! End-to-end tests of the `snapdiff` binary and the library, against the
+//! real PyTorch snapshots in `../shared/fixtures/torch/` and the project's
+//! own fixtures.
 
+// Helpers: temp dirs, running the binary, locating fixtures.
+mod util;
+
+// Reading every kind of file; fidelity against CPython; bad input.
+mod format;

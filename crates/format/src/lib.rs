@@ -25,6 +25,7 @@
 #![warn(unreachable_pub)]
 
 mod codes;
+mod columns;
 mod error;
 mod model;
 mod pickle;

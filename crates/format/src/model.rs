@@ -25,6 +25,7 @@ pub struct Snapshot {
     /// Who wrote the snapshot, when, and on which devices.
     pub meta: Meta,
     /// Interned frames; [`FrameId`]s index this table.
+    #[serde(with = "crate::columns::frames")]
     pub frames: Vec<Frame>,
     /// Interned stacks, each a list of frames, innermost (most recent) first
     /// as PyTorch writes them; [`StackId`]s index this table.
@@ -209,7 +210,9 @@ pub struct HistoryEntry {
 }
 
 /// The recorded events of one device, oldest first.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+///
+/// Stored column by column in `.snap` files (see `columns.rs`).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceTrace {
     /// Device ordinal.
     pub device: u32,
@@ -248,7 +251,7 @@ pub enum Action {
 }
 
 impl Action {
-    const KNOWN: [(Action, &'static str); 11] = [
+    pub(crate) const KNOWN: [(Action, &'static str); 11] = [
         (Action::Alloc, "alloc"),
         (Action::FreeRequested, "free_requested"),
         (Action::FreeCompleted, "free_completed"),
@@ -434,6 +437,38 @@ impl Snapshot {
         ords.sort_unstable();
         ords.dedup();
         ords
+    }
+
+    /// Sorts the frame table by file, function and line, and renumbers the
+    /// stacks to match. Readers and the runtime call it before a snapshot is
+    /// written: neighbouring frames then share their file and function, and
+    /// their lines differ little, which is what makes `.snap` files small.
+    pub fn sort_frames(&mut self) {
+        let mut order: Vec<FrameId> = (0..self.frames.len() as FrameId).collect();
+        order.sort_by(|&a, &b| {
+            let (fa, fb) = (&self.frames[a as usize], &self.frames[b as usize]);
+            (&fa.file, &fa.name, fa.line, &fa.extra).cmp(&(&fb.file, &fb.name, fb.line, &fb.extra))
+        });
+        if order.iter().enumerate().all(|(i, &f)| i as FrameId == f) {
+            return;
+        }
+        let mut new_id = vec![0 as FrameId; order.len()];
+        for (new, &old) in order.iter().enumerate() {
+            new_id[old as usize] = new as FrameId;
+        }
+        let mut old_frames: Vec<Option<Frame>> = std::mem::take(&mut self.frames)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.frames = order
+            .iter()
+            .map(|&old| old_frames[old as usize].take().expect("a permutation"))
+            .collect();
+        for stack in &mut self.stacks {
+            for f in stack.iter_mut() {
+                *f = new_id[*f as usize];
+            }
+        }
     }
 
     /// Checks that every table index is in range, so that analysis can index

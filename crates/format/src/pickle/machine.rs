@@ -185,10 +185,12 @@ impl<'a> Machine<'a> {
     fn execute(&mut self) -> Result<Val> {
         loop {
             let at = self.pos;
-            let op = *self
-                .data
-                .get(at)
-                .ok_or_else(|| self.error_at(ErrorKind::Truncated, "truncated: no STOP opcode"))?;
+            let op = *self.data.get(at).ok_or_else(|| {
+                self.error_at(
+                    ErrorKind::Truncated,
+                    format!("truncated at byte {at}: the pickle ends before its STOP opcode"),
+                )
+            })?;
             self.pos += 1;
             match op {
                 0x80 => {

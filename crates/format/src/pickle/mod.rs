@@ -98,6 +98,7 @@ pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
     snap.frames = std::mem::take(&mut lower.frames);
     snap.stacks = std::mem::take(&mut lower.stacks);
     snap.strings = std::mem::take(&mut lower.strings);
+    snap.sort_frames();
     Ok(snap)
 }
 

@@ -1,0 +1,487 @@
+//! Reading every kind of snapshot file: fidelity against CPython on real and
+//! generated PyTorch files, lossless round trips, and bad input.
+
+use std::path::{Path, PathBuf};
+
+use snapdiff_format::{ErrorKind, Snapshot, read_bytes, read_path, write_json, write_snap};
+
+use crate::util::{fixture, python_json, shared_torch_fixtures, snapdiff, tempdir};
+
+/// The project's own PyTorch-format files (made by fixtures/make_torch_format.py).
+fn own_torch_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(fixture("torch-format"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pt"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 7,
+        "fixtures/torch-format is incomplete: {files:?}"
+    );
+    files
+}
+
+fn all_torch_files() -> Vec<PathBuf> {
+    let mut files = own_torch_files();
+    files.extend(shared_torch_fixtures().unwrap_or_default());
+    files
+}
+
+/// `summary --json` equals what CPython's pickle module computes from the same file.
+fn check_totals_match_cpython(path: &Path) {
+    let expected = python_json("torch_totals.py", &[path]);
+    let got = snapdiff(["summary".as_ref(), "--json".as_ref(), path.as_os_str()])
+        .expect_code(0)
+        .json();
+    for field in [
+        "segments",
+        "blocks",
+        "reserved_bytes",
+        "allocated_bytes",
+        "active_bytes",
+        "requested_bytes",
+        "trace_events",
+        "actions",
+    ] {
+        assert_eq!(
+            got[field],
+            expected[field],
+            "{}: field {field}",
+            path.display()
+        );
+    }
+    // Every block keeps its whole stack.
+    let snap = read_path(path).unwrap();
+    let frames: Vec<usize> = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .map(|b| b.stack.map_or(0, |s| snap.stacks[s as usize].len()))
+        .collect();
+    let expected_frames: Vec<usize> =
+        serde_json::from_value(expected["frames_per_block"].clone()).unwrap();
+    assert_eq!(
+        frames,
+        expected_frames,
+        "{}: frames per block",
+        path.display()
+    );
+}
+
+#[test]
+fn real_pytorch_snapshots_match_cpython() {
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    for path in files {
+        check_totals_match_cpython(&path);
+    }
+}
+
+#[test]
+fn generated_pickles_of_every_protocol_match_cpython() {
+    for path in own_torch_files() {
+        check_totals_match_cpython(&path);
+    }
+}
+
+#[test]
+fn protocols_2_4_5_and_torch_save_read_to_the_same_model() {
+    let read = |name: &str| {
+        let mut s = read_path(fixture("torch-format").join(name)).unwrap();
+        s.meta.source = None;
+        s
+    };
+    let p4 = read("snapshot-p4.pickle");
+    assert_eq!(read("snapshot-p2.pickle"), p4);
+    assert_eq!(read("snapshot-p5.pickle"), p4);
+    assert_eq!(read("snapshot.pt"), p4);
+}
+
+fn snap_bytes(s: &Snapshot) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_snap(s, &mut out).unwrap();
+    out
+}
+
+fn json_bytes(s: &Snapshot) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_json(s, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn pickle_to_snap_to_json_loses_nothing() {
+    for path in all_torch_files() {
+        let original = read_path(&path).unwrap();
+        let via_snap = read_bytes(&snap_bytes(&original)).unwrap();
+        assert_eq!(
+            via_snap,
+            original,
+            "{}: pickle -> .snap -> read",
+            path.display()
+        );
+        let via_json = read_bytes(&json_bytes(&via_snap)).unwrap();
+        assert_eq!(
+            via_json,
+            original,
+            "{}: .snap -> .json -> read",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn snap_files_are_at_most_a_quarter_of_the_pickle() {
+    for path in all_torch_files() {
+        let pickle_len = std::fs::metadata(&path).unwrap().len() as usize;
+        if pickle_len < 16 << 10 {
+            continue; // the 20-byte header and zstd framing dominate tiny files
+        }
+        let snap_len = snap_bytes(&read_path(&path).unwrap()).len();
+        assert!(
+            snap_len * 4 <= pickle_len,
+            "{}: .snap {snap_len} bytes, pickle {pickle_len}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn everything_pytorch_records_has_a_place() {
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    let by_name = |n: &str| read_path(files.iter().find(|p| p.ends_with(n)).unwrap()).unwrap();
+
+    let training = by_name("cs336-medium-128-training.pickle");
+    let settings = training
+        .allocator_settings
+        .as_ref()
+        .expect("allocator_settings kept");
+    assert_eq!(
+        settings.get("max_split_size").and_then(|v| v.as_int()),
+        Some(-1)
+    );
+    assert_eq!(training.annotations.len(), 2);
+    assert_eq!(
+        training.annotations[0].name.as_deref(),
+        Some("Optimizer.step#AdamW.step")
+    );
+    assert_eq!(training.annotations[0].stage.as_deref(), Some("START"));
+    let ev = &training.traces[0].events[0];
+    assert_eq!(ev.compile_context.map(|s| training.string(s)), Some("N/A"));
+    assert_eq!(ev.user_metadata.map(|s| training.string(s)), Some(""));
+    assert!(ev.time_us.is_some());
+    // Shared frame lists become shared stacks: far fewer stacks than events.
+    assert!(
+        training.stacks.len() * 4 < training.trace_len(),
+        "{} stacks",
+        training.stacks.len()
+    );
+
+    let viewer = by_name("snapviewer-memory.pickle");
+    assert!(viewer.segments.iter().all(|s| s.is_expandable));
+    assert!(viewer.traces[0].events.iter().any(|e| {
+        e.compile_context
+            .is_some_and(|c| viewer.string(c) == "context2")
+    }));
+    // This anonymized sample states segment sums that its blocks do not add up to; both are kept.
+    assert_eq!(viewer.segments[0].allocated_size, Some(17042336));
+    assert_eq!(viewer.segments[0].pool_id, (0, 0));
+
+    let cnn = by_name("eor-nn-counterfactuals.pickle");
+    let snapshots = cnn.traces[0]
+        .events
+        .iter()
+        .filter(|e| e.action.name() == "snapshot")
+        .count();
+    assert_eq!(snapshots, 9);
+}
+
+#[test]
+fn generated_fixtures_keep_legacy_and_optional_fields() {
+    let legacy = read_path(fixture("torch-format/legacy-history.pickle")).unwrap();
+    let blocks = &legacy.segments[0].blocks;
+    assert_eq!(blocks[0].history.len(), 1);
+    assert_eq!(blocks[0].history[0].real_size, 1_000_000);
+    assert_eq!(
+        blocks[0].stack, blocks[0].history[0].stack,
+        "the block's stack comes from its history"
+    );
+    assert_eq!(
+        blocks[1].address,
+        blocks[0].address + blocks[0].size,
+        "missing addresses are computed"
+    );
+    assert_eq!(legacy.traces[0].events[0].time_us, None);
+
+    let snap = read_path(fixture("torch-format/snapshot-p4.pickle")).unwrap();
+    let settings = snap.allocator_settings.as_ref().unwrap();
+    assert_eq!(
+        settings.get("max_split_size").and_then(|v| v.as_int()),
+        Some((1i128 << 64) - 1),
+        "9-byte LONG1"
+    );
+    let oom = snap.traces[0]
+        .events
+        .iter()
+        .find(|e| e.action.name() == "oom")
+        .unwrap();
+    assert_eq!(oom.device_free, Some(1 << 20));
+
+    let two = read_path(fixture("torch-format/snapshot-2dev-awaiting.pickle")).unwrap();
+    assert_eq!(two.device_ordinals(), vec![0, 1]);
+    assert_eq!(two.traces.len(), 2);
+    assert!(
+        two.segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .any(|b| b.state.name() == "active_pending_free")
+    );
+}
+
+#[test]
+fn convert_writes_snap_and_json_and_refuses_to_overwrite() {
+    let dir = tempdir();
+    let input = fixture("torch-format/snapshot-p4.pickle");
+    let snap_out = dir.path().join("a.snap");
+    let json_out = dir.path().join("a.json");
+    snapdiff(["convert".as_ref(), input.as_os_str(), snap_out.as_os_str()]).expect_code(0);
+    snapdiff([
+        "convert".as_ref(),
+        snap_out.as_os_str(),
+        json_out.as_os_str(),
+    ])
+    .expect_code(0);
+    let mut original = read_path(&input).unwrap();
+    assert_eq!(read_path(&snap_out).unwrap(), original);
+    assert_eq!(read_path(&json_out).unwrap(), original);
+
+    // An existing file is not replaced without --force.
+    std::fs::write(&json_out, "keep me").unwrap();
+    let run = snapdiff(["convert".as_ref(), input.as_os_str(), json_out.as_os_str()]);
+    run.expect_code(2);
+    assert!(run.stderr().contains("already exists"), "{}", run.stderr());
+    assert_eq!(std::fs::read_to_string(&json_out).unwrap(), "keep me");
+    snapdiff([
+        "convert".as_ref(),
+        "--force".as_ref(),
+        input.as_os_str(),
+        json_out.as_os_str(),
+    ])
+    .expect_code(0);
+    original.meta.label = None;
+    assert_eq!(read_path(&json_out).unwrap(), original);
+
+    let bad_ext = dir.path().join("a.txt");
+    let run = snapdiff(["convert".as_ref(), input.as_os_str(), bad_ext.as_os_str()]);
+    run.expect_code(2);
+    assert!(run.stderr().contains(".snap or .json"));
+}
+
+/// Writes `bytes` to a file, runs `snapdiff summary` on it, and checks for
+/// exit code 2 and one line of error naming the file and containing `expect`.
+fn check_bad_input(dir: &Path, name: &str, bytes: &[u8], expect: &str) {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let run = snapdiff(["summary".as_ref(), path.as_os_str()]);
+    run.expect_code(2);
+    let err = run.stderr();
+    assert_eq!(err.lines().count(), 1, "{name}: not one line: {err}");
+    assert!(
+        err.starts_with(&format!("snapdiff: {}: ", path.display())),
+        "{name}: {err}"
+    );
+    assert!(err.contains(expect), "{name}: expected {expect:?} in {err}");
+    assert!(!err.contains("panicked"), "{name}: {err}");
+}
+
+/// A pickle of `body` (opcodes after the protocol header) at protocol 4.
+fn pickle4(body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x80, 4];
+    out.extend_from_slice(body);
+    out
+}
+
+#[test]
+fn bad_input_gets_one_clear_line_and_exit_code_2() {
+    let dir = tempdir();
+    let d = dir.path();
+    let good = std::fs::read(fixture("torch-format/snapshot-p4.pickle")).unwrap();
+
+    check_bad_input(d, "empty.pickle", b"", "empty file");
+    check_bad_input(
+        d,
+        "truncated.pickle",
+        &good[..good.len() / 2],
+        "truncated at byte",
+    );
+    let mut random = vec![0u8; 4096];
+    let mut x: u32 = 12345;
+    for b in &mut random {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        *b = (x >> 16) as u8;
+    }
+    check_bad_input(d, "random.bin", &random, "not a snapshot");
+    // A dict with total_size as a string.
+    check_bad_input(
+        d,
+        "wrong-type.pickle",
+        &pickle4(b"}(\x8c\x08segments](}(\x8c\x07addressK\x00\x8c\x0atotal_size\x8c\x03big\x8c\x06blocks]ueu."),
+        "segments[0].total_size: expected an integer, found a string",
+    );
+    check_bad_input(
+        d,
+        "int.pickle",
+        &pickle4(b"K\x07."),
+        "holds an integer, not a memory snapshot",
+    );
+    check_bad_input(
+        d,
+        "other-dict.pickle",
+        &pickle4(b"}(\x8c\x01aK\x01u."),
+        "a dict without 'segments'",
+    );
+    check_bad_input(
+        d,
+        "absurd-length.pickle",
+        &pickle4(b"X\xff\xff\xff\xff"),
+        "truncated at byte 7 while reading BINUNICODE",
+    );
+    check_bad_input(
+        d,
+        "absurd-length8.pickle",
+        &pickle4(b"\x8d\xff\xff\xff\xff\xff\xff\xff\xff"),
+        "truncated",
+    );
+    check_bad_input(
+        d,
+        "memo.pickle",
+        &pickle4(b"j\x00\x00\x00\x10."),
+        "memo slot 268435456",
+    );
+
+    // A million nested lists inside a snapshot: refused, no stack overflow.
+    let mut deep = b"}(\x8c\x08segments]\x8c\x12allocator_settings".to_vec();
+    deep.extend(std::iter::repeat_n(b'(', 1_000_000));
+    deep.extend(std::iter::repeat_n(b'l', 1_000_000));
+    deep.extend(b"u.");
+    check_bad_input(
+        d,
+        "deep.pickle",
+        &pickle4(&deep),
+        "nested deeper than 64 levels",
+    );
+    // Millions of marks and nothing else.
+    let mut marks = vec![b'('; 5_000_000];
+    marks.push(b'.');
+    check_bad_input(
+        d,
+        "marks.pickle",
+        &pickle4(&marks),
+        "STOP at byte 5000002 with too few values",
+    );
+
+    // Code and tensors are refused, saying what the file is.
+    check_bad_input(
+        d,
+        "global.pickle",
+        &pickle4(b"\x8c\x0ctorch._utils\x8c\x12_rebuild_tensor_v2\x93)R."),
+        "torch._utils._rebuild_tensor_v2",
+    );
+    check_bad_input(
+        d,
+        "global2.pickle",
+        b"\x80\x02cos\nsystem\nq\x00.",
+        "os.system (GLOBAL at byte 2)",
+    );
+    check_bad_input(d, "reduce.pickle", &pickle4(b")R."), "REDUCE at byte 3");
+    check_bad_input(d, "persid.pickle", &pickle4(b"K\x01Q."), "tensor storage");
+    check_bad_input(
+        d,
+        "newer-protocol.pickle",
+        b"\x80\x07N.",
+        "pickle protocol 7",
+    );
+
+    // .snap headers and bodies.
+    let mut snap = Vec::new();
+    write_snap(
+        &read_path(fixture("torch-format/snapshot-p4.pickle")).unwrap(),
+        &mut snap,
+    )
+    .unwrap();
+    check_bad_input(d, "short.snap", &snap[..12], "truncated .snap header");
+    let mut newer = snap.clone();
+    newer[8..12].copy_from_slice(&99u32.to_le_bytes());
+    check_bad_input(
+        d,
+        "newer.snap",
+        &newer,
+        "format version 99 was written by a newer snapdiff",
+    );
+    let mut huge = snap.clone();
+    huge[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+    check_bad_input(d, "huge.snap", &huge, "cannot expand");
+    check_bad_input(d, "cut.snap", &snap[..snap.len() - 10], ".snap body");
+    let mut garbage = snap[..20].to_vec();
+    garbage.extend_from_slice(&random);
+    check_bad_input(d, "garbage.snap", &garbage, ".snap body");
+
+    // JSON.
+    check_bad_input(
+        d,
+        "newer.json",
+        br#"{"snapdiff_format": 7, "snapshot": {}}"#,
+        "format version 7",
+    );
+    check_bad_input(
+        d,
+        "broken.json",
+        b"{\"snapdiff_format\": 1, ",
+        "invalid snapdiff JSON",
+    );
+    let deep_json = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    check_bad_input(
+        d,
+        "deep.json",
+        format!(" {{\"x\": {deep_json}}}").as_bytes(),
+        "invalid snapdiff JSON",
+    );
+
+    // Zips.
+    check_bad_input(d, "notorch.zip", b"PK\x03\x04garbage", "broken zip file");
+
+    // A missing file.
+    let run = snapdiff(["summary", "/nonexistent/x.pickle"]);
+    run.expect_code(2);
+    assert!(
+        run.stderr()
+            .starts_with("snapdiff: /nonexistent/x.pickle: cannot read"),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn every_prefix_of_a_pickle_is_an_error_not_a_panic() {
+    let good = std::fs::read(fixture("torch-format/legacy-history.pickle")).unwrap();
+    for cut in 0..good.len() {
+        let err = read_bytes(&good[..cut]).expect_err("a truncated pickle must not read");
+        assert!(
+            matches!(
+                err.kind(),
+                ErrorKind::Truncated | ErrorKind::UnknownFormat | ErrorKind::Malformed
+            ),
+            "cut at {cut}: {err}"
+        );
+    }
+    // Flipping any single byte never panics either.
+    for i in 0..good.len() {
+        let mut bad = good.clone();
+        bad[i] ^= 0x5a;
+        let _ = read_bytes(&bad);
+    }
+}

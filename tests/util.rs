@@ -1,0 +1,129 @@
+//! Test helpers: running the built `snapdiff`, temp folders, fixture paths.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The project's own fixtures (`fixtures/`).
+pub fn fixture(name: &str) -> PathBuf {
+    root().join("fixtures").join(name)
+}
+
+/// The real PyTorch snapshots in `../shared/fixtures/torch/`, or `None` when
+/// that folder is absent. Under CI (`SNAPDIFF_REQUIRE_SHARED=1`, set by
+/// `.ci/run`) a missing folder fails the test instead of skipping it.
+pub fn shared_torch_fixtures() -> Option<Vec<PathBuf>> {
+    let dir = root().join("../shared/fixtures/torch");
+    if !dir.is_dir() {
+        assert!(
+            std::env::var_os("SNAPDIFF_REQUIRE_SHARED").is_none(),
+            "{} is missing, and SNAPDIFF_REQUIRE_SHARED says it must be there",
+            dir.display()
+        );
+        eprintln!("skipping: {} not found", dir.display());
+        return None;
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no pickles in {}", dir.display());
+    Some(files)
+}
+
+/// One real PyTorch snapshot by file name, if `../shared` is present.
+pub fn shared_torch(name: &str) -> Option<PathBuf> {
+    shared_torch_fixtures()?
+        .into_iter()
+        .find(|p| p.file_name().unwrap() == name)
+}
+
+/// A fresh temporary folder, removed when dropped.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("snapdiff-test-")
+        .tempdir()
+        .unwrap()
+}
+
+/// The result of running `snapdiff`.
+pub struct Run {
+    pub args: Vec<String>,
+    pub output: Output,
+}
+
+impl Run {
+    pub fn code(&self) -> i32 {
+        self.output.status.code().unwrap_or(-1)
+    }
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+    /// Asserts the exit code, printing everything on failure.
+    pub fn expect_code(&self, code: i32) -> &Run {
+        assert_eq!(
+            self.code(),
+            code,
+            "\ncommand: snapdiff {}\nstdout:\n{}\nstderr:\n{}",
+            self.args.join(" "),
+            self.stdout(),
+            self.stderr()
+        );
+        self
+    }
+    /// Parses stdout as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout()).unwrap_or_else(|e| {
+            panic!(
+                "stdout of snapdiff {} is not JSON ({e}):\n{}",
+                self.args.join(" "),
+                self.stdout()
+            )
+        })
+    }
+}
+
+/// Runs the built `snapdiff` with `args`.
+pub fn snapdiff<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    let output = Command::new(env!("CARGO_BIN_EXE_snapdiff"))
+        .args(&args)
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("run snapdiff");
+    Run {
+        args: args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        output,
+    }
+}
+
+/// Runs `python3 tests/support/<script> args...` and parses its JSON output.
+pub fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
+    let out = Command::new("python3")
+        .arg(root().join("tests/support").join(script))
+        .args(args)
+        .output()
+        .expect("python3 must be installed to compute expected values");
+    assert!(
+        out.status.success(),
+        "python3 {script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
