@@ -324,7 +324,7 @@ impl<'a> Machine<'a> {
                 b'd' => {
                     let mark = self.pop_mark(op, at)?;
                     let items = self.stack.split_off(mark);
-                    if items.len() % 2 != 0 {
+                    if !items.len().is_multiple_of(2) {
                         return Err(
                             self.error_at(ErrorKind::Malformed, "DICT with an odd number of items")
                         );
@@ -355,7 +355,7 @@ impl<'a> Machine<'a> {
                 b'u' => {
                     let mark = self.pop_mark(op, at)?;
                     let items = self.stack.split_off(mark);
-                    if items.len() % 2 != 0 {
+                    if !items.len().is_multiple_of(2) {
                         return Err(self.error_at(
                             ErrorKind::Malformed,
                             "SETITEMS with an odd number of items",

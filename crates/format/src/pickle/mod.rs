@@ -48,7 +48,7 @@ pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
     let malformed = |path: &str, f: Failure| {
         Error::new(
             ErrorKind::NotASnapshot,
-            format!("{}", at(path, f).trim_start_matches('.')),
+            at(path, f).trim_start_matches('.').to_string(),
         )
     };
     match top {
