@@ -229,7 +229,7 @@ fn generated_fixtures_keep_legacy_and_optional_fields() {
         .iter()
         .find(|e| e.action.name() == "oom")
         .unwrap();
-    assert_eq!(oom.device_free, Some(1 << 20));
+    assert_eq!(oom.device_free(), Some(1 << 20));
 
     let two = read_path(fixture("torch-format/snapshot-2dev-awaiting.pickle")).unwrap();
     assert_eq!(two.device_ordinals(), vec![0, 1]);

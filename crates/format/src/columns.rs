@@ -9,10 +9,10 @@
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::model::{Action, DeviceTrace, Frame, StackId, StrId, TraceEvent};
+use crate::model::{Action, DeviceTrace, EventDetails, Frame, StackId, StrId, TraceEvent};
 use crate::value::Extra;
 
-/// Code of an action outside [`Action::KNOWN`] in the action column; its name
+/// Code of an action without a code of its own in the action column; its name
 /// is in `other_actions`, in order of appearance.
 const OTHER_ACTION: u8 = u8::MAX;
 
@@ -77,8 +77,8 @@ impl Serialize for DeviceTrace {
         };
         let mut last_time = 0i64;
         for ev in &self.events {
-            match Action::KNOWN.iter().position(|(a, _)| *a == ev.action) {
-                Some(code) => c.actions.push(code as u8),
+            match ev.action.code() {
+                Some(code) => c.actions.push(code),
                 None => {
                     c.actions.push(OTHER_ACTION);
                     c.other_actions.push(ev.action.name().to_owned());
@@ -93,12 +93,14 @@ impl Serialize for DeviceTrace {
                 d
             }));
             c.stack.push(ev.stack);
-            c.device_free.push(ev.device_free);
+            let details = ev.details.as_deref();
+            c.device_free.push(details.and_then(|d| d.device_free));
             c.compile_context.push(ev.compile_context);
             c.user_metadata.push(ev.user_metadata);
-            c.pool_id.push(ev.pool_id);
+            c.pool_id.push(details.and_then(|d| d.pool_id));
             c.alloc_seq.push(ev.alloc_seq);
-            c.extra.push(ev.extra.clone());
+            c.extra
+                .push(details.map(|d| d.extra.clone()).unwrap_or_default());
         }
         c.serialize(s)
     }
@@ -143,9 +145,7 @@ impl<'de> Deserialize<'de> for DeviceTrace {
                         .ok_or_else(|| D::Error::custom("missing name of an unknown action"))?
                         .into(),
                 ),
-                code => Action::KNOWN
-                    .get(code as usize)
-                    .map(|(a, _)| a.clone())
+                code => Action::from_code(code)
                     .ok_or_else(|| D::Error::custom(format!("unknown action code {code}")))?,
             };
             let time_us = c.time_deltas[i].map(|d| {
@@ -159,13 +159,22 @@ impl<'de> Deserialize<'de> for DeviceTrace {
                 stream: c.stream[i],
                 time_us,
                 stack: c.stack[i],
-                device_free: c.device_free[i],
+
                 compile_context: c.compile_context[i],
                 user_metadata: c.user_metadata[i],
-                pool_id: c.pool_id[i],
+
                 alloc_seq: c.alloc_seq[i],
-                extra: extras.next().unwrap_or_default(),
+                details: None,
             });
+            let extra = extras.next().unwrap_or_default();
+            if c.device_free[i].is_some() || c.pool_id[i].is_some() || !extra.is_empty() {
+                let ev = events.last_mut().expect("just pushed");
+                ev.details = Some(Box::new(EventDetails {
+                    device_free: c.device_free[i],
+                    pool_id: c.pool_id[i],
+                    extra,
+                }));
+            }
         }
         Ok(DeviceTrace {
             device: c.device,

@@ -251,45 +251,84 @@ pub enum Action {
 }
 
 impl Action {
-    pub(crate) const KNOWN: [(Action, &'static str); 11] = [
-        (Action::Alloc, "alloc"),
-        (Action::FreeRequested, "free_requested"),
-        (Action::FreeCompleted, "free_completed"),
-        (Action::SegmentAlloc, "segment_alloc"),
-        (Action::SegmentFree, "segment_free"),
-        (Action::SegmentMap, "segment_map"),
-        (Action::SegmentUnmap, "segment_unmap"),
-        (Action::Snapshot, "snapshot"),
-        (Action::Oom, "oom"),
-        (Action::Annotate, "annotate"),
-        (Action::Step, "step"),
-    ];
+    /// The one-byte code of a known action in `.snap` files.
+    pub(crate) fn code(&self) -> Option<u8> {
+        match self {
+            Action::Alloc => Some(0),
+            Action::FreeRequested => Some(1),
+            Action::FreeCompleted => Some(2),
+            Action::SegmentAlloc => Some(3),
+            Action::SegmentFree => Some(4),
+            Action::SegmentMap => Some(5),
+            Action::SegmentUnmap => Some(6),
+            Action::Snapshot => Some(7),
+            Action::Oom => Some(8),
+            Action::Annotate => Some(9),
+            Action::Step => Some(10),
+            Action::Other(_) => None,
+        }
+    }
+
+    /// The known action with one-byte code `code`.
+    pub(crate) fn from_code(code: u8) -> Option<Action> {
+        Some(match code {
+            0 => Action::Alloc,
+            1 => Action::FreeRequested,
+            2 => Action::FreeCompleted,
+            3 => Action::SegmentAlloc,
+            4 => Action::SegmentFree,
+            5 => Action::SegmentMap,
+            6 => Action::SegmentUnmap,
+            7 => Action::Snapshot,
+            8 => Action::Oom,
+            9 => Action::Annotate,
+            10 => Action::Step,
+            _ => return None,
+        })
+    }
 
     /// PyTorch's name of the action (`alloc`, `free_requested`, ...).
     pub fn name(&self) -> &str {
         match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+            Action::Annotate => "annotate",
+            Action::Step => "step",
             Action::Other(name) => name,
-            known => Action::KNOWN
-                .iter()
-                .find(|(a, _)| a == known)
-                .map_or("", |(_, n)| n),
         }
     }
 
     /// The action with PyTorch's name `name`; unknown names become [`Action::Other`].
     pub fn from_name(name: &str) -> Action {
-        Action::KNOWN
-            .iter()
-            .find(|(_, n)| *n == name)
-            .map_or_else(|| Action::Other(name.into()), |(a, _)| a.clone())
+        match name {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            "annotate" => Action::Annotate,
+            "step" => Action::Step,
+            other => Action::Other(other.into()),
+        }
     }
 }
 
 impl Serialize for Action {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Binary files store known actions as a one-byte code.
-        match Action::KNOWN.iter().position(|(a, _)| a == self) {
-            Some(code) if !s.is_human_readable() => s.serialize_u8(code as u8),
+        match self.code() {
+            Some(code) if !s.is_human_readable() => s.serialize_u8(code),
             _ => s.serialize_str(self.name()),
         }
     }
@@ -304,9 +343,9 @@ impl<'de> Deserialize<'de> for Action {
                 f.write_str("an action name or code")
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Action, E> {
-                Action::KNOWN
-                    .get(v as usize)
-                    .map(|(a, _)| a.clone())
+                u8::try_from(v)
+                    .ok()
+                    .and_then(Action::from_code)
                     .ok_or_else(|| E::custom(format!("unknown action code {v}")))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Action, E> {
@@ -321,6 +360,9 @@ impl<'de> Deserialize<'de> for Action {
 }
 
 /// One recorded allocator event.
+///
+/// Kept small (traces can hold millions): fields that few events carry live
+/// in the boxed [`EventDetails`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceEvent {
     /// What happened.
@@ -335,18 +377,37 @@ pub struct TraceEvent {
     pub time_us: Option<i64>,
     /// Stack recorded with the event.
     pub stack: Option<StackId>,
-    /// `oom` only: free device memory reported by the driver.
-    pub device_free: Option<u64>,
     /// PyTorch's compile context (`N/A` outside compiled regions).
     pub compile_context: Option<StrId>,
     /// PyTorch's user metadata string.
     pub user_metadata: Option<StrId>,
-    /// The owning memory pool, when recorded.
-    pub pool_id: Option<(i64, i64)>,
     /// The allocation's sequence number within its process, when recorded.
     pub alloc_seq: Option<u64>,
+    /// The rarer fields, when any is present.
+    pub details: Option<Box<EventDetails>>,
+}
+
+/// Fields of a [`TraceEvent`] that few events carry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EventDetails {
+    /// `oom` only: free device memory reported by the driver.
+    pub device_free: Option<u64>,
+    /// The owning memory pool, when recorded.
+    pub pool_id: Option<(i64, i64)>,
     /// Keys this model has no field for.
     pub extra: Extra,
+}
+
+impl TraceEvent {
+    /// The event's details, created empty if it has none yet.
+    pub fn details_mut(&mut self) -> &mut EventDetails {
+        self.details.get_or_insert_with(Default::default)
+    }
+
+    /// `oom` only: free device memory reported by the driver.
+    pub fn device_free(&self) -> Option<u64> {
+        self.details.as_ref().and_then(|d| d.device_free)
+    }
 }
 
 /// A PyTorch external annotation (a `record_function` region boundary).

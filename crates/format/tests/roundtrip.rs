@@ -2,8 +2,9 @@
 
 use proptest::prelude::*;
 use snapdiff_format::{
-    Action, Annotation, Block, BlockState, DeviceInfo, DeviceTrace, Frame, HistoryEntry, Meta,
-    Pool, Segment, Snapshot, TraceEvent, Value, read_bytes, write_json, write_snap,
+    Action, Annotation, Block, BlockState, DeviceInfo, DeviceTrace, EventDetails, Frame,
+    HistoryEntry, Meta, Pool, Segment, Snapshot, TraceEvent, Value, read_bytes, write_json,
+    write_snap,
 };
 
 fn value() -> impl Strategy<Value = Value> {

@@ -15,8 +15,11 @@ use rustc_hash::FxHashMap;
 use crate::model::{
     Action, Block, BlockState, Frame, FrameId, HistoryEntry, StackId, StrId, TraceEvent,
 };
-use crate::pickle::machine::{Container, Heap, Val};
+use crate::pickle::machine::{Container, Heap, Key, Val};
 use crate::value::Value;
+
+/// How many emptied dict vectors to keep for reuse.
+const MAX_SPARE_DICTS: usize = 64;
 
 /// How deep generic values (settings, unknown keys) may nest.
 const MAX_DEPTH: usize = 64;
@@ -36,8 +39,14 @@ pub(crate) struct Lowerer {
     list_stacks: FxHashMap<u32, Option<StackId>>,
     pub(crate) strings: Vec<String>,
     string_ids: FxHashMap<String, StrId>,
-    /// Lowered events; taken (set to `None`) when placed into a trace.
-    pub(crate) events: Vec<Option<TraceEvent>>,
+    /// The interned string of each pickled string already seen.
+    heap_strings: FxHashMap<u32, StrId>,
+    /// Lowered events, moved out when placed into a trace.
+    events: Vec<TraceEvent>,
+    /// Whether each lowered event was already moved out.
+    event_taken: Vec<bool>,
+    /// The action each pickled string names, once looked up.
+    heap_actions: FxHashMap<u32, Action>,
     /// Lowered blocks and whether their dict had an `address`.
     pub(crate) blocks: Vec<Option<(Block, bool)>>,
     /// Generic values still allowed to be produced: bounds the expansion of
@@ -56,18 +65,16 @@ enum Shape {
 fn shape(heap: &Heap, entries: &[(Val, Val)]) -> Shape {
     let (mut action, mut state, mut size, mut blocks, mut filename, mut name, mut line) =
         (false, false, false, false, false, false, false);
-    for (k, _) in entries {
-        if let Val::Str(id) = k {
-            match heap.str(*id) {
-                "action" => action = true,
-                "state" => state = true,
-                "size" => size = true,
-                "blocks" => blocks = true,
-                "filename" => filename = true,
-                "name" => name = true,
-                "line" => line = true,
-                _ => {}
-            }
+    for &(k, _) in entries {
+        match heap.key(k) {
+            Key::Action => action = true,
+            Key::State => state = true,
+            Key::Size => size = true,
+            Key::Blocks => blocks = true,
+            Key::Filename => filename = true,
+            Key::Name => name = true,
+            Key::Line => line = true,
+            _ => {}
         }
     }
     if action {
@@ -245,7 +252,8 @@ impl Lowerer {
         let lowered = match shape(heap, entries) {
             Shape::Frame => self.frame(heap, entries).ok().map(Container::Frame),
             Shape::Event => self.event(heap, entries).ok().map(|ev| {
-                self.events.push(Some(ev));
+                self.events.push(ev);
+                self.event_taken.push(false);
                 Container::Event(self.events.len() as u32 - 1)
             }),
             Shape::Block => self.block(heap, entries).ok().map(|b| {
@@ -255,7 +263,14 @@ impl Lowerer {
             Shape::Other => None,
         };
         if let Some(c) = lowered {
-            heap.containers[id as usize] = c;
+            if let Container::Dict(mut spare) =
+                std::mem::replace(&mut heap.containers[id as usize], c)
+            {
+                if heap.spare_dicts.len() < MAX_SPARE_DICTS {
+                    spare.clear();
+                    heap.spare_dicts.push(spare);
+                }
+            }
         }
     }
 
@@ -290,29 +305,23 @@ impl Lowerer {
         let mut frame = Frame::default();
         let (mut has_name, mut has_file, mut has_line) = (false, false, false);
         for &(k, v) in entries {
-            let key = key_text(heap, k);
-            match key.as_str() {
-                "name" => {
-                    frame.name = str_of(heap, v).map_err(|f| at("name", f))?.to_owned();
+            let wrap = |f: Failure| at(&key_text(heap, k), f);
+            match heap.key(k) {
+                Key::Name => {
+                    frame.name = str_of(heap, v).map_err(wrap)?.to_owned();
                     has_name = true;
                 }
-                "filename" => {
-                    frame.file = str_of(heap, v).map_err(|f| at("filename", f))?.to_owned();
+                Key::Filename => {
+                    frame.file = str_of(heap, v).map_err(wrap)?.to_owned();
                     has_file = true;
                 }
-                "line" => {
+                Key::Line => {
                     // Negative lines do not occur; clamp rather than reject.
-                    let line = int(heap, v).map_err(|f| at("line", f))?;
+                    let line = int(heap, v).map_err(wrap)?;
                     frame.line = u32::try_from(line.max(0)).unwrap_or(u32::MAX);
                     has_line = true;
                 }
-                _ => {
-                    let text = match v {
-                        Val::Str(id) => heap.str(id).to_owned(),
-                        other => value_text(heap, other),
-                    };
-                    frame.extra.push((key, text));
-                }
+                _ => frame.extra.push((key_text(heap, k), value_text(heap, v))),
             }
         }
         for (present, field) in [
@@ -388,33 +397,33 @@ impl Lowerer {
         let mut ev = TraceEvent::default();
         let (mut has_action, mut has_size) = (false, false);
         for &(k, v) in entries {
-            let key = key_text(heap, k);
-            let field = key.as_str();
-            let wrap = |f: Failure| at(field, f);
-            match field {
-                "action" => {
-                    ev.action = Action::from_name(str_of(heap, v).map_err(wrap)?);
+            let wrap = |f: Failure| at(&key_text(heap, k), f);
+            match heap.key(k) {
+                Key::Action => {
+                    ev.action = self.action(heap, v).map_err(wrap)?;
                     has_action = true;
                 }
-                "addr" => ev.address = u64_of(heap, v).map_err(wrap)?,
-                "size" => {
+                Key::Addr => ev.address = u64_of(heap, v).map_err(wrap)?,
+                Key::Size => {
                     ev.size = u64_of(heap, v).map_err(wrap)?;
                     has_size = true;
                 }
-                "stream" => ev.stream = i64_of(heap, v).map_err(wrap)?,
-                "time_us" => ev.time_us = Some(i64_of(heap, v).map_err(wrap)?),
-                "frames" => ev.stack = self.stack(heap, v).map_err(wrap)?,
-                "device_free" => ev.device_free = Some(u64_of(heap, v).map_err(wrap)?),
-                "compile_context" => {
-                    ev.compile_context = Some(self.intern_string(str_of(heap, v).map_err(wrap)?))
+                Key::Stream => ev.stream = i64_of(heap, v).map_err(wrap)?,
+                Key::TimeUs => ev.time_us = Some(i64_of(heap, v).map_err(wrap)?),
+                Key::Frames => ev.stack = self.stack(heap, v).map_err(wrap)?,
+                Key::DeviceFree => {
+                    ev.details_mut().device_free = Some(u64_of(heap, v).map_err(wrap)?)
                 }
-                "user_metadata" => {
-                    ev.user_metadata = Some(self.intern_string(str_of(heap, v).map_err(wrap)?))
+                Key::CompileContext => {
+                    ev.compile_context = Some(self.event_string(heap, v).map_err(wrap)?)
                 }
-                "pool_id" => ev.pool_id = Some(pair_of(heap, v).map_err(wrap)?),
+                Key::UserMetadata => {
+                    ev.user_metadata = Some(self.event_string(heap, v).map_err(wrap)?)
+                }
+                Key::PoolId => ev.details_mut().pool_id = Some(pair_of(heap, v).map_err(wrap)?),
                 _ => {
                     let value = self.value(heap, v, 1).map_err(wrap)?;
-                    ev.extra.push((key, value));
+                    ev.details_mut().extra.push((key_text(heap, k), value));
                 }
             }
         }
@@ -427,6 +436,33 @@ impl Lowerer {
         Ok(ev)
     }
 
+    /// The action a string names, looked up once per pickled string object.
+    fn action(&mut self, heap: &Heap, v: Val) -> Result<Action, Failure> {
+        let text = str_of(heap, v)?;
+        let Val::Str(heap_id) = v else {
+            unreachable!("str_of accepted it")
+        };
+        Ok(self
+            .heap_actions
+            .entry(heap_id)
+            .or_insert_with(|| Action::from_name(text))
+            .clone())
+    }
+
+    /// Interns an event string, once per pickled string object.
+    fn event_string(&mut self, heap: &Heap, v: Val) -> Result<StrId, Failure> {
+        let text = str_of(heap, v)?;
+        let Val::Str(heap_id) = v else {
+            unreachable!("str_of accepted it")
+        };
+        if let Some(&id) = self.heap_strings.get(&heap_id) {
+            return Ok(id);
+        }
+        let id = self.intern_string(text);
+        self.heap_strings.insert(heap_id, id);
+        Ok(id)
+    }
+
     /// A block dict; the flag says whether it had an `address` (older files
     /// leave it out and the segment's conversion fills it in).
     fn block(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<(Block, bool), Failure> {
@@ -434,30 +470,28 @@ impl Lowerer {
         let (mut has_address, mut has_size, mut has_state, mut has_requested) =
             (false, false, false, false);
         for &(k, v) in entries {
-            let key = key_text(heap, k);
-            let field = key.as_str();
-            let wrap = |f: Failure| at(field, f);
-            match field {
-                "address" => {
+            let wrap = |f: Failure| at(&key_text(heap, k), f);
+            match heap.key(k) {
+                Key::Address => {
                     b.address = u64_of(heap, v).map_err(wrap)?;
                     has_address = true;
                 }
-                "size" => {
+                Key::Size => {
                     b.size = u64_of(heap, v).map_err(wrap)?;
                     has_size = true;
                 }
-                "requested_size" => {
+                Key::RequestedSize => {
                     b.requested_size = u64_of(heap, v).map_err(wrap)?;
                     has_requested = true;
                 }
-                "state" => {
+                Key::State => {
                     let name = str_of(heap, v).map_err(wrap)?;
                     b.state = BlockState::from_name(name)
                         .ok_or_else(|| wrap(format!("unknown block state {name:?}")))?;
                     has_state = true;
                 }
-                "frames" => b.stack = self.stack(heap, v).map_err(wrap)?,
-                "history" => {
+                Key::Frames => b.stack = self.stack(heap, v).map_err(wrap)?,
+                Key::History => {
                     for (i, &h) in items(heap, v).map_err(wrap)?.iter().enumerate() {
                         let entry = self
                             .history(heap, h)
@@ -467,7 +501,7 @@ impl Lowerer {
                 }
                 _ => {
                     let value = self.value(heap, v, 1).map_err(wrap)?;
-                    b.extra.push((key, value));
+                    b.extra.push((key_text(heap, k), value));
                 }
             }
         }
@@ -494,16 +528,14 @@ impl Lowerer {
     fn history(&mut self, heap: &Heap, v: Val) -> Result<HistoryEntry, Failure> {
         let mut h = HistoryEntry::default();
         for &(k, v) in entries(heap, v)? {
-            let key = key_text(heap, k);
-            let field = key.as_str();
-            let wrap = |f: Failure| at(field, f);
-            match field {
-                "addr" => h.address = u64_of(heap, v).map_err(wrap)?,
-                "real_size" => h.real_size = u64_of(heap, v).map_err(wrap)?,
-                "frames" => h.stack = self.stack(heap, v).map_err(wrap)?,
+            let wrap = |f: Failure| at(&key_text(heap, k), f);
+            match heap.key(k) {
+                Key::Addr => h.address = u64_of(heap, v).map_err(wrap)?,
+                Key::RealSize => h.real_size = u64_of(heap, v).map_err(wrap)?,
+                Key::Frames => h.stack = self.stack(heap, v).map_err(wrap)?,
                 _ => {
                     let value = self.value(heap, v, 1).map_err(wrap)?;
-                    h.extra.push((key, value));
+                    h.extra.push((key_text(heap, k), value));
                 }
             }
         }
@@ -534,9 +566,13 @@ impl Lowerer {
     pub(crate) fn take_event(&mut self, heap: &Heap, v: Val) -> Result<TraceEvent, Failure> {
         match v {
             Val::Obj(id) => match &heap.containers[id as usize] {
-                Container::Event(i) => self.events[*i as usize]
-                    .take()
-                    .ok_or_else(|| ": the same trace event dict appears twice".to_owned()),
+                Container::Event(i) => {
+                    let i = *i as usize;
+                    if std::mem::replace(&mut self.event_taken[i], true) {
+                        return Err(": the same trace event dict appears twice".to_owned());
+                    }
+                    Ok(std::mem::take(&mut self.events[i]))
+                }
                 Container::Dict(entries) => self.event(heap, entries),
                 _ => Err(format!(
                     ": expected a trace event dict, found {}",
@@ -548,6 +584,31 @@ impl Lowerer {
                 describe(heap, other)
             )),
         }
+    }
+
+    /// The lowered events `start..` as one vector, if list `items` refers to
+    /// exactly them in order. This is the common case (PyTorch writes each
+    /// device's events in order, one device after another) and it moves the
+    /// events without copying them one by one.
+    pub(crate) fn take_event_tail(
+        &mut self,
+        heap: &Heap,
+        items: &[Val],
+    ) -> Option<Vec<TraceEvent>> {
+        let start = self.events.len().checked_sub(items.len())?;
+        let in_order = items.iter().enumerate().all(|(k, &v)| {
+            matches!(v, Val::Obj(id) if matches!(heap.containers[id as usize],
+                Container::Event(i) if i as usize == start + k))
+        });
+        if !in_order || self.event_taken[start..].iter().any(|&t| t) {
+            return None;
+        }
+        self.event_taken.truncate(start);
+        Some(if start == 0 {
+            std::mem::take(&mut self.events)
+        } else {
+            self.events.split_off(start)
+        })
     }
 
     /// Converts any value to a generic [`Value`], for keys without a schema.
@@ -585,9 +646,9 @@ impl Lowerer {
                     Value::Map(out)
                 }
                 Container::Frame(f) => frame_value(&self.frames[*f as usize]),
-                Container::Event(i) => match &self.events[*i as usize] {
-                    Some(ev) => self.event_value(ev),
-                    None => return Err(": the same trace event dict appears twice".to_owned()),
+                Container::Event(i) => match self.event_taken.get(*i as usize) {
+                    Some(false) => self.event_value(&self.events[*i as usize]),
+                    _ => return Err(": the same trace event dict appears twice".to_owned()),
                 },
                 Container::Block(i) => match &self.blocks[*i as usize] {
                     Some((b, _)) => self.block_value(b),
@@ -620,7 +681,9 @@ impl Lowerer {
         if ev.stack.is_some() {
             m.push(("frames".to_owned(), self.stack_value(ev.stack)));
         }
-        m.extend(ev.extra.iter().cloned());
+        if let Some(d) = &ev.details {
+            m.extend(d.extra.iter().cloned());
+        }
         Value::Map(m)
     }
 

@@ -54,10 +54,67 @@ pub(crate) enum Container {
     Block(u32),
 }
 
+/// The dict keys of PyTorch's schema, recognised once per string so that
+/// records are matched by a byte compare rather than a string compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Key {
+    Other,
+    Action,
+    Addr,
+    Address,
+    Blocks,
+    CompileContext,
+    DeviceFree,
+    Filename,
+    Frames,
+    History,
+    Line,
+    Name,
+    PoolId,
+    RealSize,
+    RequestedSize,
+    Size,
+    State,
+    Stream,
+    TimeUs,
+    UserMetadata,
+}
+
+impl Key {
+    fn classify(s: &str) -> Key {
+        match s {
+            "action" => Key::Action,
+            "addr" => Key::Addr,
+            "address" => Key::Address,
+            "blocks" => Key::Blocks,
+            "compile_context" => Key::CompileContext,
+            "device_free" => Key::DeviceFree,
+            "filename" => Key::Filename,
+            "frames" => Key::Frames,
+            "history" => Key::History,
+            "line" => Key::Line,
+            "name" => Key::Name,
+            "pool_id" => Key::PoolId,
+            "real_size" => Key::RealSize,
+            "requested_size" => Key::RequestedSize,
+            "size" => Key::Size,
+            "state" => Key::State,
+            "stream" => Key::Stream,
+            "time_us" => Key::TimeUs,
+            "user_metadata" => Key::UserMetadata,
+            _ => Key::Other,
+        }
+    }
+}
+
 /// Storage behind [`Val`] handles.
 #[derive(Default)]
 pub(crate) struct Heap<'a> {
     pub(crate) strings: Vec<Cow<'a, str>>,
+    /// The schema key each string spells, if any; parallel to `strings`.
+    keys: Vec<Key>,
+    /// Emptied entry vectors of lowered dicts, reused by the next EMPTY_DICT.
+    pub(crate) spare_dicts: Vec<Vec<(Val, Val)>>,
     pub(crate) bytes: Vec<&'a [u8]>,
     pub(crate) bigs: Vec<i128>,
     pub(crate) containers: Vec<Container>,
@@ -66,6 +123,14 @@ pub(crate) struct Heap<'a> {
 impl<'a> Heap<'a> {
     pub(crate) fn str(&self, id: u32) -> &str {
         &self.strings[id as usize]
+    }
+
+    /// The schema key that `k` spells, or [`Key::Other`].
+    pub(crate) fn key(&self, k: Val) -> Key {
+        match k {
+            Val::Str(id) => self.keys[id as usize],
+            _ => Key::Other,
+        }
     }
 
     fn push(&mut self, c: Container) -> Val {
@@ -286,7 +351,8 @@ impl<'a> Machine<'a> {
                     self.push_bytes(n, op)?;
                 }
                 b'}' => {
-                    let v = self.heap.push(Container::Dict(Vec::new()));
+                    let entries = self.heap.spare_dicts.pop().unwrap_or_default();
+                    let v = self.heap.push(Container::Dict(entries));
                     self.stack.push(v);
                 }
                 b']' => {
@@ -341,9 +407,15 @@ impl<'a> Machine<'a> {
                 }
                 b'e' | 0x90 => {
                     let mark = self.pop_mark(op, at)?;
-                    let items = self.stack.split_off(mark);
-                    let target = self.top_container(op, at)?;
-                    self.extend(target, items.into_iter(), op, at)?;
+                    let target = self.container_below(mark, op, at)?;
+                    match &mut self.heap.containers[target as usize] {
+                        Container::List(v) | Container::Set(v) => {
+                            v.extend_from_slice(&self.stack[mark..])
+                        }
+                        _ => return Err(self.not_a(op, at, "list")),
+                    }
+                    self.stack.truncate(mark);
+                    self.lower.forget_list(target);
                 }
                 b's' => {
                     let value = self.pop(op, at)?;
@@ -354,17 +426,23 @@ impl<'a> Machine<'a> {
                 }
                 b'u' => {
                     let mark = self.pop_mark(op, at)?;
-                    let items = self.stack.split_off(mark);
-                    if !items.len().is_multiple_of(2) {
+                    if !(self.stack.len() - mark).is_multiple_of(2) {
                         return Err(self.error_at(
                             ErrorKind::Malformed,
                             "SETITEMS with an odd number of items",
                         ));
                     }
-                    let target = self.top_container(op, at)?;
-                    let pairs: Vec<(Val, Val)> =
-                        items.chunks_exact(2).map(|p| (p[0], p[1])).collect();
-                    self.set_items(target, pairs.into_iter(), op, at)?;
+                    let target = self.container_below(mark, op, at)?;
+                    match &mut self.heap.containers[target as usize] {
+                        Container::Dict(v) => {
+                            v.extend(self.stack[mark..].chunks_exact(2).map(|p| (p[0], p[1])))
+                        }
+                        Container::Frame(_) | Container::Event(_) | Container::Block(_) => {
+                            return Err(self.changed_after_complete(op, at));
+                        }
+                        _ => return Err(self.not_a(op, at, "dict")),
+                    }
+                    self.stack.truncate(mark);
                     self.lower_top();
                 }
                 0x94 => {
@@ -563,6 +641,7 @@ impl<'a> Machine<'a> {
         let b = self.take(n, op)?;
         // Python writes lone surrogates with "surrogatepass"; keep such strings, lossily.
         let s = String::from_utf8_lossy(b);
+        self.heap.keys.push(Key::classify(&s));
         self.heap.strings.push(s);
         self.stack
             .push(Val::Str(self.heap.strings.len() as u32 - 1));
@@ -603,6 +682,40 @@ impl<'a> Machine<'a> {
                 format!("{} at byte {at} without a MARK", opcode_name(op)),
             )
         })
+    }
+
+    #[cold]
+    fn not_a(&self, op: u8, at: usize, what: &str) -> Error {
+        self.error_at(
+            ErrorKind::Malformed,
+            format!(
+                "{} at byte {at} on a value that is not a {what}",
+                opcode_name(op)
+            ),
+        )
+    }
+
+    #[cold]
+    fn changed_after_complete(&self, op: u8, at: usize) -> Error {
+        self.error_at(
+            ErrorKind::Malformed,
+            format!(
+                "{} at byte {at} changes a dict after it was complete",
+                opcode_name(op)
+            ),
+        )
+    }
+
+    /// The container just below `mark` (which was just popped): the target
+    /// of APPENDS, SETITEMS and ADDITEMS.
+    fn container_below(&self, mark: usize, op: u8, at: usize) -> Result<u32> {
+        if mark == 0 || mark <= self.fence() {
+            return Err(self.underflow(op, at));
+        }
+        match self.stack[mark - 1] {
+            Val::Obj(id) => Ok(id),
+            _ => Err(self.not_a(op, at, "container")),
+        }
     }
 
     fn top_container(&self, op: u8, at: usize) -> Result<u32> {

@@ -180,22 +180,30 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Segment, Failure>
 
 fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, Failure> {
     let devices = items(heap, v).map_err(here)?;
-    let mut out = Vec::with_capacity(devices.len());
-    for (d, &dev) in devices.iter().enumerate() {
+    let mut out: Vec<DeviceTrace> = Vec::with_capacity(devices.len());
+    // Last device first, so that each one's events are the tail of the store.
+    for (d, &dev) in devices.iter().enumerate().rev() {
         let list = items(heap, dev).map_err(|f| index(d, f))?;
-        let mut events = Vec::with_capacity(list.len());
-        for (i, &e) in list.iter().enumerate() {
-            events.push(
-                lower
-                    .take_event(heap, e)
-                    .map_err(|f| index(d, index(i, f)))?,
-            );
-        }
+        let events = match lower.take_event_tail(heap, list) {
+            Some(events) => events,
+            None => {
+                let mut events = Vec::with_capacity(list.len());
+                for (i, &e) in list.iter().enumerate() {
+                    events.push(
+                        lower
+                            .take_event(heap, e)
+                            .map_err(|f| index(d, index(i, f)))?,
+                    );
+                }
+                events
+            }
+        };
         out.push(DeviceTrace {
             device: d as u32,
             events,
         });
     }
+    out.reverse();
     Ok(out)
 }
 
