@@ -178,12 +178,19 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
                             stream,
                             time_us,
                             stack,
-                            device_free,
                             compile_context: cc,
                             user_metadata: um,
-                            pool_id,
                             alloc_seq,
-                            extra,
+                            details: (device_free.is_some()
+                                || pool_id.is_some()
+                                || !extra.is_empty())
+                            .then(|| {
+                                Box::new(EventDetails {
+                                    device_free,
+                                    pool_id,
+                                    extra,
+                                })
+                            }),
                         }
                     },
                 );
