@@ -156,10 +156,7 @@ fn everything_pytorch_records_has_a_place() {
     let by_name = |n: &str| read_path(files.iter().find(|p| p.ends_with(n)).unwrap()).unwrap();
 
     let training = by_name("cs336-medium-128-training.pickle");
-    let settings = training
-        .allocator_settings
-        .as_ref()
-        .expect("allocator_settings kept");
+    let settings = &training.allocator_settings;
     assert_eq!(
         settings.get("max_split_size").and_then(|v| v.as_int()),
         Some(-1)
@@ -218,7 +215,7 @@ fn generated_fixtures_keep_legacy_and_optional_fields() {
     assert_eq!(legacy.traces[0].events[0].time_us, None);
 
     let snap = read_path(fixture("torch-format/snapshot-p4.pickle")).unwrap();
-    let settings = snap.allocator_settings.as_ref().unwrap();
+    let settings = &snap.allocator_settings;
     assert_eq!(
         settings.get("max_split_size").and_then(|v| v.as_int()),
         Some((1i128 << 64) - 1),

@@ -39,8 +39,8 @@ pub struct Snapshot {
     pub traces: Vec<DeviceTrace>,
     /// PyTorch's `external_annotations` (`record_function` regions).
     pub annotations: Vec<Annotation>,
-    /// PyTorch's `allocator_settings` dict, as written.
-    pub allocator_settings: Option<Value>,
+    /// PyTorch's `allocator_settings` dict, as written ([`Value::None`] when absent).
+    pub allocator_settings: Value,
     /// Top-level keys this model has no field for (`host_segments`, ...).
     pub extra: Extra,
 }

@@ -18,9 +18,10 @@ pub type Extra = Vec<(String, Value)>;
 ///
 /// Tuples and sets read from a pickle become lists; dict keys that are not
 /// strings are written as their decimal or text form.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum Value {
     /// Python `None`, JSON `null`.
+    #[default]
     None,
     /// A boolean.
     Bool(bool),

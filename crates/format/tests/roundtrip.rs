@@ -226,7 +226,7 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
                 proptest::collection::vec(segment, 0..4),
                 proptest::collection::vec(trace, 0..3),
                 meta,
-                proptest::option::of(value()),
+                value(),
                 extra(),
                 proptest::option::of(any::<i64>()),
             )

@@ -18,8 +18,8 @@ use crate::model::{
 use crate::pickle::machine::{Container, Heap, Key, Val};
 use crate::value::Value;
 
-/// How many emptied dict vectors to keep for reuse.
-const MAX_SPARE_DICTS: usize = 64;
+/// How many emptied dict and list vectors to keep for reuse.
+const MAX_SPARE: usize = 64;
 
 /// How deep generic values (settings, unknown keys) may nest.
 const MAX_DEPTH: usize = 64;
@@ -35,8 +35,8 @@ pub(crate) struct Lowerer {
     frame_ids: FxHashMap<Frame, FrameId>,
     pub(crate) stacks: Vec<Vec<FrameId>>,
     stack_ids: FxHashMap<Vec<FrameId>, StackId>,
-    /// Stack of each frame-list container already converted.
-    list_stacks: FxHashMap<u32, Option<StackId>>,
+    /// Frame ids of the stack being interned (reused to avoid allocating).
+    scratch: Vec<FrameId>,
     pub(crate) strings: Vec<String>,
     string_ids: FxHashMap<String, StrId>,
     /// The interned string of each pickled string already seen.
@@ -100,6 +100,7 @@ pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
         Val::Bytes(_) => "bytes",
         Val::Obj(id) => match heap.containers[id as usize] {
             Container::List(_) => "a list",
+            Container::Stack(_) => "a list of frames",
             Container::Tuple(_) => "a tuple",
             Container::Set(_) => "a set",
             Container::Dict(_) => "a dict",
@@ -266,18 +267,11 @@ impl Lowerer {
             if let Container::Dict(mut spare) =
                 std::mem::replace(&mut heap.containers[id as usize], c)
             {
-                if heap.spare_dicts.len() < MAX_SPARE_DICTS {
+                if heap.spare_dicts.len() < MAX_SPARE {
                     spare.clear();
                     heap.spare_dicts.push(spare);
                 }
             }
-        }
-    }
-
-    /// Forgets the stack converted from list `id`, which is changing.
-    pub(crate) fn forget_list(&mut self, id: u32) {
-        if !self.list_stacks.is_empty() {
-            self.list_stacks.remove(&id);
         }
     }
 
@@ -336,12 +330,79 @@ impl Lowerer {
         Ok(self.intern_frame(frame))
     }
 
+    /// Lowers list `id` to an interned stack if it is a non-empty list of
+    /// lowered frames. Called whenever a list is built or grows; most lists
+    /// in a snapshot are frame lists, and this keeps them from existing as
+    /// lists of handles.
+    pub(crate) fn lower_list(&mut self, heap: &mut Heap, id: u32) {
+        let Container::List(items) = &heap.containers[id as usize] else {
+            return;
+        };
+        if items.is_empty() {
+            return;
+        }
+        self.scratch.clear();
+        for &item in items {
+            match item {
+                Val::Obj(c) => match heap.containers[c as usize] {
+                    Container::Frame(f) => self.scratch.push(f),
+                    _ => return,
+                },
+                _ => return,
+            }
+        }
+        let stack = self.intern_scratch_stack();
+        if let Container::List(mut spare) =
+            std::mem::replace(&mut heap.containers[id as usize], Container::Stack(stack))
+        {
+            if heap.spare_lists.len() < MAX_SPARE {
+                spare.clear();
+                heap.spare_lists.push(spare);
+            }
+        }
+    }
+
+    /// Turns lowered stack `id` back into a list, because the pickle adds to it.
+    pub(crate) fn unlower_list(&self, heap: &mut Heap, id: u32) {
+        let Container::Stack(stack) = heap.containers[id as usize] else {
+            return;
+        };
+        let items = self.stacks[stack as usize]
+            .iter()
+            .map(|&f| {
+                heap.containers.push(Container::Frame(f));
+                Val::Obj(heap.containers.len() as u32 - 1)
+            })
+            .collect();
+        heap.containers[id as usize] = Container::List(items);
+    }
+
+    fn intern_scratch_stack(&mut self) -> StackId {
+        if let Some(&id) = self.stack_ids.get(self.scratch.as_slice()) {
+            return id;
+        }
+        let id = self.stacks.len() as StackId;
+        self.stacks.push(self.scratch.clone());
+        self.stack_ids.insert(self.scratch.clone(), id);
+        id
+    }
+
     /// Converts a `frames` value (a list of frame dicts) to an interned stack;
     /// an empty list is no stack.
     pub(crate) fn stack(&mut self, heap: &Heap, v: Val) -> Result<Option<StackId>, Failure> {
-        let list_id = match v {
-            Val::Obj(id) => id,
+        let expected = |item: Val| format!("expected a frame dict, found {}", describe(heap, item));
+        let items = match v {
             Val::None => return Ok(None),
+            Val::Obj(id) => match &heap.containers[id as usize] {
+                Container::Stack(s) => return Ok(Some(*s)),
+                Container::List(items) | Container::Tuple(items) => items,
+                _ => {
+                    return Err(format!(
+                        "expected a list of frames, found {}",
+                        describe(heap, v)
+                    ));
+                }
+            },
             other => {
                 return Err(format!(
                     "expected a list of frames, found {}",
@@ -349,10 +410,6 @@ impl Lowerer {
                 ));
             }
         };
-        if let Some(&s) = self.list_stacks.get(&list_id) {
-            return Ok(s);
-        }
-        let items = items(heap, v)?;
         if items.is_empty() {
             return Ok(None);
         }
@@ -364,33 +421,14 @@ impl Lowerer {
                     Container::Dict(entries) => {
                         self.frame(heap, entries).map_err(|f| index(i, f))?
                     }
-                    _ => {
-                        return Err(index(
-                            i,
-                            format!("expected a frame dict, found {}", describe(heap, item)),
-                        ));
-                    }
+                    _ => return Err(index(i, expected(item))),
                 },
-                other => {
-                    return Err(index(
-                        i,
-                        format!("expected a frame dict, found {}", describe(heap, other)),
-                    ));
-                }
+                other => return Err(index(i, expected(other))),
             };
             ids.push(id);
         }
-        let id = match self.stack_ids.get(&ids) {
-            Some(&id) => id,
-            None => {
-                let id = self.stacks.len() as StackId;
-                self.stacks.push(ids.clone());
-                self.stack_ids.insert(ids, id);
-                id
-            }
-        };
-        self.list_stacks.insert(list_id, Some(id));
-        Ok(Some(id))
+        self.scratch = ids;
+        Ok(Some(self.intern_scratch_stack()))
     }
 
     fn event(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<TraceEvent, Failure> {
@@ -646,6 +684,7 @@ impl Lowerer {
                     Value::Map(out)
                 }
                 Container::Frame(f) => frame_value(&self.frames[*f as usize]),
+                Container::Stack(s) => self.stack_value(Some(*s)),
                 Container::Event(i) => match self.event_taken.get(*i as usize) {
                     Some(false) => self.event_value(&self.events[*i as usize]),
                     _ => return Err(": the same trace event dict appears twice".to_owned()),

@@ -48,6 +48,8 @@ pub(crate) enum Container {
     Dict(Vec<(Val, Val)>),
     /// A frame dict, now an index into the lowerer's frame table.
     Frame(u32),
+    /// A list of frame dicts, now an index into the lowerer's stack table.
+    Stack(u32),
     /// A trace-event dict, now an index into the lowerer's event store.
     Event(u32),
     /// A block dict, now an index into the lowerer's block store.
@@ -115,6 +117,8 @@ pub(crate) struct Heap<'a> {
     keys: Vec<Key>,
     /// Emptied entry vectors of lowered dicts, reused by the next EMPTY_DICT.
     pub(crate) spare_dicts: Vec<Vec<(Val, Val)>>,
+    /// Emptied item vectors of lowered lists, reused by the next EMPTY_LIST.
+    pub(crate) spare_lists: Vec<Vec<Val>>,
     pub(crate) bytes: Vec<&'a [u8]>,
     pub(crate) bigs: Vec<i128>,
     pub(crate) containers: Vec<Container>,
@@ -356,7 +360,8 @@ impl<'a> Machine<'a> {
                     self.stack.push(v);
                 }
                 b']' => {
-                    let v = self.heap.push(Container::List(Vec::new()));
+                    let items = self.heap.spare_lists.pop().unwrap_or_default();
+                    let v = self.heap.push(Container::List(items));
                     self.stack.push(v);
                 }
                 b')' => {
@@ -377,6 +382,9 @@ impl<'a> Machine<'a> {
                     };
                     let v = self.heap.push(c);
                     self.stack.push(v);
+                    if let Val::Obj(id) = v {
+                        self.lower.lower_list(&mut self.heap, id);
+                    }
                 }
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
@@ -408,6 +416,7 @@ impl<'a> Machine<'a> {
                 b'e' | 0x90 => {
                     let mark = self.pop_mark(op, at)?;
                     let target = self.container_below(mark, op, at)?;
+                    self.lower.unlower_list(&mut self.heap, target);
                     match &mut self.heap.containers[target as usize] {
                         Container::List(v) | Container::Set(v) => {
                             v.extend_from_slice(&self.stack[mark..])
@@ -415,7 +424,7 @@ impl<'a> Machine<'a> {
                         _ => return Err(self.not_a(op, at, "list")),
                     }
                     self.stack.truncate(mark);
-                    self.lower.forget_list(target);
+                    self.lower.lower_list(&mut self.heap, target);
                 }
                 b's' => {
                     let value = self.pop(op, at)?;
@@ -739,10 +748,11 @@ impl<'a> Machine<'a> {
         op: u8,
         at: usize,
     ) -> Result<()> {
+        self.lower.unlower_list(&mut self.heap, target);
         match &mut self.heap.containers[target as usize] {
             Container::List(v) | Container::Set(v) => {
                 v.extend(items);
-                self.lower.forget_list(target);
+                self.lower.lower_list(&mut self.heap, target);
                 Ok(())
             }
             _ => Err(self.error_at(

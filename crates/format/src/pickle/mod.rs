@@ -84,7 +84,7 @@ pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
                         let value = lower
                             .value(&heap, v, 1)
                             .map_err(|f| malformed("allocator_settings", f))?;
-                        snap.allocator_settings = Some(value);
+                        snap.allocator_settings = value;
                     }
                     _ => {
                         let value = lower.value(&heap, v, 1).map_err(|f| malformed(&key, f))?;
