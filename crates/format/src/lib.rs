@@ -27,6 +27,7 @@
 mod codes;
 mod columns;
 mod error;
+mod intern;
 mod model;
 mod pickle;
 mod snap;

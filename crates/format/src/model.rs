@@ -505,11 +505,44 @@ impl Snapshot {
     /// written: neighbouring frames then share their file and function, and
     /// their lines differ little, which is what makes `.snap` files small.
     pub fn sort_frames(&mut self) {
+        // Rank the distinct files and names first, so that the frame sort
+        // compares integers rather than long, similar paths.
+        fn ranks<'a>(texts: impl Iterator<Item = &'a str>) -> rustc_hash::FxHashMap<&'a str, u32> {
+            let mut distinct: Vec<&str> = texts.collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            distinct
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| (t, i as u32))
+                .collect()
+        }
+        let file_rank = ranks(self.frames.iter().map(|f| f.file.as_str()));
+        let name_rank = ranks(self.frames.iter().map(|f| f.name.as_str()));
+        let keys: Vec<(u32, u32, u32)> = self
+            .frames
+            .iter()
+            .map(|f| {
+                (
+                    file_rank[f.file.as_str()],
+                    name_rank[f.name.as_str()],
+                    f.line,
+                )
+            })
+            .collect();
         let mut order: Vec<FrameId> = (0..self.frames.len() as FrameId).collect();
-        order.sort_by(|&a, &b| {
-            let (fa, fb) = (&self.frames[a as usize], &self.frames[b as usize]);
-            (&fa.file, &fa.name, fa.line, &fa.extra).cmp(&(&fb.file, &fb.name, fb.line, &fb.extra))
+        order.sort_unstable_by(|&a, &b| {
+            keys[a as usize]
+                .cmp(&keys[b as usize])
+                .then_with(|| {
+                    self.frames[a as usize]
+                        .extra
+                        .cmp(&self.frames[b as usize].extra)
+                })
+                .then(a.cmp(&b))
         });
+        drop(file_rank);
+        drop(name_rank);
         if order.iter().enumerate().all(|(i, &f)| i as FrameId == f) {
             return;
         }

@@ -12,6 +12,7 @@
 
 use rustc_hash::FxHashMap;
 
+use crate::intern::Interner;
 use crate::model::{
     Action, Block, BlockState, Frame, FrameId, HistoryEntry, StackId, StrId, TraceEvent,
 };
@@ -31,14 +32,15 @@ pub(crate) type Failure = String;
 /// Typed records lowered so far, and the interning tables behind them.
 #[derive(Default)]
 pub(crate) struct Lowerer {
-    pub(crate) frames: Vec<Frame>,
-    frame_ids: FxHashMap<Frame, FrameId>,
-    pub(crate) stacks: Vec<Vec<FrameId>>,
-    stack_ids: FxHashMap<Vec<FrameId>, StackId>,
+    frames: Interner<Frame>,
+    /// Frames by the pickled strings of their name and file and their line:
+    /// PyTorch shares these strings, so this finds a known frame without
+    /// building it.
+    frame_ids_by_handle: FxHashMap<(u32, u32, u32), FrameId>,
+    stacks: Interner<Vec<FrameId>>,
     /// Frame ids of the stack being interned (reused to avoid allocating).
     scratch: Vec<FrameId>,
-    pub(crate) strings: Vec<String>,
-    string_ids: FxHashMap<String, StrId>,
+    strings: Interner<String>,
     /// The interned string of each pickled string already seen.
     heap_strings: FxHashMap<u32, StrId>,
     /// Lowered events, moved out when placed into a trace.
@@ -147,6 +149,17 @@ pub(crate) fn str_of<'h>(heap: &'h Heap, v: Val) -> Result<&'h str, Failure> {
     }
 }
 
+/// The heap handle of a string value.
+fn str_handle(heap: &Heap, v: Val) -> Result<u32, Failure> {
+    match v {
+        Val::Str(id) => Ok(id),
+        other => Err(format!(
+            "expected a string, found {}",
+            describe(heap, other)
+        )),
+    }
+}
+
 pub(crate) fn bool_of(heap: &Heap, v: Val) -> Result<bool, Failure> {
     match v {
         Val::Bool(b) => Ok(b),
@@ -236,6 +249,15 @@ fn missing(field: &str) -> Failure {
 }
 
 impl Lowerer {
+    /// The frame, stack and string tables, for the snapshot.
+    pub(crate) fn into_tables(self) -> (Vec<Frame>, Vec<Vec<FrameId>>, Vec<String>) {
+        (
+            self.frames.into_items(),
+            self.stacks.into_items(),
+            self.strings.into_items(),
+        )
+    }
+
     /// A lowerer that may produce at most `budget` generic values.
     pub(crate) fn with_value_budget(budget: usize) -> Lowerer {
         Lowerer {
@@ -275,59 +297,46 @@ impl Lowerer {
         }
     }
 
-    fn intern_frame(&mut self, frame: Frame) -> FrameId {
-        if let Some(&id) = self.frame_ids.get(&frame) {
-            return id;
-        }
-        let id = self.frames.len() as FrameId;
-        self.frames.push(frame.clone());
-        self.frame_ids.insert(frame, id);
-        id
-    }
-
-    pub(crate) fn intern_string(&mut self, s: &str) -> StrId {
-        if let Some(&id) = self.string_ids.get(s) {
-            return id;
-        }
-        let id = self.strings.len() as StrId;
-        self.strings.push(s.to_owned());
-        self.string_ids.insert(s.to_owned(), id);
-        id
+    fn intern_string(&mut self, s: &str) -> StrId {
+        self.strings.intern(s, str::to_owned)
     }
 
     fn frame(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<FrameId, Failure> {
-        let mut frame = Frame::default();
-        let (mut has_name, mut has_file, mut has_line) = (false, false, false);
+        let (mut name, mut file, mut line) = (None, None, None);
+        let mut extra = Vec::new();
         for &(k, v) in entries {
             let wrap = |f: Failure| at(&key_text(heap, k), f);
             match heap.key(k) {
-                Key::Name => {
-                    frame.name = str_of(heap, v).map_err(wrap)?.to_owned();
-                    has_name = true;
-                }
-                Key::Filename => {
-                    frame.file = str_of(heap, v).map_err(wrap)?.to_owned();
-                    has_file = true;
-                }
+                Key::Name => name = Some(str_handle(heap, v).map_err(wrap)?),
+                Key::Filename => file = Some(str_handle(heap, v).map_err(wrap)?),
+                // Negative lines do not occur; clamp rather than reject.
                 Key::Line => {
-                    // Negative lines do not occur; clamp rather than reject.
-                    let line = int(heap, v).map_err(wrap)?;
-                    frame.line = u32::try_from(line.max(0)).unwrap_or(u32::MAX);
-                    has_line = true;
+                    line =
+                        Some(u32::try_from(int(heap, v).map_err(wrap)?.max(0)).unwrap_or(u32::MAX))
                 }
-                _ => frame.extra.push((key_text(heap, k), value_text(heap, v))),
+                _ => extra.push((key_text(heap, k), value_text(heap, v))),
             }
         }
-        for (present, field) in [
-            (has_name, "name"),
-            (has_file, "filename"),
-            (has_line, "line"),
-        ] {
-            if !present {
-                return Err(missing(field));
+        let name = name.ok_or_else(|| missing("name"))?;
+        let file = file.ok_or_else(|| missing("filename"))?;
+        let line = line.ok_or_else(|| missing("line"))?;
+        if extra.is_empty() {
+            if let Some(&id) = self.frame_ids_by_handle.get(&(name, file, line)) {
+                return Ok(id);
             }
         }
-        Ok(self.intern_frame(frame))
+        let frame = Frame {
+            name: heap.str(name).to_owned(),
+            file: heap.str(file).to_owned(),
+            line,
+            extra,
+        };
+        let plain = frame.extra.is_empty();
+        let id = self.frames.intern(&frame, Frame::clone);
+        if plain {
+            self.frame_ids_by_handle.insert((name, file, line), id);
+        }
+        Ok(id)
     }
 
     /// Lowers list `id` to an interned stack if it is a non-empty list of
@@ -367,7 +376,9 @@ impl Lowerer {
         let Container::Stack(stack) = heap.containers[id as usize] else {
             return;
         };
-        let items = self.stacks[stack as usize]
+        let items = self
+            .stacks
+            .get(stack)
             .iter()
             .map(|&f| {
                 heap.containers.push(Container::Frame(f));
@@ -378,13 +389,8 @@ impl Lowerer {
     }
 
     fn intern_scratch_stack(&mut self) -> StackId {
-        if let Some(&id) = self.stack_ids.get(self.scratch.as_slice()) {
-            return id;
-        }
-        let id = self.stacks.len() as StackId;
-        self.stacks.push(self.scratch.clone());
-        self.stack_ids.insert(self.scratch.clone(), id);
-        id
+        self.stacks
+            .intern(self.scratch.as_slice(), <[FrameId]>::to_vec)
     }
 
     /// Converts a `frames` value (a list of frame dicts) to an interned stack;
@@ -683,7 +689,7 @@ impl Lowerer {
                     }
                     Value::Map(out)
                 }
-                Container::Frame(f) => frame_value(&self.frames[*f as usize]),
+                Container::Frame(f) => frame_value(self.frames.get(*f)),
                 Container::Stack(s) => self.stack_value(Some(*s)),
                 Container::Event(i) => match self.event_taken.get(*i as usize) {
                     Some(false) => self.event_value(&self.events[*i as usize]),
@@ -698,10 +704,10 @@ impl Lowerer {
     }
 
     fn stack_value(&self, stack: Option<StackId>) -> Value {
-        let ids: &[FrameId] = stack.map_or(&[], |s| &self.stacks[s as usize]);
+        let ids: &[FrameId] = stack.map_or(&[], |s| self.stacks.get(s));
         Value::List(
             ids.iter()
-                .map(|&f| frame_value(&self.frames[f as usize]))
+                .map(|&f| frame_value(self.frames.get(f)))
                 .collect(),
         )
     }

@@ -155,8 +155,14 @@ pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
         pos: 0,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: Vec::new(),
-        heap: Heap::default(),
+        // Real snapshots memoize a container or string every ~50 bytes; sizing
+        // the tables up front avoids copying them as they grow (untouched
+        // capacity costs address space, not memory).
+        memo: Vec::with_capacity(data.len() / 32),
+        heap: Heap {
+            containers: Vec::with_capacity(data.len() / 64),
+            ..Heap::default()
+        },
         lower: Lowerer::with_value_budget(data.len() + (1 << 20)),
         protocol: 0,
     };

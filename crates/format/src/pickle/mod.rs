@@ -95,9 +95,7 @@ pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
         }
         other => return Err(not_snapshot(lower::describe(&heap, other))),
     }
-    snap.frames = std::mem::take(&mut lower.frames);
-    snap.stacks = std::mem::take(&mut lower.stacks);
-    snap.strings = std::mem::take(&mut lower.strings);
+    (snap.frames, snap.stacks, snap.strings) = lower.into_tables();
     snap.sort_frames();
     Ok(snap)
 }
