@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""End-to-end: reading a PyTorch snapshot pickle, snapdiff against CPython.
+
+    cargo build --release
+    python3 bench/pickle_read.py                 # the large generated pickle
+    python3 bench/pickle_read.py --fixtures      # the real files in ../shared/fixtures/torch
+
+For each file it reports the best of --runs runs of:
+  - CPython: `pickle.load` of the file, timed inside the interpreter (so
+    interpreter start-up is not counted), and the process's peak RSS;
+  - snapdiff: `snapdiff summary --json FILE` as a whole process, wall clock
+    and peak RSS (reading dominates; the summary is a single pass);
+  - the same for the file converted to .snap, and the two file sizes.
+The large pickle is made by fixtures/make_torch_format.py --large (CPython's
+pickler, frames shared as PyTorch shares them) and cached under target/bench/.
+"""
+
+import argparse
+import glob
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SNAPDIFF = os.path.join(ROOT, "target", "release", "snapdiff")
+
+CPYTHON_LOAD = """
+import pickle, resource, sys, time
+t = time.perf_counter()
+with open(sys.argv[1], "rb") as f:
+    pickle.load(f)
+print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def run_measured(cmd):
+    """Runs cmd, returns (wall seconds, peak RSS in KiB) of the child."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    if status != 0:
+        sys.exit(f"failed: {' '.join(cmd)}")
+    return wall, usage.ru_maxrss
+
+
+def cpython(path):
+    out = subprocess.run([sys.executable, "-c", CPYTHON_LOAD, path], capture_output=True, text=True, check=True)
+    secs, rss = out.stdout.split()
+    return float(secs), int(rss)
+
+
+def best(runs, f):
+    results = [f() for _ in range(runs)]
+    return min(r[0] for r in results), min(r[1] for r in results)
+
+
+def mib(kib):
+    return f"{kib / 1024:.0f} MiB"
+
+
+def measure(path, runs):
+    snap = os.path.join(ROOT, "target", "bench", os.path.basename(path) + ".snap")
+    os.makedirs(os.path.dirname(snap), exist_ok=True)
+    subprocess.run([SNAPDIFF, "convert", "--force", path, snap], check=True)
+    py_t, py_rss = best(runs, lambda: cpython(path))
+    sd_t, sd_rss = best(runs, lambda: run_measured([SNAPDIFF, "summary", "--json", path]))
+    sn_t, sn_rss = best(runs, lambda: run_measured([SNAPDIFF, "summary", "--json", snap]))
+    size, snap_size = os.path.getsize(path), os.path.getsize(snap)
+    print(
+        f"| {os.path.basename(path)} | {size / 2**20:.1f} MiB | {py_t * 1000:.0f} ms, {mib(py_rss)} "
+        f"| {sd_t * 1000:.0f} ms, {mib(sd_rss)} | {py_t / sd_t:.1f}x "
+        f"| {snap_size / 2**20:.2f} MiB ({size / snap_size:.0f}x smaller) | {sn_t * 1000:.0f} ms, {mib(sn_rss)} |"
+    )
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fixtures", action="store_true", help="measure ../shared/fixtures/torch/*.pickle")
+    p.add_argument("--events", type=int, default=5_000_000, help="trace events in the large pickle")
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    if not os.path.exists(SNAPDIFF):
+        sys.exit("build first: cargo build --release")
+    print("| file | size | CPython pickle.load | snapdiff summary | speed-up | as .snap | snapdiff summary of .snap |")
+    print("|---|---|---|---|---|---|---|")
+    if args.fixtures:
+        for path in sorted(glob.glob(os.path.join(ROOT, "..", "shared", "fixtures", "torch", "*.pickle"))):
+            measure(os.path.normpath(path), args.runs)
+    else:
+        large = os.path.join(ROOT, "target", "bench", f"large-{args.events}.pickle")
+        if not os.path.exists(large):
+            os.makedirs(os.path.dirname(large), exist_ok=True)
+            subprocess.run([sys.executable, os.path.join(ROOT, "fixtures", "make_torch_format.py"), "--large", str(args.events), "--out", large], check=True)
+        measure(large, args.runs)
+
+
+if __name__ == "__main__":
+    main()
