@@ -233,3 +233,141 @@ fn annotations(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<Annotatio
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Pickles in the style of PyTorch's C++ `torch::jit::Pickler` (protocol
+    //! 2, `BINUNICODE` strings, `BINPUT` memo, `MARK ... TUPLE` tuples, 8-byte
+    //! `LONG1` ints), which CPython's pickler does not write.
+
+    use super::*;
+
+    /// A tiny emitter of the opcodes the C++ pickler uses.
+    #[derive(Default)]
+    struct Cpp {
+        out: Vec<u8>,
+        memo: u32,
+    }
+
+    impl Cpp {
+        fn op(&mut self, b: &[u8]) -> &mut Self {
+            self.out.extend_from_slice(b);
+            self
+        }
+        fn put(&mut self) -> u32 {
+            let id = self.memo;
+            self.memo += 1;
+            if id < 256 {
+                self.op(&[b'q', id as u8]);
+            } else {
+                self.op(b"r");
+                self.op(&id.to_le_bytes());
+            }
+            id
+        }
+        fn get(&mut self, id: u32) -> &mut Self {
+            if id < 256 {
+                self.op(&[b'h', id as u8])
+            } else {
+                self.op(b"j").op(&id.to_le_bytes())
+            }
+        }
+        fn str(&mut self, s: &str) -> u32 {
+            self.op(b"X");
+            self.op(&(s.len() as u32).to_le_bytes());
+            self.op(s.as_bytes());
+            self.put()
+        }
+        fn int(&mut self, v: i64) -> &mut Self {
+            if (0..256).contains(&v) {
+                self.op(&[b'K', v as u8])
+            } else if i32::try_from(v).is_ok() {
+                self.op(b"J").op(&(v as i32).to_le_bytes())
+            } else {
+                self.op(&[0x8a, 8]).op(&v.to_le_bytes())
+            }
+        }
+    }
+
+    #[test]
+    fn reads_cpp_pickler_output() {
+        let mut p = Cpp::default();
+        p.op(&[0x80, 2]).op(b"}");
+        p.put();
+        p.op(b"(");
+        p.str("segments");
+        p.op(b"]");
+        p.put();
+        p.op(b"(}");
+        p.put();
+        p.op(b"(");
+        let address = p.str("address");
+        p.int(0x7f00_0000_0000);
+        p.str("total_size");
+        p.int(2 << 20);
+        p.str("stream");
+        p.int(0);
+        p.str("segment_type");
+        p.str("small");
+        p.str("segment_pool_id");
+        p.op(b"(").int(0).int(0).op(b"t");
+        p.str("blocks");
+        p.op(b"]");
+        p.put();
+        p.op(b"(}");
+        p.put();
+        p.op(b"(");
+        p.get(address).int(0x7f00_0000_0000);
+        p.str("size");
+        p.int(2 << 20);
+        p.str("requested_size");
+        p.int(1000);
+        p.str("state");
+        p.str("active_allocated");
+        p.str("frames");
+        p.op(b"]");
+        p.put();
+        p.op(b"(}");
+        let frame = p.put();
+        p.op(b"(");
+        p.str("name");
+        p.str("train_step");
+        p.str("filename");
+        p.str("train.py");
+        p.str("line");
+        p.int(12);
+        p.op(b"u"); // SETITEMS of the frame
+        p.get(frame); // the same frame twice
+        p.op(b"e"); // APPENDS to frames
+        p.op(b"u"); // SETITEMS of the block
+        p.op(b"e"); // APPENDS to blocks
+        p.op(b"u"); // SETITEMS of the segment
+        p.op(b"e"); // APPENDS to segments
+        p.op(b"u."); // SETITEMS of the top dict, STOP
+
+        let snap = read(&p.out, None).unwrap();
+        assert_eq!(
+            snap.meta.source.as_deref(),
+            Some("PyTorch pickle (protocol 2)")
+        );
+        let seg = &snap.segments[0];
+        assert_eq!(
+            (seg.address, seg.total_size, seg.pool, seg.pool_id),
+            (0x7f00_0000_0000, 2 << 20, Pool::Small, (0, 0))
+        );
+        let block = &seg.blocks[0];
+        assert_eq!((block.size, block.requested_size), (2 << 20, 1000));
+        let frames: Vec<_> = snap
+            .stack_frames(block.stack)
+            .map(|f| (f.name.as_str(), f.file.as_str(), f.line))
+            .collect();
+        assert_eq!(
+            frames,
+            [
+                ("train_step", "train.py", 12),
+                ("train_step", "train.py", 12)
+            ]
+        );
+        assert_eq!(snap.frames.len(), 1, "a shared frame is one frame");
+    }
+}
