@@ -285,15 +285,13 @@ impl Lowerer {
             }),
             Shape::Other => None,
         };
-        if let Some(c) = lowered {
-            if let Container::Dict(mut spare) =
+        if let Some(c) = lowered
+            && let Container::Dict(mut spare) =
                 std::mem::replace(&mut heap.containers[id as usize], c)
-            {
-                if heap.spare_dicts.len() < MAX_SPARE {
-                    spare.clear();
-                    heap.spare_dicts.push(spare);
-                }
-            }
+            && heap.spare_dicts.len() < MAX_SPARE
+        {
+            spare.clear();
+            heap.spare_dicts.push(spare);
         }
     }
 
@@ -320,10 +318,10 @@ impl Lowerer {
         let name = name.ok_or_else(|| missing("name"))?;
         let file = file.ok_or_else(|| missing("filename"))?;
         let line = line.ok_or_else(|| missing("line"))?;
-        if extra.is_empty() {
-            if let Some(&id) = self.frame_ids_by_handle.get(&(name, file, line)) {
-                return Ok(id);
-            }
+        if extra.is_empty()
+            && let Some(&id) = self.frame_ids_by_handle.get(&(name, file, line))
+        {
+            return Ok(id);
         }
         let frame = Frame {
             name: heap.str(name).to_owned(),
@@ -363,11 +361,10 @@ impl Lowerer {
         let stack = self.intern_scratch_stack();
         if let Container::List(mut spare) =
             std::mem::replace(&mut heap.containers[id as usize], Container::Stack(stack))
+            && heap.spare_lists.len() < MAX_SPARE
         {
-            if heap.spare_lists.len() < MAX_SPARE {
-                spare.clear();
-                heap.spare_lists.push(spare);
-            }
+            spare.clear();
+            heap.spare_lists.push(spare);
         }
     }
 
