@@ -7,3 +7,6 @@ mod util;
 
 // Reading every kind of file; fidelity against CPython; bad input.
 mod format;
+
+// compare, trend and summary on real snapshots with injected leaks.
+mod analyze;

@@ -1,10 +1,27 @@
-//! Analyses over snapdiff [`Snapshot`](snapdiff_format::Snapshot)s.
+//! Analyses over snapdiff [`Snapshot`](snapdiff_format::Snapshot)s: which
+//! code holds the memory that keeps growing.
 //!
-//! - [`summary`]: totals per device, pool and stream; fragmentation.
+//! - [`stack_key`]: stable 64-bit keys of allocation sites.
+//! - [`culprit`]: the frame of user code to look at for a site.
+//! - [`compare`]: the difference between two snapshots, site by site.
+//! - [`replay`]: the live blocks at any point of a recorded trace.
+//! - [`trend`]: sites whose memory keeps growing over many checkpoints.
+//! - [`summary`]: totals per device, pool and stream; fragmentation; top sites.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+pub mod compare;
+pub mod culprit;
+pub mod group;
+pub mod replay;
+pub mod stack_key;
 pub mod summary;
+pub mod trend;
 
+pub use crate::compare::{CompareOptions, Comparison, GroupDiff, compare};
+pub use crate::culprit::{Culprit, CulpritKind, CulpritRules};
+pub use crate::group::Site;
+pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::summary::{Summary, summarize};
+pub use crate::trend::{Suspect, Trend, TrendOptions, trend_snapshots, trend_trace};

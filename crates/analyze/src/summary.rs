@@ -6,6 +6,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use snapdiff_format::{BlockState, Pool, Snapshot, Totals};
 
+use crate::culprit::CulpritRules;
+use crate::group::{Site, live_groups};
+use crate::stack_key::StackKeys;
+
 /// Totals of one device, pool and stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PoolTotals {
@@ -32,6 +36,20 @@ pub struct Fragmentation {
     pub internal_slack_bytes: u64,
 }
 
+/// A site holding live memory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SiteUsage {
+    /// The site.
+    #[serde(flatten)]
+    pub site: Site,
+    /// Live blocks.
+    pub blocks: u64,
+    /// Live bytes.
+    pub bytes: u64,
+    /// Share of all live bytes, from 0 to 1.
+    pub share: f64,
+}
+
 /// The summary of one snapshot.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
@@ -46,10 +64,12 @@ pub struct Summary {
     pub pools: Vec<PoolTotals>,
     /// Free memory inside reserved segments.
     pub fragmentation: Fragmentation,
+    /// The sites holding the most live memory, most first.
+    pub top_sites: Vec<SiteUsage>,
 }
 
-/// Summarizes `snap`.
-pub fn summarize(snap: &Snapshot) -> Summary {
+/// Summarizes `snap`, naming the `top` sites that hold the most live memory.
+pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
     let mut per_pool: BTreeMap<(u32, Pool, i64), Totals> = BTreeMap::new();
     let mut frag = Fragmentation::default();
     for seg in &snap.segments {
@@ -73,6 +93,25 @@ pub fn summarize(snap: &Snapshot) -> Summary {
             *actions.entry(ev.action.name().to_owned()).or_insert(0) += 1;
         }
     }
+    let keys = StackKeys::new(snap);
+    let groups = live_groups(snap, &keys);
+    let live: u64 = groups.totals.values().map(|t| t.bytes).sum();
+    let mut by_size: Vec<_> = groups.totals.iter().collect();
+    by_size.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(b.0)));
+    let top_sites = by_size
+        .into_iter()
+        .take(top)
+        .map(|(&key, t)| SiteUsage {
+            site: Site::new(snap, key, groups.stacks[&key], rules),
+            blocks: t.blocks,
+            bytes: t.bytes,
+            share: if live == 0 {
+                0.0
+            } else {
+                t.bytes as f64 / live as f64
+            },
+        })
+        .collect();
     Summary {
         totals: snap.totals(),
         trace_events: snap.trace_len() as u64,
@@ -87,5 +126,6 @@ pub fn summarize(snap: &Snapshot) -> Summary {
             })
             .collect(),
         fragmentation: frag,
+        top_sites,
     }
 }

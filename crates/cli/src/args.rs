@@ -18,18 +18,87 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    Compare(CompareArgs),
+    Trend(TrendArgs),
     Summary(SummaryArgs),
     Convert(ConvertArgs),
 }
 
-/// Show what a snapshot holds: memory totals, trace events and actions.
+/// How reports are shown; shared by compare, trend and summary.
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    /// Print one JSON object instead of tables (schema in docs/cli.md).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Show at most N sites in tables.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub(crate) top: usize,
+    /// Show K frames of each site's stack under its culprit.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub(crate) frames: usize,
+    /// Pick as culprit the innermost frame matching RE ("function file:line").
+    #[arg(long, value_name = "RE", value_parser = parse_regex)]
+    pub(crate) focus: Option<String>,
+    /// Never pick as culprit a frame matching RE ("function file:line").
+    #[arg(long, value_name = "RE", value_parser = parse_regex)]
+    pub(crate) ignore: Option<String>,
+}
+
+/// Compare two snapshots: which code holds more memory in AFTER than in BEFORE.
+///
+/// Live blocks are grouped by the stack that allocated them; each group is
+/// named by its culprit, the innermost frame of your own code. Exit code 1
+/// when --fail-over is given and the leaked bytes exceed it.
+#[derive(Debug, Args)]
+pub(crate) struct CompareArgs {
+    /// The earlier snapshot (any supported kind).
+    pub(crate) before: PathBuf,
+    /// The later snapshot (any supported kind).
+    pub(crate) after: PathBuf,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+    /// Exit with code 1 when leaked bytes exceed SIZE (e.g. 1MiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) fail_over: Option<u64>,
+}
+
+/// Find the code whose memory keeps growing, over several snapshots or within one trace.
+///
+/// With several files, each is a checkpoint (ordered by step or time). With
+/// one file, its trace is cut into checkpoints at its snapshot markers, step
+/// marks or annotations, else evenly. A site is a suspect when its memory
+/// keeps growing after warm-up; one-time allocations and periodic rise and
+/// fall are not. Exit code 1 when --fail-over is given and suspected growth
+/// exceeds it.
+#[derive(Debug, Args)]
+pub(crate) struct TrendArgs {
+    /// Snapshot files, or one file with a trace.
+    #[arg(required = true)]
+    pub(crate) files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+    /// Exit with code 1 when suspected growth exceeds SIZE (e.g. 1MiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) fail_over: Option<u64>,
+    /// Checkpoints at the start that are warm-up (what they allocate is not growth).
+    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::trend::DEFAULT_WARMUP)]
+    pub(crate) warmup: usize,
+    /// Checkpoints to cut a trace into when it has no markers.
+    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::trend::DEFAULT_CHECKPOINTS,
+          value_parser = parse_checkpoints)]
+    pub(crate) checkpoints: usize,
+    /// Total device memory, for the time-to-full estimate, when the files do not record it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) device_memory: Option<u64>,
+}
+
+/// Show what a snapshot holds: totals per pool, fragmentation, top sites, trace events.
 #[derive(Debug, Args)]
 pub(crate) struct SummaryArgs {
     /// Snapshot file (.snap, .json, PyTorch pickle or torch.save zip).
     pub(crate) file: PathBuf,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
 }
 
 /// Convert a snapshot to .snap or .json (chosen by OUT's extension).
@@ -42,4 +111,59 @@ pub(crate) struct ConvertArgs {
     /// Replace OUT if it exists.
     #[arg(long, short)]
     pub(crate) force: bool,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    snapdiff_format::units::parse_size(text).map_err(|e| e.to_string())
+}
+
+fn parse_checkpoints(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 2 => Ok(n),
+        _ => Err(format!(
+            "invalid number of checkpoints '{text}', expected 2 or more"
+        )),
+    }
+}
+
+fn parse_regex(text: &str) -> Result<String, String> {
+    regex::Regex::new(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| format!("invalid regular expression: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("snapdiff").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn compare_defaults() {
+        let Command::Compare(c) = parse(&["compare", "a", "b"]).unwrap().command else {
+            panic!()
+        };
+        assert_eq!(
+            (c.report.top, c.report.frames, c.report.json, c.fail_over),
+            (10, 0, false, None)
+        );
+    }
+
+    #[test]
+    fn sizes_and_patterns_are_checked_while_parsing() {
+        let Command::Compare(c) = parse(&["compare", "a", "b", "--fail-over", "1.5MiB"])
+            .unwrap()
+            .command
+        else {
+            panic!()
+        };
+        assert_eq!(c.fail_over, Some(1_572_864));
+        assert!(parse(&["compare", "a", "b", "--fail-over", "12XB"]).is_err());
+        assert!(parse(&["compare", "a", "b", "--fail-over", "99999999999999999999T"]).is_err());
+        assert!(parse(&["compare", "a", "b", "--focus", "("]).is_err());
+        assert!(parse(&["trend"]).is_err(), "trend needs a file");
+        assert!(parse(&["trend", "a", "--checkpoints", "1"]).is_err());
+    }
 }

@@ -2,6 +2,7 @@
 
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
+use snapdiff_analyze::{Culprit, CulpritKind, CulpritRules, Site};
 use std::io::Write;
 
 pub(crate) use snapdiff_format::units::{format_delta as delta, format_size as size};
@@ -30,4 +31,67 @@ pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
     Ok(())
+}
+
+/// The culprit rules that `--focus` and `--ignore` ask for.
+pub(crate) fn rules(report: &crate::args::ReportArgs) -> anyhow::Result<CulpritRules> {
+    Ok(CulpritRules::new(
+        report.focus.as_deref(),
+        report.ignore.as_deref(),
+    )?)
+}
+
+/// A site for a table cell: its culprit, and `frames` more frames of its stack.
+pub(crate) fn site_cell(site: &Site, frames: usize) -> String {
+    let mut cell = site.culprit.display();
+    if site.culprit.kind == CulpritKind::Fallback {
+        cell.push_str("  (no frame of your code)");
+    }
+    let culprit_at = site.frames.iter().position(|f| {
+        f.name == site.culprit.name && f.file == site.culprit.file && f.line == site.culprit.line
+    });
+    let below = culprit_at.map_or(0, |i| i + 1);
+    for f in site.frames.iter().skip(below).take(frames) {
+        let culprit = Culprit {
+            name: f.name.clone(),
+            file: f.file.clone(),
+            line: f.line,
+            kind: CulpritKind::User,
+        };
+        cell.push_str("\n  from ");
+        cell.push_str(&culprit.display());
+    }
+    cell
+}
+
+/// A series of byte counts as a one-line sparkline.
+pub(crate) fn sparkline(series: &[u64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let (lo, hi) = (
+        series.iter().copied().min().unwrap_or(0),
+        series.iter().copied().max().unwrap_or(0),
+    );
+    series
+        .iter()
+        .map(|&v| {
+            if hi == lo {
+                BARS[0]
+            } else {
+                BARS[((v - lo) as f64 / (hi - lo) as f64 * 7.0).round() as usize]
+            }
+        })
+        .collect()
+}
+
+/// A duration in seconds for people: `45 s`, `12 min`, `3.5 h`, `2.1 days`.
+pub(crate) fn duration(seconds: f64) -> String {
+    if seconds < 90.0 {
+        format!("{seconds:.0} s")
+    } else if seconds < 90.0 * 60.0 {
+        format!("{:.0} min", seconds / 60.0)
+    } else if seconds < 48.0 * 3600.0 {
+        format!("{:.1} h", seconds / 3600.0)
+    } else {
+        format!("{:.1} days", seconds / 86400.0)
+    }
 }

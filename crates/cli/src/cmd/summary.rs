@@ -6,13 +6,14 @@ use snapdiff_analyze::summarize;
 
 use crate::args::SummaryArgs;
 use crate::exit::Exit;
-use crate::render::{align_right, print_json, size, table};
+use crate::render::{self, align_right, print_json, size, table};
 
 /// The top-level entry point for `snapdiff summary`.
 pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
+    let rules = render::rules(&args.report)?;
     let snap = snapdiff_format::read_path(&args.file)?;
-    let summary = summarize(&snap);
-    if args.json {
+    let summary = summarize(&snap, &rules, args.report.top);
+    if args.report.json {
         print_json(&summary)?;
         return Ok(Exit::Clean);
     }
@@ -75,6 +76,21 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
         }
         align_right(&mut pools, &[0, 2, 3, 4, 5, 6]);
         writeln!(out, "{pools}")?;
+    }
+
+    if !summary.top_sites.is_empty() {
+        let mut sites = table(["", "culprit", "blocks", "bytes", "share"]);
+        for (i, s) in summary.top_sites.iter().enumerate() {
+            sites.add_row(vec![
+                (i + 1).to_string(),
+                render::site_cell(&s.site, args.report.frames),
+                s.blocks.to_string(),
+                size(s.bytes),
+                format!("{:.0}%", 100.0 * s.share),
+            ]);
+        }
+        align_right(&mut sites, &[0, 2, 3, 4]);
+        writeln!(out, "{sites}")?;
     }
 
     write!(out, "{} trace events", summary.trace_events)?;

@@ -1,0 +1,239 @@
+//! Comparing two snapshots: which allocation sites hold more memory after
+//! than before.
+//!
+//! PyTorch's own `compare` lists whole segments by address. This groups the
+//! live blocks of each snapshot by stack key and compares the groups, so a
+//! leak shows up as the line of code whose blocks keep accumulating, however
+//! the allocator packed them into segments.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::Serialize;
+use snapdiff_format::{Meta, Snapshot};
+
+use crate::culprit::CulpritRules;
+use crate::group::{Site, is_live, live_groups};
+use crate::stack_key::{StackKey, StackKeys};
+
+/// Options of [`compare`].
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct CompareOptions {
+    /// How culprits are chosen. Default: the innermost frame of user code.
+    pub rules: CulpritRules,
+}
+
+/// How blocks of the two snapshots were matched to tell kept blocks from new ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Matching {
+    /// Same run: by the runtime's allocation sequence number.
+    AllocationSequence,
+    /// PyTorch files carry no allocation ids: a block at the same address,
+    /// with the same size and stack, is taken to be the same allocation.
+    AddressSizeStack,
+    /// Different runs: blocks cannot be matched, only sites.
+    SiteOnly,
+}
+
+/// What happened to a site between the snapshots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    /// No live blocks before, some after.
+    New,
+    /// More bytes after.
+    Grown,
+    /// Fewer bytes after, some left.
+    Shrunk,
+    /// Live blocks before, none after.
+    Freed,
+}
+
+/// One site whose live bytes changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GroupDiff {
+    /// The site.
+    #[serde(flatten)]
+    pub site: Site,
+    /// What happened.
+    pub change: Change,
+    /// Live blocks before.
+    pub blocks_before: u64,
+    /// Live blocks after.
+    pub blocks_after: u64,
+    /// Live bytes before.
+    pub bytes_before: u64,
+    /// Live bytes after.
+    pub bytes_after: u64,
+    /// `bytes_after - bytes_before`.
+    pub delta_bytes: i64,
+    /// Blocks live in both snapshots (per [`Matching`]; 0 for `site_only`).
+    pub blocks_kept: u64,
+}
+
+/// The comparison of two snapshots.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Comparison {
+    /// Sum of the positive deltas of live bytes over all sites.
+    pub leaked_bytes: u64,
+    /// Reserved bytes (all segments) before.
+    pub reserved_before: u64,
+    /// Reserved bytes after.
+    pub reserved_after: u64,
+    /// Allocated bytes (`active_allocated` blocks) before.
+    pub allocated_before: u64,
+    /// Allocated bytes after.
+    pub allocated_after: u64,
+    /// How blocks were matched.
+    pub matching: Matching,
+    /// Sites whose live bytes changed, most growth first.
+    pub groups: Vec<GroupDiff>,
+    /// Plain statements about the comparison (cache growth, mismatched devices, ...).
+    pub notes: Vec<String>,
+}
+
+/// The identity of a block within one process, per `matching`.
+fn identities(snap: &Snapshot, keys: &StackKeys, matching: Matching) -> FxHashSet<(u64, u64, u64)> {
+    let live = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| is_live(b));
+    match matching {
+        Matching::AllocationSequence => live
+            .filter_map(|b| b.alloc_seq)
+            .map(|s| (s, 0, 0))
+            .collect(),
+        Matching::AddressSizeStack => live
+            .map(|b| (b.address, b.size, keys.key(b.stack).0))
+            .collect(),
+        Matching::SiteOnly => FxHashSet::default(),
+    }
+}
+
+fn matching_for(a: &Meta, b: &Meta) -> Matching {
+    let same_run = a.run_id.is_some() && a.run_id == b.run_id;
+    if same_run {
+        Matching::AllocationSequence
+    } else if a.producer == Meta::PRODUCER_TORCH && b.producer == Meta::PRODUCER_TORCH {
+        Matching::AddressSizeStack
+    } else {
+        Matching::SiteOnly
+    }
+}
+
+/// Compares snapshot `before` with snapshot `after`.
+pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) -> Comparison {
+    let (keys_a, keys_b) = rayon::join(|| StackKeys::new(before), || StackKeys::new(after));
+    let (groups_a, groups_b) = rayon::join(
+        || live_groups(before, &keys_a),
+        || live_groups(after, &keys_b),
+    );
+    let matching = matching_for(&before.meta, &after.meta);
+
+    // Kept blocks per site: live after, and already live before.
+    let kept: FxHashMap<StackKey, u64> = if matching == Matching::SiteOnly {
+        FxHashMap::default()
+    } else {
+        let ids = identities(before, &keys_a, matching);
+        let mut kept = FxHashMap::default();
+        for b in after
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| is_live(b))
+        {
+            let key = keys_b.key(b.stack);
+            let id = match matching {
+                Matching::AllocationSequence => b.alloc_seq.map(|s| (s, 0, 0)),
+                _ => Some((b.address, b.size, key.0)),
+            };
+            if id.is_some_and(|id| ids.contains(&id)) {
+                *kept.entry(key).or_insert(0) += 1;
+            }
+        }
+        kept
+    };
+
+    let mut all_keys: Vec<StackKey> = groups_a
+        .totals
+        .keys()
+        .chain(groups_b.totals.keys())
+        .copied()
+        .collect();
+    all_keys.sort_unstable();
+    all_keys.dedup();
+    let mut groups = Vec::new();
+    for key in all_keys {
+        let a = groups_a.totals.get(&key).copied().unwrap_or_default();
+        let b = groups_b.totals.get(&key).copied().unwrap_or_default();
+        let delta = b.bytes as i64 - a.bytes as i64;
+        if delta == 0 {
+            continue;
+        }
+        let change = match (a.blocks, b.blocks) {
+            (0, _) => Change::New,
+            (_, 0) => Change::Freed,
+            _ if delta > 0 => Change::Grown,
+            _ => Change::Shrunk,
+        };
+        // Describe the site from the snapshot that has it, preferring `after`.
+        let site = match groups_b.stacks.get(&key) {
+            Some(&stack) => Site::new(after, key, stack, &options.rules),
+            None => Site::new(before, key, groups_a.stacks[&key], &options.rules),
+        };
+        groups.push(GroupDiff {
+            site,
+            change,
+            blocks_before: a.blocks,
+            blocks_after: b.blocks,
+            bytes_before: a.bytes,
+            bytes_after: b.bytes,
+            delta_bytes: delta,
+            blocks_kept: kept.get(&key).copied().unwrap_or(0),
+        });
+    }
+    groups.sort_by(|x, y| {
+        y.delta_bytes
+            .cmp(&x.delta_bytes)
+            .then(x.site.key.cmp(&y.site.key))
+    });
+
+    let (ta, tb) = (before.totals(), after.totals());
+    let mut notes = Vec::new();
+    let (devices_a, devices_b) = (before.device_ordinals(), after.device_ordinals());
+    if devices_a != devices_b {
+        notes.push(format!(
+            "the snapshots cover different devices: {devices_a:?} before, {devices_b:?} after"
+        ));
+    }
+    if before.meta.producer != after.meta.producer {
+        notes.push(format!(
+            "the snapshots come from different producers ({} and {}); sites are matched by stack only",
+            before.meta.producer, after.meta.producer
+        ));
+    }
+    let reserved_growth = tb.reserved_bytes as i64 - ta.reserved_bytes as i64;
+    let allocated_growth = tb.allocated_bytes as i64 - ta.allocated_bytes as i64;
+    if reserved_growth > 0 && allocated_growth <= 0 {
+        notes.push(format!(
+            "reserved memory grew by {} while allocated memory did not: the allocator's cache grew \
+             (a higher peak or fragmentation), which is not a leak",
+            snapdiff_format::units::format_size(reserved_growth as u64)
+        ));
+    }
+    Comparison {
+        leaked_bytes: groups
+            .iter()
+            .filter(|g| g.delta_bytes > 0)
+            .map(|g| g.delta_bytes as u64)
+            .sum(),
+        reserved_before: ta.reserved_bytes,
+        reserved_after: tb.reserved_bytes,
+        allocated_before: ta.allocated_bytes,
+        allocated_after: tb.allocated_bytes,
+        matching,
+        groups,
+        notes,
+    }
+}

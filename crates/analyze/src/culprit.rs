@@ -1,0 +1,290 @@
+//! The culprit of a stack: the frame a person should look at first.
+//!
+//! It is the innermost frame of the program's own code: not the allocator,
+//! not the interpreter, not a framework (torch, site-packages, the Rust
+//! standard library, crates from the registry, snapdiff itself). `--focus`
+//! and `--ignore` adjust the choice. Allocations made where the program has
+//! no frame at all (PyTorch's autograd thread records only C++ frames) fall
+//! back to the first frame past the allocation plumbing, and say so.
+
+use regex::Regex;
+use serde::Serialize;
+use snapdiff_format::Frame;
+
+use crate::stack_key::is_noise;
+
+/// How a culprit was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CulpritKind {
+    /// The innermost frame of the program's own code.
+    User,
+    /// The innermost frame matching `--focus`.
+    Focus,
+    /// No frame of the program's own code: the first frame past the allocator
+    /// and tensor-allocation plumbing (e.g. the operator that allocated).
+    Fallback,
+    /// The allocation has no recorded stack.
+    NoStack,
+}
+
+/// The frame to look at for a group of allocations.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Culprit {
+    /// Function name.
+    pub name: String,
+    /// Source file.
+    pub file: String,
+    /// Line number (0 when unknown).
+    pub line: u32,
+    /// How it was chosen.
+    pub kind: CulpritKind,
+}
+
+impl Culprit {
+    /// `function  file:line`, with C++ argument lists left out.
+    pub fn display(&self) -> String {
+        match self.kind {
+            CulpritKind::NoStack => "(no stack recorded)".to_owned(),
+            _ => {
+                let location = match (self.file.as_str(), self.line) {
+                    ("" | "??", _) => String::new(),
+                    (file, 0) => format!("  {file}"),
+                    (file, line) => format!("  {file}:{line}"),
+                };
+                format!("{}{location}", short_name(&self.name))
+            }
+        }
+    }
+}
+
+/// A C++ name without its argument list: `at::_ops::add::call(at::Tensor const&)` → `at::_ops::add::call`.
+pub fn short_name(name: &str) -> &str {
+    if name.ends_with(')') && !name.starts_with('<') {
+        // Cut at the '(' that opens the final argument list.
+        let mut depth = 0usize;
+        for (i, c) in name.char_indices().rev() {
+            match c {
+                ')' => depth += 1,
+                '(' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return if i > 0 { &name[..i] } else { name };
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    name
+}
+
+/// Files of frameworks, the standard libraries and installed packages.
+const FRAMEWORK_FILES: &[&str] = &[
+    "/site-packages/",
+    "/dist-packages/",
+    "/lib/python3",
+    "/lib/python2",
+    "<frozen ",
+    "/torch/",
+    "/rustc/",
+    "/.cargo/registry/",
+    "/.cargo/git/",
+    "/cargo/registry/",
+    "/usr/include/",
+];
+
+/// Function-name prefixes of the Rust standard library and of snapdiff.
+const FRAMEWORK_NAMES: &[&str] = &[
+    "std::",
+    "core::",
+    "alloc::",
+    "<std::",
+    "<core::",
+    "<alloc::",
+    "snapdiff_runtime::",
+    "snapdiff::",
+    "<snapdiff_runtime::",
+];
+
+/// Allocation plumbing: where tensors get their memory, never why.
+const PLUMBING: &[&str] = &[
+    "at::detail::",
+    "at::empty",
+    "at::native::empty",
+    "empty_strided",
+    "empty_cuda",
+    "empty_generic",
+    "create_out",
+    "set_output",
+    "resize_",
+    "::allocate(",
+    "::malloc(",
+    "c10::",
+];
+
+/// Whether a frame's file is C or C++ source (the framework, for Python and
+/// Rust programs).
+fn is_native_source(file: &str) -> bool {
+    [".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".cu", ".cuh"]
+        .iter()
+        .any(|ext| file.ends_with(ext))
+}
+
+/// Chooses culprits. Built once from `--focus` and `--ignore`.
+#[derive(Clone, Debug, Default)]
+pub struct CulpritRules {
+    focus: Option<Regex>,
+    ignore: Option<Regex>,
+}
+
+impl CulpritRules {
+    /// Rules with optional `focus` and `ignore` regular expressions, matched
+    /// against `function file:line` of each frame.
+    ///
+    /// # Errors
+    ///
+    /// When a pattern is not a valid regular expression.
+    pub fn new(focus: Option<&str>, ignore: Option<&str>) -> Result<CulpritRules, regex::Error> {
+        Ok(CulpritRules {
+            focus: focus.map(Regex::new).transpose()?,
+            ignore: ignore.map(Regex::new).transpose()?,
+        })
+    }
+
+    fn matches(re: &Option<Regex>, f: &Frame) -> bool {
+        re.as_ref()
+            .is_some_and(|re| re.is_match(&format!("{} {}:{}", f.name, f.file, f.line)))
+    }
+
+    /// Whether `f` is a frame `--ignore` leaves out.
+    pub fn ignored(&self, f: &Frame) -> bool {
+        Self::matches(&self.ignore, f)
+    }
+
+    /// Whether `f` is the program's own code.
+    pub fn is_user(&self, f: &Frame) -> bool {
+        let file = f.file.as_str();
+        !is_noise(f)
+            && !file.is_empty()
+            && file != "??"
+            && !is_native_source(file)
+            && !FRAMEWORK_FILES.iter().any(|p| file.contains(p))
+            && !FRAMEWORK_NAMES.iter().any(|p| f.name.starts_with(p))
+            && !self.ignored(f)
+    }
+
+    /// The culprit of a stack, innermost frame first.
+    pub fn culprit<'a>(&self, frames: impl IntoIterator<Item = &'a Frame> + Clone) -> Culprit {
+        let pick = |f: &Frame, kind| Culprit {
+            name: f.name.clone(),
+            file: f.file.clone(),
+            line: f.line,
+            kind,
+        };
+        if self.focus.is_some()
+            && let Some(f) = frames
+                .clone()
+                .into_iter()
+                .find(|f| Self::matches(&self.focus, f))
+        {
+            return pick(f, CulpritKind::Focus);
+        }
+        if let Some(f) = frames.clone().into_iter().find(|f| self.is_user(f)) {
+            return pick(f, CulpritKind::User);
+        }
+        let meaningful = || {
+            frames
+                .clone()
+                .into_iter()
+                .filter(|f| !is_noise(f) && !self.ignored(f))
+        };
+        let fallback = meaningful()
+            .find(|f| !PLUMBING.iter().any(|p| f.name.contains(p)))
+            .or_else(|| meaningful().next());
+        match fallback {
+            Some(f) => pick(f, CulpritKind::Fallback),
+            None => Culprit {
+                name: String::new(),
+                file: String::new(),
+                line: 0,
+                kind: CulpritKind::NoStack,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &str, file: &str, line: u32) -> Frame {
+        Frame {
+            name: name.into(),
+            file: file.into(),
+            line,
+            extra: vec![],
+        }
+    }
+
+    #[test]
+    fn picks_the_innermost_user_frame() {
+        let stack = [
+            frame("torch::unwind::unwind()", "??", 0),
+            frame("at::native::empty_cuda(...)", "EmptyTensor.cpp", 0),
+            frame(
+                "forward",
+                "/usr/lib/python3.11/site-packages/torch/nn/modules/linear.py",
+                125,
+            ),
+            frame("layer", "/home/u/model.py", 40),
+            frame("<module>", "/home/u/train.py", 9),
+        ];
+        let c = CulpritRules::default().culprit(&stack);
+        assert_eq!(
+            (c.name.as_str(), c.line, c.kind),
+            ("layer", 40, CulpritKind::User)
+        );
+        assert_eq!(c.display(), "layer  /home/u/model.py:40");
+
+        let rules = CulpritRules::new(None, Some("model\\.py")).unwrap();
+        assert_eq!(rules.culprit(&stack).name, "<module>");
+        let rules = CulpritRules::new(Some("linear\\.py"), None).unwrap();
+        assert_eq!(rules.culprit(&stack).kind, CulpritKind::Focus);
+    }
+
+    #[test]
+    fn falls_back_past_allocation_plumbing() {
+        let stack = [
+            frame(
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int)",
+                "CUDACachingAllocator.cpp",
+                0,
+            ),
+            frame("at::detail::empty_generic(c10::ArrayRef<long>)", "??", 0),
+            frame(
+                "at::_ops::sum_dim_IntList::call(at::Tensor const&)",
+                "??",
+                0,
+            ),
+            frame("torch::autograd::Engine::thread_main()", "??", 0),
+        ];
+        let c = CulpritRules::default().culprit(&stack);
+        assert_eq!(c.kind, CulpritKind::Fallback);
+        assert_eq!(c.display(), "at::_ops::sum_dim_IntList::call");
+        assert_eq!(
+            CulpritRules::default().culprit(&[]).kind,
+            CulpritKind::NoStack
+        );
+    }
+
+    #[test]
+    fn shortens_cpp_names() {
+        assert_eq!(short_name("a::b(int, std::function<void (int)>)"), "a::b");
+        assert_eq!(short_name("plain"), "plain");
+        assert_eq!(
+            short_name("<F as core::ops::Fn<()>>::call()"),
+            "<F as core::ops::Fn<()>>::call()"
+        );
+    }
+}

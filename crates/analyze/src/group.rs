@@ -1,0 +1,122 @@
+//! Live blocks grouped by allocation site, and how a site is described.
+
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use snapdiff_format::{Block, Snapshot, StackId};
+
+use crate::culprit::{Culprit, CulpritRules};
+use crate::stack_key::{StackKey, StackKeys, is_noise};
+
+/// Blocks and bytes of one group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    /// Number of blocks.
+    pub blocks: u64,
+    /// Sum of their sizes.
+    pub bytes: u64,
+}
+
+impl Totals {
+    /// Adds one block of `bytes`.
+    pub fn add(&mut self, bytes: u64) {
+        self.blocks += 1;
+        self.bytes += bytes;
+    }
+
+    fn merge(&mut self, other: Totals) {
+        self.blocks += other.blocks;
+        self.bytes += other.bytes;
+    }
+}
+
+/// The live blocks of one snapshot, by site.
+#[derive(Clone, Debug, Default)]
+pub struct LiveGroups {
+    /// Totals per site.
+    pub totals: FxHashMap<StackKey, Totals>,
+    /// One stack of each site, to describe it.
+    pub stacks: FxHashMap<StackKey, Option<StackId>>,
+}
+
+/// A block that counts as live: allocated, or freed but still in use by a stream.
+pub fn is_live(b: &Block) -> bool {
+    b.state.is_active()
+}
+
+/// Groups the live blocks of `snap` by the key of their stack.
+pub fn live_groups(snap: &Snapshot, keys: &StackKeys) -> LiveGroups {
+    let blocks: Vec<&Block> = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| is_live(b))
+        .collect();
+    blocks
+        .par_chunks(64 * 1024)
+        .map(|chunk| {
+            let mut g = LiveGroups::default();
+            for b in chunk {
+                let key = keys.key(b.stack);
+                g.totals.entry(key).or_default().add(b.size);
+                g.stacks.entry(key).or_insert(b.stack);
+            }
+            g
+        })
+        .reduce(LiveGroups::default, |mut a, b| {
+            for (k, t) in b.totals {
+                a.totals.entry(k).or_default().merge(t);
+            }
+            for (k, s) in b.stacks {
+                a.stacks.entry(k).or_insert(s);
+            }
+            a
+        })
+}
+
+/// A frame as reports show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SiteFrame {
+    /// Function name.
+    pub name: String,
+    /// Source file.
+    pub file: String,
+    /// Line number.
+    pub line: u32,
+}
+
+/// An allocation site: its key, its culprit and its stack.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Site {
+    /// The stack key, as 16 hex digits in JSON.
+    pub key: StackKey,
+    /// The frame to look at first.
+    pub culprit: Culprit,
+    /// The stack without allocator, interpreter and dispatcher frames, innermost first.
+    pub frames: Vec<SiteFrame>,
+}
+
+impl Site {
+    /// Describes the site of stack `stack` of `snap`.
+    pub fn new(
+        snap: &Snapshot,
+        key: StackKey,
+        stack: Option<StackId>,
+        rules: &CulpritRules,
+    ) -> Site {
+        let frames: Vec<_> = snap.stack_frames(stack).collect();
+        Site {
+            key,
+            culprit: rules.culprit(frames.iter().copied()),
+            frames: frames
+                .iter()
+                .filter(|f| !is_noise(f))
+                .map(|f| SiteFrame {
+                    name: f.name.clone(),
+                    file: f.file.clone(),
+                    line: f.line,
+                })
+                .collect(),
+        }
+    }
+}

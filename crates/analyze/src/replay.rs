@@ -1,0 +1,117 @@
+//! Rebuilding the live blocks at any point of a recorded trace.
+//!
+//! A trace says when each block was allocated and freed; replaying it from
+//! the start gives the live set after any event, as PyTorch's viewer does to
+//! draw its timeline. Two kinds of block were allocated before recording
+//! began and have no `alloc` event: blocks freed during the trace (they were
+//! live from the start until their free) and live blocks of the final
+//! snapshot whose address the trace never mentions (live throughout). Both
+//! are kept, and their sites are labelled.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use snapdiff_format::{Action, DeviceTrace, Snapshot, StackId};
+
+use crate::group::{Totals, is_live};
+use crate::stack_key::{StackKey, StackKeys};
+
+/// Live totals per site at each requested point of a trace.
+#[derive(Clone, Debug, Default)]
+pub struct Replayed {
+    /// For each cut, the live totals per site.
+    pub points: Vec<FxHashMap<StackKey, Totals>>,
+    /// One stack of each site seen, to describe it.
+    pub stacks: FxHashMap<StackKey, Option<StackId>>,
+    /// Sites with blocks allocated before recording began.
+    pub before_recording: FxHashSet<StackKey>,
+}
+
+/// Replays the trace of one device and records the live totals per site
+/// after the first `cut` events, for each `cut` in `cuts` (ascending; a cut
+/// equal to the number of events is the end of the trace). Sizes are the
+/// sizes the program requested, as trace events record them.
+pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[usize]) -> Replayed {
+    let events = &trace.events;
+    // Traces that record `free_completed` free a block then; older or
+    // partial ones only have `free_requested`.
+    let free_action = if events.iter().any(|e| e.action == Action::FreeCompleted) {
+        Action::FreeCompleted
+    } else {
+        Action::FreeRequested
+    };
+
+    let mut out = Replayed::default();
+    let mut live: FxHashMap<u64, (u64, StackKey)> = FxHashMap::default();
+    let mut totals: FxHashMap<StackKey, Totals> = FxHashMap::default();
+    let add = |live: &mut FxHashMap<u64, (u64, StackKey)>,
+               totals: &mut FxHashMap<StackKey, Totals>,
+               addr,
+               size,
+               key| {
+        if let Some((old_size, old_key)) = live.insert(addr, (size, key)) {
+            // A second alloc at a live address: its free was not recorded.
+            remove_from(totals, old_key, old_size);
+        }
+        totals.entry(key).or_default().add(size);
+    };
+
+    // Blocks allocated before recording began: freed in the trace without an
+    // alloc before, or live at the end without appearing at all.
+    let mut seen: FxHashSet<u64> = FxHashSet::default();
+    let mut allocated: FxHashSet<u64> = FxHashSet::default();
+    for e in events {
+        if e.action == Action::Alloc {
+            allocated.insert(e.address);
+            seen.insert(e.address);
+        } else if e.action == free_action {
+            if !allocated.remove(&e.address) && seen.insert(e.address) {
+                let key = keys.key(e.stack);
+                out.stacks.entry(key).or_insert(e.stack);
+                out.before_recording.insert(key);
+                add(&mut live, &mut totals, e.address, e.size, key);
+            }
+            seen.insert(e.address);
+        }
+    }
+    let ghosts = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == trace.device)
+        .flat_map(|s| &s.blocks)
+        .filter(|b| is_live(b) && !seen.contains(&b.address));
+    for b in ghosts {
+        let key = keys.key(b.stack);
+        out.stacks.entry(key).or_insert(b.stack);
+        out.before_recording.insert(key);
+        add(&mut live, &mut totals, b.address, b.requested_size, key);
+    }
+
+    let mut cuts = cuts.iter().copied().peekable();
+    for (i, e) in events.iter().enumerate() {
+        while cuts.next_if(|&c| c <= i).is_some() {
+            out.points.push(totals.clone());
+        }
+        if e.action == Action::Alloc {
+            let key = keys.key(e.stack);
+            out.stacks.entry(key).or_insert(e.stack);
+            add(&mut live, &mut totals, e.address, e.size, key);
+        } else if e.action == free_action
+            && let Some((size, key)) = live.remove(&e.address)
+        {
+            remove_from(&mut totals, key, size);
+        }
+    }
+    for _ in cuts {
+        out.points.push(totals.clone());
+    }
+    out
+}
+
+fn remove_from(totals: &mut FxHashMap<StackKey, Totals>, key: StackKey, size: u64) {
+    if let Some(t) = totals.get_mut(&key) {
+        t.blocks = t.blocks.saturating_sub(1);
+        t.bytes = t.bytes.saturating_sub(size);
+        if t.blocks == 0 {
+            totals.remove(&key);
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Stable 64-bit keys for stacks, computed from symbolized frames.
+//!
+//! Two allocations come from the same place when their stacks have the same
+//! key. The key must be the same in every process, on every machine and in
+//! every build, so it is computed from frame names, files and lines (never
+//! from addresses), after dropping the frames that differ between runs of
+//! the same code: the allocator's own frames, the Python interpreter's, and
+//! PyTorch's operator dispatcher. The hash is FNV-1a over a byte encoding
+//! specified in `docs/format.md`, so that any tool can compute the same keys.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+use snapdiff_format::{Frame, Snapshot, StackId};
+
+/// The key of a stack: equal keys mean the same allocation site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackKey(pub u64);
+
+impl StackKey {
+    /// The key of allocations with no recorded stack.
+    pub const NONE: StackKey = StackKey(FNV_OFFSET);
+}
+
+impl fmt::Display for StackKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl Serialize for StackKey {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// FNV-1a, written out because the key is specified byte for byte: std's
+/// `Hash` adds its own bytes and uses native endianness, so it is not stable.
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+/// Function names containing these are the allocator's, the interpreter's
+/// or the dispatcher's, never the program's. The first ones are PyTorch's own
+/// viewer filter (`_frame_filter` in `torch/cuda/_memory_viz.py`).
+const NOISE_NAMES: &[&str] = &[
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "__libc_",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+    "_PyEval",
+    "_PyObject",
+    "_PyFunction",
+    "PyCode_",
+    "PyRun_",
+    "Py_RunMain",
+    "Py_BytesMain",
+    "_Py_",
+    "CUDACachingAllocator::",
+    "c10::impl::wrap_kernel_functor",
+    "c10::impl::BoxedKernel",
+    "c10::impl::make_boxed_from_unboxed",
+    "c10::Dispatcher::",
+    "c10::OperatorHandle::",
+    "::redispatch(",
+    "snapdiff_runtime::",
+    "backtrace::",
+    "std::rt::lang_start",
+    "std::sys::backtrace::__rust_begin_short_backtrace",
+    "std::panicking::",
+    "std::panic::catch_unwind",
+    "core::ops::function::FnOnce::call_once",
+    "core::ops::function::impls::",
+    "as core::ops::function::FnOnce",
+    "as core::ops::function::Fn<",
+    "as core::ops::function::FnMut",
+];
+
+/// Function names that are noise only as a whole name.
+const NOISE_EXACT_NAMES: &[&str] = &[
+    "_start",
+    "__clone",
+    "__clone3",
+    "start_thread",
+    "main",
+    "??",
+    "",
+];
+
+/// Files containing these are the interpreter's or the dispatcher's.
+const NOISE_FILES: &[&str] = &[
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "Objects/methodobject.c",
+    "pycore_ceval.h",
+    "ceval.c",
+    "cpython/abstract.h",
+];
+
+/// Whether a frame belongs to the allocator, the interpreter or the
+/// dispatcher: dropped before hashing and never shown as a culprit.
+pub fn is_noise(frame: &Frame) -> bool {
+    let name = frame.name.as_str();
+    let file = frame.file.as_str();
+    // Generated dispatcher files: `RegisterCUDA_0.cpp`, `.../RegisterBackendSelect.cpp`.
+    let base = file.rsplit('/').next().unwrap_or(file);
+    // CPython's C functions, symbolized without a file.
+    let interpreter =
+        (name.starts_with("Py") || name.starts_with("_Py")) && (file.is_empty() || file == "??");
+    interpreter
+        || NOISE_EXACT_NAMES.contains(&name)
+        || NOISE_NAMES.iter().any(|n| name.contains(n))
+        || NOISE_FILES.iter().any(|f| file.contains(f))
+        || (base.starts_with("Register") && base.ends_with(".cpp"))
+        || base.starts_with("Redispatch")
+        || base == "VariableType.cpp"
+        || base.starts_with("VariableType_")
+}
+
+/// The key of a list of frames (innermost first), after dropping noise.
+pub fn key_of<'a>(frames: impl IntoIterator<Item = &'a Frame>) -> StackKey {
+    let mut h = FNV_OFFSET;
+    for f in frames.into_iter().filter(|f| !is_noise(f)) {
+        h = fnv(h, f.name.as_bytes());
+        h = fnv(h, &[0]);
+        h = fnv(h, f.file.as_bytes());
+        h = fnv(h, &[0]);
+        h = fnv(h, &f.line.to_le_bytes());
+        h = fnv(h, &[0xff]);
+    }
+    StackKey(h)
+}
+
+/// The key of every stack of a snapshot, indexed by [`StackId`].
+#[derive(Clone, Debug)]
+pub struct StackKeys(Vec<StackKey>);
+
+impl StackKeys {
+    /// Computes the keys of all stacks of `snap` (in parallel: real snapshots
+    /// have thousands of stacks of up to ~100 frames).
+    pub fn new(snap: &Snapshot) -> StackKeys {
+        use rayon::prelude::*;
+        StackKeys(
+            snap.stacks
+                .par_iter()
+                .map(|s| key_of(s.iter().map(|&f| &snap.frames[f as usize])))
+                .collect(),
+        )
+    }
+
+    /// The key of stack `id`, or [`StackKey::NONE`] for no stack.
+    pub fn key(&self, id: Option<StackId>) -> StackKey {
+        id.map_or(StackKey::NONE, |id| self.0[id as usize])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &str, file: &str, line: u32) -> Frame {
+        Frame {
+            name: name.into(),
+            file: file.into(),
+            line,
+            extra: vec![],
+        }
+    }
+
+    #[test]
+    fn key_is_fixed_by_the_specification() {
+        // FNV-1a of "f\0a.py\0" + 7u32 LE + 0xff, computed independently with Python:
+        // h=0xcbf29ce484222325
+        // for b in b"f\x00a.py\x00" + (7).to_bytes(4,"little") + b"\xff": h=((h^b)*0x100000001b3)%2**64
+        assert_eq!(
+            key_of([&frame("f", "a.py", 7)]).to_string(),
+            "7aa04b9b2a54b28b"
+        );
+    }
+
+    #[test]
+    fn noise_frames_do_not_change_the_key() {
+        let user = frame("train_step", "/home/u/train.py", 12);
+        let noisy = [
+            frame("torch::unwind::unwind()", "??", 0),
+            frame(
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int)",
+                "CUDACachingAllocator.cpp",
+                0,
+            ),
+            user.clone(),
+            frame("_PyEval_EvalFrameDefault", "??", 0),
+            frame(
+                "at::(anonymous namespace)::create_out(...)",
+                "RegisterCUDA_0.cpp",
+                0,
+            ),
+        ];
+        assert_eq!(key_of(&noisy), key_of([&user]));
+        assert_ne!(
+            key_of([&user]),
+            key_of([&frame("train_step", "/home/u/train.py", 13)])
+        );
+        assert_ne!(key_of([&user]), StackKey::NONE);
+    }
+}

@@ -1,0 +1,453 @@
+//! Finding the sites whose live memory keeps growing.
+//!
+//! A trend looks at live bytes per site at a series of checkpoints: several
+//! snapshots of one job, or one snapshot's trace cut at its `snapshot`
+//! markers, its step marks, its annotation boundaries, or evenly. A
+//! *suspect* is a site whose memory keeps growing after warm-up. Two shapes
+//! that also rise are not suspects:
+//!
+//! - a one-time allocation (weights, optimizer state): it rises once and
+//!   stays flat;
+//! - a periodic rise and fall (activations, gradients): it returns to its
+//!   floor.
+//!
+//! The rule works on the *floor* of each site's series: at checkpoint `i`,
+//! the least memory the site holds from `i` to the end. A leak's floor rises
+//! again and again; a periodic site's floor stays at its low point; a
+//! one-time allocation's floor rises once. A site is a suspect when its floor
+//! rises at two checkpoints or more after warm-up, and at no fewer than a
+//! third of them (so that two separate one-time allocations among many
+//! checkpoints are not taken for a leak).
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use snapdiff_format::{Action, Snapshot, StackId};
+
+use crate::culprit::CulpritRules;
+use crate::group::{Site, Totals, live_groups};
+use crate::replay::replay;
+use crate::stack_key::{StackKey, StackKeys};
+
+/// Checkpoints at the start treated as warm-up by default.
+pub const DEFAULT_WARMUP: usize = 1;
+/// Checkpoints a trace without markers is cut into by default.
+pub const DEFAULT_CHECKPOINTS: usize = 10;
+
+/// Options of [`trend_snapshots`] and [`trend_trace`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct TrendOptions {
+    /// How culprits are chosen.
+    pub rules: CulpritRules,
+    /// Checkpoints at the start that are warm-up: what is allocated up to the
+    /// end of warm-up is not growth. Default is [`DEFAULT_WARMUP`].
+    pub warmup: usize,
+    /// How many checkpoints to cut a trace into when it has no markers.
+    /// Default is [`DEFAULT_CHECKPOINTS`].
+    pub checkpoints: usize,
+    /// Total device memory, for the time-to-full estimate, when the snapshots
+    /// do not record it. Default: none.
+    pub device_memory: Option<u64>,
+}
+
+impl Default for TrendOptions {
+    fn default() -> Self {
+        TrendOptions {
+            rules: CulpritRules::default(),
+            warmup: DEFAULT_WARMUP,
+            checkpoints: DEFAULT_CHECKPOINTS,
+            device_memory: None,
+        }
+    }
+}
+
+/// Where the checkpoints came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointSource {
+    /// One snapshot file per checkpoint.
+    Snapshots,
+    /// The trace's `snapshot` markers (where earlier snapshots were taken).
+    SnapshotMarkers,
+    /// The trace's step marks (`snapdiff-runtime`'s `mark_step`).
+    StepMarks,
+    /// The boundaries of PyTorch's external annotations.
+    Annotations,
+    /// Evenly spaced through the trace.
+    EvenlySpaced,
+}
+
+/// One checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Checkpoint {
+    /// When, in microseconds since the Unix epoch, if known.
+    pub time_us: Option<i64>,
+    /// The training step, if known.
+    pub step: Option<u64>,
+    /// For trace checkpoints, the number of events before the cut.
+    pub event_index: Option<usize>,
+}
+
+/// A site whose memory keeps growing.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Suspect {
+    /// The site.
+    #[serde(flatten)]
+    pub site: Site,
+    /// How much its floor grew after warm-up, in bytes.
+    pub growth_bytes: u64,
+    /// `growth_bytes` per checkpoint after warm-up.
+    pub growth_per_checkpoint: u64,
+    /// `growth_bytes` per second, when checkpoint times are known.
+    pub growth_per_second: Option<f64>,
+    /// Live bytes at each checkpoint.
+    pub series: Vec<u64>,
+    /// Live blocks at each checkpoint.
+    pub blocks: Vec<u64>,
+    /// Whether some of its blocks were allocated before recording began.
+    pub before_recording: bool,
+}
+
+/// The result of a trend analysis.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Trend {
+    /// Number of checkpoints.
+    pub checkpoints: usize,
+    /// Where they came from.
+    pub checkpoint_source: CheckpointSource,
+    /// The checkpoints, oldest first.
+    pub points: Vec<Checkpoint>,
+    /// Checkpoints treated as warm-up.
+    pub warmup: usize,
+    /// Sites whose memory keeps growing, most growth first.
+    pub suspects: Vec<Suspect>,
+    /// Sum of the suspects' growth.
+    pub suspected_bytes: u64,
+    /// Sum of the suspects' growth per second, when times are known.
+    pub growth_per_second: Option<f64>,
+    /// Total device memory, if known.
+    pub device_memory: Option<u64>,
+    /// Allocated bytes at the last checkpoint.
+    pub allocated_bytes: u64,
+    /// Seconds until the device is full at the suspects' rate.
+    pub seconds_to_full: Option<f64>,
+    /// Plain statements about the analysis.
+    pub notes: Vec<String>,
+}
+
+/// The checkpoints of the series and what they add up to.
+struct Series<'a> {
+    points: Vec<Checkpoint>,
+    totals: Vec<FxHashMap<StackKey, Totals>>,
+    /// The snapshot and stack describing each site.
+    sites: FxHashMap<StackKey, (&'a Snapshot, Option<StackId>)>,
+    before_recording: rustc_hash::FxHashSet<StackKey>,
+}
+
+/// The floor rule (see the module documentation): growth of the floor after
+/// warm-up, if the site is a suspect.
+fn floor_growth(series: &[u64], warmup: usize) -> Option<u64> {
+    let n = series.len();
+    if n < warmup + 3 {
+        return None;
+    }
+    let mut floor = vec![0u64; n];
+    let mut min = u64::MAX;
+    for i in (0..n).rev() {
+        min = min.min(series[i]);
+        floor[i] = min;
+    }
+    let intervals = n - 1 - warmup;
+    let rises = (warmup + 1..n).filter(|&i| floor[i] > floor[i - 1]).count();
+    let growth = floor[n - 1] - floor[warmup];
+    (rises >= 2 && 3 * rises >= intervals && growth > 0).then_some(growth)
+}
+
+fn analyze(
+    series: Series,
+    source: CheckpointSource,
+    options: &TrendOptions,
+    last: &Snapshot,
+) -> Trend {
+    let n = series.points.len();
+    let warmup = options.warmup.min(n.saturating_sub(1));
+    let mut keys: Vec<StackKey> = series
+        .totals
+        .iter()
+        .flat_map(|t| t.keys().copied())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let seconds = match (
+        series.points.get(warmup).and_then(|p| p.time_us),
+        series.points.last().and_then(|p| p.time_us),
+    ) {
+        (Some(a), Some(b)) if b > a => Some((b - a) as f64 / 1e6),
+        _ => None,
+    };
+    let mut suspects = Vec::new();
+    for key in keys {
+        let totals: Vec<Totals> = series
+            .totals
+            .iter()
+            .map(|t| t.get(&key).copied().unwrap_or_default())
+            .collect();
+        let bytes: Vec<u64> = totals.iter().map(|t| t.bytes).collect();
+        let Some(growth) = floor_growth(&bytes, warmup) else {
+            continue;
+        };
+        let (snap, stack) = series.sites[&key];
+        suspects.push(Suspect {
+            site: Site::new(snap, key, stack, &options.rules),
+            growth_bytes: growth,
+            growth_per_checkpoint: growth / (n - 1 - warmup) as u64,
+            growth_per_second: seconds.map(|s| growth as f64 / s),
+            series: bytes,
+            blocks: totals.iter().map(|t| t.blocks).collect(),
+            before_recording: series.before_recording.contains(&key),
+        });
+    }
+    suspects.sort_by(|a, b| {
+        b.growth_bytes
+            .cmp(&a.growth_bytes)
+            .then(a.site.key.cmp(&b.site.key))
+    });
+
+    let mut notes = Vec::new();
+    if n < warmup + 3 {
+        notes.push(format!(
+            "{n} checkpoints with {warmup} of warm-up are too few to tell a leak from a one-time \
+             allocation; at least {} are needed",
+            warmup + 3
+        ));
+    }
+    let suspected_bytes = suspects.iter().map(|s| s.growth_bytes).sum();
+    let growth_per_second = seconds.map(|s| suspected_bytes as f64 / s);
+    let device_memory = options.device_memory.or_else(|| {
+        let known: Option<Vec<u64>> = last.meta.devices.iter().map(|d| d.total_memory).collect();
+        known.filter(|k| !k.is_empty()).map(|k| k.iter().sum())
+    });
+    let allocated_bytes = last.totals().allocated_bytes;
+    let seconds_to_full = match (device_memory, growth_per_second) {
+        (Some(total), Some(rate)) if rate > 0.0 => {
+            Some(total.saturating_sub(allocated_bytes) as f64 / rate)
+        }
+        _ => None,
+    };
+    Trend {
+        checkpoints: n,
+        checkpoint_source: source,
+        points: series.points,
+        warmup,
+        suspects,
+        suspected_bytes,
+        growth_per_second,
+        device_memory,
+        allocated_bytes,
+        seconds_to_full,
+        notes,
+    }
+}
+
+/// The trend over several snapshots of one job, ordered by their step if
+/// all have one, else by their time if all have one, else as given.
+pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
+    use rayon::prelude::*;
+    let mut order: Vec<usize> = (0..snaps.len()).collect();
+    let mut notes = Vec::new();
+    if snaps.iter().all(|s| s.meta.step.is_some()) {
+        order.sort_by_key(|&i| snaps[i].meta.step);
+    } else if snaps.iter().all(|s| s.meta.created_us.is_some()) {
+        order.sort_by_key(|&i| snaps[i].meta.created_us);
+    } else if snaps.len() > 1 {
+        notes.push(
+            "the snapshots record neither step nor time; they are taken in the order given"
+                .to_owned(),
+        );
+    }
+    let grouped: Vec<_> = order
+        .par_iter()
+        .map(|&i| {
+            let keys = StackKeys::new(&snaps[i]);
+            live_groups(&snaps[i], &keys)
+        })
+        .collect();
+    let mut sites = FxHashMap::default();
+    for (&i, g) in order.iter().zip(&grouped) {
+        for (&key, &stack) in &g.stacks {
+            sites.insert(key, (&snaps[i], stack));
+        }
+    }
+    let series = Series {
+        points: order
+            .iter()
+            .map(|&i| Checkpoint {
+                time_us: snaps[i].meta.created_us,
+                step: snaps[i].meta.step,
+                event_index: None,
+            })
+            .collect(),
+        totals: grouped.into_iter().map(|g| g.totals).collect(),
+        sites,
+        before_recording: Default::default(),
+    };
+    let last = order
+        .last()
+        .map_or(&Snapshot::default(), |&i| &snaps[i])
+        .clone();
+    let mut trend = analyze(series, CheckpointSource::Snapshots, options, &last);
+    trend.notes.splice(0..0, notes);
+    trend
+}
+
+/// Chooses where to cut a trace of `len` events: after each marker event of
+/// the first kind present, else at annotation times, else evenly.
+fn cuts_for(
+    snap: &Snapshot,
+    trace_index: usize,
+    options: &TrendOptions,
+) -> (CheckpointSource, Vec<usize>) {
+    let events = &snap.traces[trace_index].events;
+    let len = events.len();
+    let at_markers = |action: Action| -> Vec<usize> {
+        let mut cuts: Vec<usize> = events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == action)
+            .map(|(i, _)| i + 1)
+            .collect();
+        cuts.push(len);
+        cuts.dedup();
+        cuts
+    };
+    for (action, source) in [
+        (Action::Snapshot, CheckpointSource::SnapshotMarkers),
+        (Action::Step, CheckpointSource::StepMarks),
+    ] {
+        let cuts = at_markers(action);
+        if cuts.len() > 1 {
+            return (source, cuts);
+        }
+    }
+    let device = snap.traces[trace_index].device;
+    let mut times: Vec<i64> = snap
+        .annotations
+        .iter()
+        .filter(|a| a.device == device)
+        .filter_map(|a| a.time_us)
+        .collect();
+    times.sort_unstable();
+    if !times.is_empty() && events.iter().all(|e| e.time_us.is_some()) {
+        let mut cuts: Vec<usize> = times
+            .iter()
+            .map(|&t| events.partition_point(|e| e.time_us.unwrap_or(0) < t))
+            .collect();
+        cuts.push(len);
+        cuts.dedup();
+        if cuts.len() > 1 {
+            return (CheckpointSource::Annotations, cuts);
+        }
+    }
+    let n = options.checkpoints.max(1);
+    let mut cuts: Vec<usize> = (1..=n).map(|k| k * len / n).collect();
+    cuts.dedup();
+    (CheckpointSource::EvenlySpaced, cuts)
+}
+
+/// The trend within one snapshot's trace, cut into checkpoints.
+///
+/// # Errors
+///
+/// When the snapshot recorded no trace events.
+pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, String> {
+    let traces: Vec<usize> = (0..snap.traces.len())
+        .filter(|&i| !snap.traces[i].events.is_empty())
+        .collect();
+    if traces.is_empty() {
+        return Err(
+            "the snapshot has no trace events; record a trace, or give several snapshots"
+                .to_owned(),
+        );
+    }
+    let keys = StackKeys::new(snap);
+    let mut cut_plan: Vec<(usize, CheckpointSource, Vec<usize>)> = traces
+        .iter()
+        .map(|&t| {
+            let (s, c) = cuts_for(snap, t, options);
+            (t, s, c)
+        })
+        .collect();
+    let mut notes = Vec::new();
+    // Devices are added up checkpoint by checkpoint, so they need as many.
+    if cut_plan.windows(2).any(|w| w[0].2.len() != w[1].2.len()) {
+        notes
+            .push("devices have different markers; their traces are cut evenly instead".to_owned());
+        for plan in &mut cut_plan {
+            let len = snap.traces[plan.0].events.len();
+            let n = options.checkpoints.max(1);
+            plan.1 = CheckpointSource::EvenlySpaced;
+            plan.2 = (1..=n).map(|k| k * len / n).collect();
+        }
+    }
+    let source = cut_plan[0].1;
+    let mut series = Series {
+        points: Vec::new(),
+        totals: Vec::new(),
+        sites: FxHashMap::default(),
+        before_recording: Default::default(),
+    };
+    for (t, _, cuts) in &cut_plan {
+        let trace = &snap.traces[*t];
+        let replayed = replay(snap, &keys, trace, cuts);
+        for (k, point) in replayed.points.into_iter().enumerate() {
+            if series.totals.len() <= k {
+                series.totals.push(FxHashMap::default());
+                let idx = cuts[k];
+                series.points.push(Checkpoint {
+                    time_us: idx.checked_sub(1).and_then(|i| trace.events[i].time_us),
+                    step: trace.events[..idx]
+                        .iter()
+                        .rev()
+                        .find(|e| e.action == Action::Step)
+                        .map(|e| e.size),
+                    event_index: Some(idx),
+                });
+            }
+            for (key, totals) in point {
+                let t = series.totals[k].entry(key).or_default();
+                t.blocks += totals.blocks;
+                t.bytes += totals.bytes;
+            }
+        }
+        for (key, stack) in replayed.stacks {
+            series.sites.entry(key).or_insert((snap, stack));
+        }
+        series.before_recording.extend(replayed.before_recording);
+    }
+    let mut trend = analyze(series, source, options, snap);
+    trend.notes.splice(0..0, notes);
+    Ok(trend)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::floor_growth;
+
+    #[test]
+    fn the_floor_rule_tells_leaks_from_one_time_and_periodic_growth() {
+        // A leak: steady growth.
+        assert_eq!(floor_growth(&[0, 10, 20, 30, 40, 50], 1), Some(40));
+        // Growth at every other checkpoint is still a leak.
+        assert_eq!(floor_growth(&[0, 10, 10, 20, 20, 30], 1), Some(20));
+        // A one-time allocation, during or after warm-up.
+        assert_eq!(floor_growth(&[0, 100, 100, 100, 100], 1), None);
+        assert_eq!(floor_growth(&[0, 0, 0, 100, 100, 100], 1), None);
+        // Periodic rise and fall (activations).
+        assert_eq!(floor_growth(&[0, 50, 0, 50, 0, 50, 0], 1), None);
+        assert_eq!(floor_growth(&[10, 60, 10, 60, 10, 60], 1), None);
+        // A leak riding on a periodic site.
+        assert_eq!(floor_growth(&[0, 50, 10, 60, 20, 70, 30], 1), Some(20));
+        // Too few checkpoints.
+        assert_eq!(floor_growth(&[0, 10, 20], 1), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! `snapdiff compare BEFORE AFTER`.
+
+use std::io::Write;
+
+use snapdiff_analyze::{CompareOptions, compare};
+
+use crate::args::CompareArgs;
+use crate::exit::Exit;
+use crate::render::{self, align_right, delta, print_json, size, table};
+
+/// The top-level entry point for `snapdiff compare`.
+pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
+    let rules = render::rules(&args.report)?;
+    let (before, after) = std::thread::scope(|s| {
+        let a = s.spawn(|| snapdiff_format::read_path(&args.before));
+        let b = snapdiff_format::read_path(&args.after);
+        (a.join().expect("reader thread"), b)
+    });
+    let (before, after) = (before?, after?);
+    let mut options = CompareOptions::default();
+    options.rules = rules;
+    let cmp = compare(&before, &after, &options);
+    let exit = match args.fail_over {
+        Some(limit) if cmp.leaked_bytes > limit => Exit::OverThreshold,
+        _ => Exit::Clean,
+    };
+    if args.report.json {
+        print_json(&cmp)?;
+        return Ok(exit);
+    }
+
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{} -> {}", args.before.display(), args.after.display())?;
+    writeln!(
+        out,
+        "reserved {} -> {} ({}), allocated {} -> {} ({})",
+        size(cmp.reserved_before),
+        size(cmp.reserved_after),
+        delta(cmp.reserved_after as i64 - cmp.reserved_before as i64),
+        size(cmp.allocated_before),
+        size(cmp.allocated_after),
+        delta(cmp.allocated_after as i64 - cmp.allocated_before as i64),
+    )?;
+    let grown = cmp.groups.iter().filter(|g| g.delta_bytes > 0).count();
+    if grown == 0 {
+        writeln!(out, "no site holds more live memory after than before")?;
+    } else {
+        writeln!(
+            out,
+            "{} more live memory in {grown} site{}",
+            size(cmp.leaked_bytes),
+            if grown == 1 { "" } else { "s" }
+        )?;
+    }
+    if !cmp.groups.is_empty() {
+        let mut t = table(["", "culprit", "blocks", "bytes", "delta", "share"]);
+        for (i, g) in cmp.groups.iter().take(args.report.top).enumerate() {
+            let share = if g.delta_bytes > 0 && cmp.leaked_bytes > 0 {
+                format!(
+                    "{:.0}%",
+                    100.0 * g.delta_bytes as f64 / cmp.leaked_bytes as f64
+                )
+            } else {
+                String::new()
+            };
+            t.add_row(vec![
+                (i + 1).to_string(),
+                render::site_cell(&g.site, args.report.frames),
+                format!("{} -> {}", g.blocks_before, g.blocks_after),
+                format!("{} -> {}", size(g.bytes_before), size(g.bytes_after)),
+                delta(g.delta_bytes),
+                share,
+            ]);
+        }
+        align_right(&mut t, &[0, 2, 3, 4, 5]);
+        writeln!(out, "{t}")?;
+        if cmp.groups.len() > args.report.top {
+            writeln!(
+                out,
+                "... and {} more sites (--top N shows more)",
+                cmp.groups.len() - args.report.top
+            )?;
+        }
+    }
+    for note in &cmp.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(exit)
+}

@@ -1,0 +1,142 @@
+//! `snapdiff trend FILE...`.
+
+use std::io::Write;
+
+use snapdiff_analyze::trend::CheckpointSource;
+use snapdiff_analyze::{TrendOptions, trend_snapshots, trend_trace};
+
+use crate::args::TrendArgs;
+use crate::exit::Exit;
+use crate::render::{self, align_right, duration, print_json, size, sparkline, table};
+
+/// The top-level entry point for `snapdiff trend`.
+pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
+    let mut options = TrendOptions::default();
+    options.rules = render::rules(&args.report)?;
+    options.warmup = args.warmup;
+    options.checkpoints = args.checkpoints;
+    options.device_memory = args.device_memory;
+
+    // Read every file in parallel; an unreadable one is reported and skipped,
+    // and makes the exit code 2 at the end.
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = args
+            .files
+            .iter()
+            .map(|p| s.spawn(move || snapdiff_format::read_path(p)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("reader thread"))
+            .collect()
+    });
+    let mut errored = false;
+    let mut snaps = Vec::new();
+    for r in results {
+        match r {
+            Ok(s) => snaps.push(s),
+            Err(e) => {
+                eprintln!("snapdiff: {e}");
+                errored = true;
+            }
+        }
+    }
+    if snaps.is_empty() {
+        return Ok(Exit::Error);
+    }
+    let trend = if args.files.len() == 1 {
+        trend_trace(&snaps[0], &options)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", args.files[0].display()))?
+    } else {
+        trend_snapshots(&snaps, &options)
+    };
+    let exit = match args.fail_over {
+        _ if errored => Exit::Error,
+        Some(limit) if trend.suspected_bytes > limit => Exit::OverThreshold,
+        _ => Exit::Clean,
+    };
+    if args.report.json {
+        print_json(&trend)?;
+        return Ok(exit);
+    }
+
+    let mut out = std::io::stdout().lock();
+    let source = match trend.checkpoint_source {
+        CheckpointSource::Snapshots => "one per snapshot",
+        CheckpointSource::SnapshotMarkers => "at the trace's snapshot markers",
+        CheckpointSource::StepMarks => "at the trace's step marks",
+        CheckpointSource::Annotations => "at the trace's annotations",
+        CheckpointSource::EvenlySpaced => "evenly spaced through the trace",
+    };
+    writeln!(
+        out,
+        "{} checkpoints ({source}), the first {} as warm-up",
+        trend.checkpoints, trend.warmup
+    )?;
+    if trend.suspects.is_empty() {
+        writeln!(
+            out,
+            "no site's memory keeps growing: nothing here looks like a leak"
+        )?;
+    } else {
+        let n = trend.suspects.len();
+        write!(
+            out,
+            "{n} site{} keep{} growing: {} after warm-up",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "s" } else { "" },
+            size(trend.suspected_bytes)
+        )?;
+        if let Some(rate) = trend.growth_per_second {
+            write!(out, ", {}/s", size(rate as u64))?;
+        }
+        writeln!(out)?;
+        match (trend.seconds_to_full, trend.device_memory) {
+            (Some(secs), Some(total)) => writeln!(
+                out,
+                "at this rate the device ({} in all, {} allocated now) is full in about {}",
+                size(total),
+                size(trend.allocated_bytes),
+                duration(secs)
+            )?,
+            (_, None) if trend.growth_per_second.is_some() => writeln!(
+                out,
+                "device size unknown: pass --device-memory SIZE for a time-to-full estimate"
+            )?,
+            _ => {}
+        }
+        let mut t = table([
+            "",
+            "culprit",
+            "growth",
+            "per checkpoint",
+            "per second",
+            "live bytes",
+        ]);
+        for (i, s) in trend.suspects.iter().take(args.report.top).enumerate() {
+            let mut cell = render::site_cell(&s.site, args.report.frames);
+            if s.before_recording {
+                cell.push_str("\n  (some blocks allocated before recording began)");
+            }
+            t.add_row(vec![
+                (i + 1).to_string(),
+                cell,
+                size(s.growth_bytes),
+                size(s.growth_per_checkpoint),
+                s.growth_per_second
+                    .map_or(String::new(), |r| format!("{}/s", size(r as u64))),
+                format!(
+                    "{} {}",
+                    sparkline(&s.series),
+                    size(*s.series.last().unwrap_or(&0))
+                ),
+            ]);
+        }
+        align_right(&mut t, &[0, 2, 3, 4]);
+        writeln!(out, "{t}")?;
+    }
+    for note in &trend.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(exit)
+}

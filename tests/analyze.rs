@@ -1,0 +1,372 @@
+//! compare, trend and summary on real PyTorch snapshots: leaks injected into
+//! real files (reusing real stacks) must be named, first and alone, with
+//! exact bytes; the unmodified files must show no leak.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::util::{root, shared_torch, shared_torch_fixtures, snapdiff, tempdir};
+
+/// Runs `tests/support/inject_leak.py` and returns what it injected.
+fn inject(
+    mode: &str,
+    input: &Path,
+    output: &Path,
+    count: usize,
+    size: u64,
+    stack_from: Option<&Path>,
+) -> Value {
+    let mut cmd = Command::new("python3");
+    cmd.arg(root().join("tests/support/inject_leak.py"))
+        .arg(mode)
+        .arg(input)
+        .arg(output)
+        .args(["--blocks", &count.to_string(), "--size", &size.to_string()]);
+    if let Some(s) = stack_from {
+        cmd.arg("--stack-from").arg(s);
+    }
+    let out = cmd.output().expect("python3");
+    assert!(
+        out.status.success(),
+        "inject_leak.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn culprit_of(group: &Value) -> (String, String, u64) {
+    let c = &group["culprit"];
+    (
+        c["name"].as_str().unwrap().to_owned(),
+        c["file"].as_str().unwrap().to_owned(),
+        c["line"].as_u64().unwrap(),
+    )
+}
+
+fn expected_culprit(injected: &Value) -> (String, String, u64) {
+    culprit_of(injected)
+}
+
+fn compare_json(a: &Path, b: &Path) -> Value {
+    snapdiff([
+        "compare".as_ref(),
+        a.as_os_str(),
+        b.as_os_str(),
+        "--json".as_ref(),
+    ])
+    .expect_code(0)
+    .json()
+}
+
+#[test]
+fn compare_names_a_leak_injected_into_each_real_snapshot() {
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    let dir = tempdir();
+    for file in &files {
+        let leaked = dir.path().join("leaked.pickle");
+        let injected = inject("snapshot", file, &leaked, 7, 3 << 20, None);
+        let report = compare_json(file, &leaked);
+        let groups = report["groups"].as_array().unwrap();
+        assert_eq!(
+            groups.len(),
+            1,
+            "{}: exactly the injected site changes: {report:#}",
+            file.display()
+        );
+        assert_eq!(
+            culprit_of(&groups[0]),
+            expected_culprit(&injected),
+            "{}",
+            file.display()
+        );
+        assert_eq!(groups[0]["culprit"]["kind"], "user");
+        assert_eq!(groups[0]["delta_bytes"], 7 * (3 << 20));
+        assert_eq!(report["leaked_bytes"], 7 * (3 << 20));
+        let blocks_added = groups[0]["blocks_after"].as_u64().unwrap()
+            - groups[0]["blocks_before"].as_u64().unwrap();
+        assert_eq!(blocks_added, 7);
+        assert_eq!(report["matching"], "address_size_stack");
+        // Every block of the original is still there: they are matched as kept.
+        assert_eq!(groups[0]["blocks_kept"], groups[0]["blocks_before"]);
+
+        // Unchanged: nothing to report.
+        let same = compare_json(file, file);
+        assert_eq!(
+            same["groups"].as_array().unwrap().len(),
+            0,
+            "{}",
+            file.display()
+        );
+        assert_eq!(same["leaked_bytes"], 0);
+    }
+}
+
+#[test]
+fn compare_reads_mixed_formats_and_sets_the_exit_code() {
+    let Some(file) = shared_torch("cs336-medium-128-training.pickle") else {
+        return;
+    };
+    let dir = tempdir();
+    let leaked = dir.path().join("leaked.pickle");
+    let injected = inject("snapshot", &file, &leaked, 4, 1 << 20, None);
+    let leaked_snap = dir.path().join("leaked.snap");
+    snapdiff([
+        "convert".as_ref(),
+        leaked.as_os_str(),
+        leaked_snap.as_os_str(),
+    ])
+    .expect_code(0);
+    let report = compare_json(&file, &leaked_snap);
+    assert_eq!(
+        culprit_of(&report["groups"][0]),
+        expected_culprit(&injected)
+    );
+    assert_eq!(report["leaked_bytes"], 4 << 20);
+
+    let args = |limit: &str| {
+        vec![
+            "compare".into(),
+            file.clone().into_os_string(),
+            leaked_snap.clone().into_os_string(),
+            "--fail-over".into(),
+            limit.into(),
+        ]
+    };
+    snapdiff(args("4MiB")).expect_code(0);
+    snapdiff(args("3MiB")).expect_code(1);
+    snapdiff(args("4MiB")).expect_code(0);
+
+    // The table names user code, not the allocator.
+    let run = snapdiff([
+        "compare".as_ref(),
+        file.as_os_str(),
+        leaked_snap.as_os_str(),
+        "--frames".as_ref(),
+        "3".as_ref(),
+    ]);
+    let table = run.expect_code(0).stdout();
+    let (name, path, line) = expected_culprit(&injected);
+    assert!(table.contains(&format!("{name}  {path}:{line}")), "{table}");
+    assert!(!table.contains("unwind"), "{table}");
+    assert!(
+        table.contains("4.00 MiB more live memory in 1 site"),
+        "{table}"
+    );
+}
+
+#[test]
+fn compare_of_different_devices_says_so() {
+    let dir = tempdir();
+    let one = crate::util::fixture("torch-format/snapshot-p4.pickle");
+    let two = crate::util::fixture("torch-format/snapshot-2dev-awaiting.pickle");
+    let report = compare_json(&one, &two);
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("different devices: [0] before, [0, 1] after"),
+        "{notes}"
+    );
+    // Bad input on either side: one line, exit 2.
+    let bad = dir.path().join("bad.pickle");
+    std::fs::write(&bad, b"\x80\x04K\x01.").unwrap();
+    let run = snapdiff(["compare".as_ref(), one.as_os_str(), bad.as_os_str()]);
+    run.expect_code(2);
+    assert!(
+        run.stderr()
+            .contains("bad.pickle: the pickle holds an integer"),
+        "{}",
+        run.stderr()
+    );
+}
+
+fn trend_json(files: &[PathBuf]) -> Value {
+    let mut args = vec!["trend".into(), "--json".into()];
+    args.extend(files.iter().map(|f| f.clone().into_os_string()));
+    snapdiff(args).expect_code(0).json()
+}
+
+#[test]
+fn trend_finds_no_leak_in_the_real_traces() {
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    for file in &files {
+        let report = trend_json(std::slice::from_ref(file));
+        assert_eq!(
+            report["suspects"],
+            serde_json::json!([]),
+            "{}: {report:#}",
+            file.display()
+        );
+    }
+    // The one-step training trace: gradients and optimizer state are allocated
+    // once and kept; that is not a leak.
+    let training = files
+        .iter()
+        .find(|f| f.ends_with("cs336-medium-128-training.pickle"))
+        .unwrap();
+    let report = trend_json(std::slice::from_ref(training));
+    assert_eq!(report["checkpoint_source"], "annotations");
+}
+
+/// Bytes of the allocations inserted before each checkpoint's cut.
+fn injected_series(report: &Value, positions: &[u64], size: u64) -> Vec<u64> {
+    report["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let cut = p["event_index"].as_u64().unwrap();
+            positions.iter().filter(|&&pos| pos < cut).count() as u64 * size
+        })
+        .collect()
+}
+
+#[test]
+fn trend_names_allocations_injected_into_a_real_trace() {
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    let dir = tempdir();
+    let training = files
+        .iter()
+        .find(|f| f.ends_with("cs336-medium-128-training.pickle"))
+        .unwrap();
+    for name in [
+        "eor-nn-counterfactuals.pickle",
+        "cs336-medium-128-inference.pickle",
+    ] {
+        let file = files.iter().find(|f| f.ends_with(name)).unwrap();
+        let leaked = dir.path().join(format!("leaked-{name}"));
+        // A real stack from another run, so that its site is only the leak's.
+        let injected = inject("trace", file, &leaked, 30, 1 << 20, Some(training));
+        let report = trend_json(std::slice::from_ref(&leaked));
+        let suspects = report["suspects"].as_array().unwrap();
+        assert_eq!(
+            suspects.len(),
+            1,
+            "{name}: only the injected site: {report:#}"
+        );
+        assert_eq!(
+            culprit_of(&suspects[0]),
+            expected_culprit(&injected),
+            "{name}"
+        );
+        let positions: Vec<u64> = serde_json::from_value(injected["positions"].clone()).unwrap();
+        let expected = injected_series(&report, &positions, 1 << 20);
+        let series: Vec<u64> = serde_json::from_value(suspects[0]["series"].clone()).unwrap();
+        assert_eq!(
+            series, expected,
+            "{name}: live bytes of the site at each checkpoint"
+        );
+        let warmup = report["warmup"].as_u64().unwrap() as usize;
+        assert_eq!(
+            suspects[0]["growth_bytes"].as_u64().unwrap(),
+            expected[expected.len() - 1] - expected[warmup]
+        );
+
+        // The same, with a stack of the file itself: still the first and only suspect.
+        let own = dir.path().join(format!("own-{name}"));
+        let injected = inject("trace", file, &own, 30, 1 << 20, None);
+        let report = trend_json(std::slice::from_ref(&own));
+        let suspects = report["suspects"].as_array().unwrap();
+        assert_eq!(suspects.len(), 1, "{name}: {report:#}");
+        assert_eq!(
+            culprit_of(&suspects[0]),
+            expected_culprit(&injected),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn trend_over_several_snapshots_of_a_growing_job() {
+    let Some(file) = shared_torch("eor-nn-counterfactuals.pickle") else {
+        return;
+    };
+    let dir = tempdir();
+    // Snapshots after 0, 2, 4, ... leaked blocks: a job leaking 2 MiB per step.
+    let mut files = vec![file.clone()];
+    let mut injected = None;
+    for step in 1..6 {
+        let out = dir.path().join(format!("step-{step}.pickle"));
+        injected = Some(inject("snapshot", &file, &out, 2 * step, 1 << 20, None));
+        files.push(out);
+    }
+    let report = trend_json(&files);
+    assert_eq!(report["checkpoints"], 6);
+    let suspects = report["suspects"].as_array().unwrap();
+    assert_eq!(suspects.len(), 1, "{report:#}");
+    assert_eq!(
+        culprit_of(&suspects[0]),
+        expected_culprit(&injected.unwrap())
+    );
+    assert_eq!(
+        suspects[0]["growth_bytes"],
+        8 << 20,
+        "from 2 MiB after warm-up to 10 MiB"
+    );
+    assert_eq!(suspects[0]["growth_per_checkpoint"], 2 << 20);
+
+    // --fail-over: 8 MiB suspected.
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["trend".into(), "--fail-over".into(), "7MiB".into()];
+    args.extend(files.iter().map(|f| f.clone().into_os_string()));
+    let run = snapdiff(&args);
+    run.expect_code(1);
+    assert!(
+        run.stdout()
+            .contains("1 site keeps growing: 8.00 MiB after warm-up"),
+        "{}",
+        run.stdout()
+    );
+
+    // Steady: the same file five times.
+    let same = vec![file.clone(); 5];
+    assert_eq!(trend_json(&same)["suspects"], serde_json::json!([]));
+
+    // An unreadable file among them: reported, the rest analysed, exit code 2.
+    let bad = dir.path().join("bad.snap");
+    std::fs::write(&bad, b"SNAPDIFF").unwrap();
+    let mut args: Vec<std::ffi::OsString> = vec!["trend".into()];
+    args.extend(files.iter().map(|f| f.clone().into_os_string()));
+    args.push(bad.into_os_string());
+    let run = snapdiff(&args);
+    run.expect_code(2);
+    assert!(
+        run.stderr().contains("bad.snap: truncated .snap header"),
+        "{}",
+        run.stderr()
+    );
+    assert!(run.stdout().contains("keeps growing"), "{}", run.stdout());
+}
+
+#[test]
+fn summary_names_the_sites_holding_the_most_memory() {
+    let Some(file) = shared_torch("cs336-medium-128-training.pickle") else {
+        return;
+    };
+    let report = snapdiff(["summary".as_ref(), file.as_os_str(), "--json".as_ref()])
+        .expect_code(0)
+        .json();
+    let top = report["top_sites"].as_array().unwrap();
+    assert!(!top.is_empty());
+    let bytes: Vec<u64> = top.iter().map(|s| s["bytes"].as_u64().unwrap()).collect();
+    assert!(
+        bytes.windows(2).all(|w| w[0] >= w[1]),
+        "most first: {bytes:?}"
+    );
+    // The optimizer state is named by the user's optimizer code.
+    assert!(
+        top.iter().any(|s| s["culprit"]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("cs336_basics/optimizer.py")),
+        "{report:#}"
+    );
+    let frag = &report["fragmentation"];
+    assert!(frag["free_bytes"].as_u64().unwrap() >= frag["largest_free_block"].as_u64().unwrap());
+}
