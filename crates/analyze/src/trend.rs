@@ -227,7 +227,15 @@ fn analyze(
         let known: Option<Vec<u64>> = last.meta.devices.iter().map(|d| d.total_memory).collect();
         known.filter(|k| !k.is_empty()).map(|k| k.iter().sum())
     });
-    let allocated_bytes = last.totals().allocated_bytes;
+    // A trace without segments still says what was live at its end.
+    let live_at_end: u64 = series
+        .totals
+        .last()
+        .map_or(0, |t| t.values().map(|x| x.bytes).sum());
+    let allocated_bytes = match last.totals().allocated_bytes {
+        0 => live_at_end,
+        allocated => allocated,
+    };
     let seconds_to_full = match (device_memory, growth_per_second) {
         (Some(total), Some(rate)) if rate > 0.0 => {
             Some(total.saturating_sub(allocated_bytes) as f64 / rate)

@@ -64,14 +64,26 @@ pub(crate) fn site_cell(site: &Site, frames: usize) -> String {
     cell
 }
 
-/// A series of byte counts as a one-line sparkline.
+/// A series of byte counts as a sparkline of at most 24 characters (long
+/// series are shown by the maximum of each stretch).
 pub(crate) fn sparkline(series: &[u64]) -> String {
     const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    const WIDTH: usize = 24;
+    let points: Vec<u64> = if series.len() <= WIDTH {
+        series.to_vec()
+    } else {
+        (0..WIDTH)
+            .map(|i| {
+                let (a, b) = (i * series.len() / WIDTH, (i + 1) * series.len() / WIDTH);
+                series[a..b.max(a + 1)].iter().copied().max().unwrap_or(0)
+            })
+            .collect()
+    };
     let (lo, hi) = (
-        series.iter().copied().min().unwrap_or(0),
-        series.iter().copied().max().unwrap_or(0),
+        points.iter().copied().min().unwrap_or(0),
+        points.iter().copied().max().unwrap_or(0),
     );
-    series
+    points
         .iter()
         .map(|&v| {
             if hi == lo {

@@ -190,9 +190,17 @@ pub fn write_atomically(
         _ => Path::new("."),
     };
     let err = |what: &str, e: std::io::Error| Error::io(what.to_owned(), e).with_path(path);
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".snapdiff-")
-        .suffix(".tmp")
+    // Temporary files are private (0600); a snapshot is as readable as any file.
+    #[cfg(unix)]
+    let permissions = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::Permissions::from_mode(0o644)
+    };
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".snapdiff-").suffix(".tmp");
+    #[cfg(unix)]
+    builder.permissions(permissions);
+    let mut tmp = builder
         .tempfile_in(dir)
         .map_err(|e| err("cannot create a temporary file", e))?;
     {
