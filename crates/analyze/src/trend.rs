@@ -1,8 +1,8 @@
 //! Finding the sites whose live memory keeps growing.
 //!
 //! A trend looks at live bytes per site at a series of checkpoints: several
-//! snapshots of one job, or one snapshot's trace cut at its `snapshot`
-//! markers, its step marks, its annotation boundaries, or evenly. A
+//! snapshots of one job, or one snapshot's trace cut at its step marks, its
+//! `snapshot` markers, its annotation boundaries, or evenly. A
 //! *suspect* is a site whose memory keeps growing after warm-up. Two shapes
 //! that also rise are not suspects:
 //!
@@ -308,8 +308,8 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
     trend
 }
 
-/// Chooses where to cut a trace of `len` events: after each marker event of
-/// the first kind present, else at annotation times, else evenly.
+/// Chooses where to cut a trace: after each step mark, else after each
+/// `snapshot` marker, else at annotation times, else evenly.
 fn cuts_for(
     snap: &Snapshot,
     trace_index: usize,
@@ -328,9 +328,10 @@ fn cuts_for(
         cuts.dedup();
         cuts
     };
+    // Step marks first: where a program marks its steps, they are the checkpoints it means.
     for (action, source) in [
-        (Action::Snapshot, CheckpointSource::SnapshotMarkers),
         (Action::Step, CheckpointSource::StepMarks),
+        (Action::Snapshot, CheckpointSource::SnapshotMarkers),
     ] {
         let cuts = at_markers(action);
         if cuts.len() > 1 {

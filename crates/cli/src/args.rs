@@ -65,8 +65,8 @@ pub(crate) struct CompareArgs {
 /// Find the code whose memory keeps growing, over several snapshots or within one trace.
 ///
 /// With several files, each is a checkpoint (ordered by step or time). With
-/// one file, its trace is cut into checkpoints at its snapshot markers, step
-/// marks or annotations, else evenly. A site is a suspect when its memory
+/// one file, its trace is cut into checkpoints at its step marks, snapshot
+/// markers or annotations, else evenly. A site is a suspect when its memory
 /// keeps growing after warm-up; one-time allocations and periodic rise and
 /// fall are not. Exit code 1 when --fail-over is given and suspected growth
 /// exceeds it.

@@ -1,0 +1,74 @@
+//! Allocate + free through the cached path, with and without stacks.
+//!
+//! `cargo bench -p snapdiff-runtime --bench alloc`. Frame-pointer figures need
+//! frame pointers in the build (`.cargo/config.toml` forces them for this
+//! workspace); without them the runtime unwinds instead.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use snapdiff_runtime::{Allocator, AllocatorConfig, HostBackend, StackCapture, Stream};
+
+/// Calls `f` at the bottom of `depth` nested frames.
+#[inline(never)]
+fn nested(depth: usize, f: &mut dyn FnMut()) {
+    if depth == 0 {
+        f()
+    } else {
+        nested(depth - 1, f);
+        black_box(depth);
+    }
+}
+
+fn alloc_free(c: &mut Criterion) {
+    let mut group = c.benchmark_group("alloc_free");
+    let configs = [
+        (
+            "stacks off, trace off",
+            AllocatorConfig {
+                record_stacks: false,
+                trace_entries: 0,
+                ..Default::default()
+            },
+        ),
+        (
+            "stacks off, trace on",
+            AllocatorConfig {
+                record_stacks: false,
+                ..Default::default()
+            },
+        ),
+        (
+            "30 frames, frame pointers",
+            AllocatorConfig {
+                stack_capture: StackCapture::FramePointers,
+                ..Default::default()
+            },
+        ),
+        (
+            "30 frames, unwind",
+            AllocatorConfig {
+                stack_capture: StackCapture::Unwind,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, config) in configs {
+        let a = Allocator::with_config(HostBackend::with_capacity(1 << 30), config);
+        // Warm the cache: the block below is served from a cached segment.
+        drop(a.alloc(4096, Stream::DEFAULT).unwrap());
+        group.bench_function(name, |b| {
+            nested(25, &mut || {
+                b.iter(|| {
+                    drop(black_box(
+                        a.alloc(black_box(4096), Stream::DEFAULT).unwrap(),
+                    ))
+                });
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, alloc_free);
+criterion_main!(benches);

@@ -1,0 +1,252 @@
+//! Stacks of allocations: captured cheaply, interned, symbolized lazily.
+//!
+//! At allocation only raw return addresses are taken, and identical stacks
+//! share one id. Turning addresses into function, file and line is slow (the
+//! first lookup parses the binary's debug information), so it happens when a
+//! snapshot is built, once per address, with the result cached for later
+//! snapshots. Addresses differ between processes, so snapshots store the
+//! symbolized frames, never the addresses.
+
+use std::cell::Cell;
+
+use hashbrown::HashTable;
+use rustc_hash::{FxBuildHasher, FxHashMap};
+use snapdiff_format::Frame;
+use std::hash::BuildHasher;
+
+/// The deepest stack recorded; deeper stacks keep their innermost frames.
+pub(crate) const MAX_FRAMES: usize = 64;
+
+/// How return addresses are collected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackCapture {
+    /// Walk frame pointers: tens of nanoseconds for a deep stack, but it
+    /// needs every frame on the way to keep a frame pointer (build with
+    /// `-C force-frame-pointers=yes`; see docs/runtime.md). Falls back to
+    /// [`StackCapture::Unwind`] where frame pointers are not available.
+    FramePointers,
+    /// Unwind with DWARF call-frame information (the `backtrace` crate):
+    /// works for any build, about 3 µs for 30 frames.
+    Unwind,
+}
+
+/// Captures the current thread's return addresses into `out`, innermost first.
+#[inline(never)]
+pub(crate) fn capture(method: StackCapture, out: &mut Vec<usize>) {
+    out.clear();
+    match method {
+        StackCapture::FramePointers if frame_pointers::usable() => frame_pointers::walk(out),
+        _ => {
+            // SAFETY: on Linux this is `_Unwind_Backtrace`, which is thread-safe;
+            // the crate's lock only matters for Windows' dbghelp.
+            unsafe {
+                backtrace::trace_unsynchronized(|frame| {
+                    out.push(frame.ip() as usize);
+                    out.len() < MAX_FRAMES
+                })
+            };
+        }
+    }
+}
+
+/// Frame-pointer walking, where the architecture keeps the chain in a register.
+mod frame_pointers {
+    use super::{Cell, MAX_FRAMES};
+
+    thread_local! {
+        /// This thread's stack range, looked up once.
+        static STACK: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
+    }
+
+    /// The current thread's stack, as `[low, high)`.
+    fn stack_range() -> Option<(usize, usize)> {
+        STACK.with(|s| {
+            if s.get().is_none() {
+                s.set(query_stack_range());
+            }
+            s.get()
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    fn query_stack_range() -> Option<(usize, usize)> {
+        // SAFETY: plain libc calls on an attribute object we own.
+        unsafe {
+            let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+            if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+                return None;
+            }
+            let mut addr = std::ptr::null_mut();
+            let mut size = 0;
+            let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+            libc::pthread_attr_destroy(&mut attr);
+            ok.then(|| (addr as usize, addr as usize + size))
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn query_stack_range() -> Option<(usize, usize)> {
+        None
+    }
+
+    /// Whether this build keeps frame pointers, checked once: a walk from a
+    /// known function must find its return address inside the caller's code.
+    /// Without frame pointers the walk finds some outer frame instead (or
+    /// nothing), and capture falls back to unwinding.
+    pub(super) fn usable() -> bool {
+        static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *USABLE.get_or_init(|| {
+            if stack_range().is_none() {
+                return false;
+            }
+            let mut out = Vec::new();
+            probe(&mut out);
+            let start = probe as fn(&mut Vec<usize>) as usize;
+            // `probe` is a few dozen bytes; its call to `walk` returns inside it.
+            out.first()
+                .is_some_and(|&ret| ret > start && ret < start + 256)
+        })
+    }
+
+    #[inline(never)]
+    fn probe(out: &mut Vec<usize>) {
+        walk(out);
+        std::hint::black_box(&out);
+    }
+
+    #[cfg(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
+    #[inline(always)]
+    fn frame_pointer() -> usize {
+        let fp: usize;
+        // SAFETY: reads a register.
+        unsafe {
+            #[cfg(target_arch = "x86_64")]
+            std::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags));
+            #[cfg(target_arch = "aarch64")]
+            std::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags));
+        }
+        fp
+    }
+
+    /// Follows the chain of saved frame pointers: each frame record holds the
+    /// caller's frame pointer and, just above it, the return address. Every
+    /// pointer is checked to lie inside this thread's stack and to move
+    /// outwards, so a frame without a frame pointer ends the walk early
+    /// instead of reading stray memory.
+    #[cfg(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
+    #[inline(never)]
+    pub(super) fn walk(out: &mut Vec<usize>) {
+        let Some((low, high)) = stack_range() else {
+            return;
+        };
+        let mut fp = frame_pointer();
+        let word = std::mem::size_of::<usize>();
+        while out.len() < MAX_FRAMES {
+            if fp < low || fp + 2 * word > high || !fp.is_multiple_of(word) {
+                break;
+            }
+            // SAFETY: `fp` and `fp + word` lie inside this thread's stack, checked above.
+            let (next, ret) = unsafe { (*(fp as *const usize), *((fp + word) as *const usize)) };
+            if ret == 0 {
+                break;
+            }
+            out.push(ret);
+            if next <= fp {
+                break;
+            }
+            fp = next;
+        }
+    }
+
+    #[cfg(not(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )))]
+    pub(super) fn walk(_out: &mut Vec<usize>) {}
+}
+
+/// Id of an interned stack of return addresses.
+pub(crate) type RawStackId = u32;
+
+/// Stacks of return addresses, each stored once.
+#[derive(Default)]
+pub(crate) struct StackTable {
+    stacks: Vec<Box<[usize]>>,
+    index: HashTable<RawStackId>,
+}
+
+impl StackTable {
+    /// The id of the stack `ips`, adding it if new.
+    pub(crate) fn intern(&mut self, ips: &[usize]) -> RawStackId {
+        let hash = FxBuildHasher.hash_one(ips);
+        let stacks = &self.stacks;
+        if let Some(&id) = self.index.find(hash, |&i| &*stacks[i as usize] == ips) {
+            return id;
+        }
+        let id = self.stacks.len() as RawStackId;
+        self.stacks.push(ips.into());
+        let stacks = &self.stacks;
+        self.index
+            .insert_unique(hash, id, |&i| FxBuildHasher.hash_one(&*stacks[i as usize]));
+        id
+    }
+
+    pub(crate) fn get(&self, id: RawStackId) -> &[usize] {
+        &self.stacks[id as usize]
+    }
+}
+
+/// Whether a symbolized frame is the runtime's own (or the unwinder's): they
+/// say nothing about the program, so snapshots leave them out.
+fn is_own_frame(name: &str) -> bool {
+    name.contains("snapdiff_runtime::")
+        || name.starts_with("backtrace::")
+        || name.starts_with("<backtrace::")
+}
+
+/// Symbolized frames per return address, kept for the life of the process.
+#[derive(Default)]
+pub(crate) struct Symbolizer {
+    cache: FxHashMap<usize, Vec<Frame>>,
+}
+
+impl Symbolizer {
+    /// The frames of return address `ip`: several when calls were inlined,
+    /// innermost first; none when it belongs to the runtime itself.
+    pub(crate) fn frames(&mut self, ip: usize) -> &[Frame] {
+        self.cache.entry(ip).or_insert_with(|| {
+            let mut frames = Vec::new();
+            // `resolve` looks up `ip - 1`, the call instruction, so lines are call sites.
+            backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
+                let name = sym
+                    .name()
+                    .map_or_else(|| "??".to_owned(), |n| format!("{n:#}"));
+                let file = sym
+                    .filename()
+                    .map_or_else(|| "??".to_owned(), |p| p.display().to_string());
+                frames.push(Frame {
+                    name,
+                    file,
+                    line: sym.lineno().unwrap_or(0),
+                    extra: vec![],
+                });
+            });
+            if frames.is_empty() {
+                frames.push(Frame {
+                    name: format!("0x{ip:x}"),
+                    file: "??".to_owned(),
+                    line: 0,
+                    extra: vec![],
+                });
+            }
+            frames.retain(|f| !is_own_frame(&f.name));
+            frames
+        })
+    }
+}

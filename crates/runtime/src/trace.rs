@@ -1,0 +1,140 @@
+//! The trace: a bounded ring buffer of allocator events.
+
+use std::collections::VecDeque;
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use snapdiff_format::Action;
+
+use crate::stacks::RawStackId;
+
+/// What an event records; [`RawAction::Free`] stands for PyTorch's
+/// `free_requested` and `free_completed` pair (this allocator completes
+/// frees at once), stored once to halve the cost of tracing frees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RawAction {
+    Alloc,
+    Free,
+    SegmentAlloc,
+    SegmentFree,
+    Oom,
+    Step,
+    Snapshot,
+}
+
+impl RawAction {
+    /// The snapshot actions this event becomes.
+    pub(crate) fn actions(self) -> &'static [Action] {
+        match self {
+            RawAction::Alloc => &[Action::Alloc],
+            RawAction::Free => &[Action::FreeRequested, Action::FreeCompleted],
+            RawAction::SegmentAlloc => &[Action::SegmentAlloc],
+            RawAction::SegmentFree => &[Action::SegmentFree],
+            RawAction::Oom => &[Action::Oom],
+            RawAction::Step => &[Action::Step],
+            RawAction::Snapshot => &[Action::Snapshot],
+        }
+    }
+}
+
+/// One event as the runtime records it (stacks not yet symbolized), packed
+/// into 48 bytes: tracing runs on every allocation and free.
+#[derive(Clone, Debug)]
+pub(crate) struct RawEvent {
+    pub(crate) action: RawAction,
+    /// The stack, or [`NO_STACK`].
+    stack: RawStackId,
+    /// The block or segment address; for [`RawAction::Oom`], the device's free bytes.
+    pub(crate) address: u64,
+    pub(crate) size: u64,
+    pub(crate) stream: u64,
+    pub(crate) time_us: i64,
+    /// The allocation sequence number, or 0.
+    seq: u64,
+}
+
+const NO_STACK: RawStackId = RawStackId::MAX;
+
+impl RawEvent {
+    pub(crate) fn new(
+        action: RawAction,
+        address: u64,
+        size: u64,
+        stream: u64,
+        time_us: i64,
+        stack: Option<RawStackId>,
+        seq: Option<u64>,
+    ) -> RawEvent {
+        RawEvent {
+            action,
+            stack: stack.unwrap_or(NO_STACK),
+            address,
+            size,
+            stream,
+            time_us,
+            seq: seq.unwrap_or(0),
+        }
+    }
+
+    pub(crate) fn stack(&self) -> Option<RawStackId> {
+        (self.stack != NO_STACK).then_some(self.stack)
+    }
+
+    pub(crate) fn seq(&self) -> Option<u64> {
+        (self.seq != 0).then_some(self.seq)
+    }
+
+    /// The event's address, and for an `oom` event the device's free bytes instead.
+    pub(crate) fn address_and_device_free(&self) -> (u64, Option<u64>) {
+        match self.action {
+            RawAction::Oom => (0, Some(self.address)),
+            _ => (self.address, None),
+        }
+    }
+}
+
+/// The most recent events, oldest dropped first once full.
+pub(crate) struct TraceRing {
+    events: VecDeque<RawEvent>,
+    capacity: usize,
+}
+
+impl TraceRing {
+    pub(crate) fn new(capacity: usize) -> TraceRing {
+        TraceRing {
+            events: VecDeque::with_capacity(capacity.min(1 << 16)),
+            capacity,
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.capacity > 0
+    }
+
+    pub(crate) fn push(&mut self, event: RawEvent) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.events.len() == self.capacity {
+            self.events.pop_front();
+        }
+        self.events.push_back(event);
+    }
+
+    pub(crate) fn events(&self) -> impl Iterator<Item = &RawEvent> {
+        self.events.iter()
+    }
+}
+
+/// Microseconds since the Unix epoch, from a monotonic clock: the wall clock
+/// is read once, and later times add the monotonic time elapsed since.
+pub(crate) fn now_us() -> i64 {
+    static BASE: OnceLock<(Instant, i64)> = OnceLock::new();
+    let (instant, epoch_us) = BASE.get_or_init(|| {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        (Instant::now(), wall)
+    });
+    epoch_us + instant.elapsed().as_micros() as i64
+}
