@@ -18,10 +18,90 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    Capture(CaptureArgs),
+    Demo(DemoArgs),
     Compare(CompareArgs),
     Trend(TrendArgs),
     Summary(SummaryArgs),
     Convert(ConvertArgs),
+    /// Run the built-in training workload (what `demo` captures).
+    #[command(hide = true)]
+    Train(snapdiff_train::TrainArgs),
+}
+
+/// Run a command with snapshot capture on, then report what grew.
+///
+/// A program that allocates through snapdiff-runtime's Allocator::new dumps
+/// snapshots into DIR with no code change; so does a PyTorch script (through
+/// a start-up hook, when torch with CUDA is there). Ctrl-C and termination
+/// are passed on to the command, whose exit code is returned. Afterwards the
+/// snapshots written are listed and the trend report over them printed.
+#[derive(Debug, Args)]
+pub(crate) struct CaptureArgs {
+    /// Folder for the snapshots (created if missing).
+    #[arg(
+        short,
+        long = "output",
+        value_name = "DIR",
+        default_value = "snapdiff-capture"
+    )]
+    pub(crate) output: PathBuf,
+    /// Dump a snapshot every N training steps.
+    #[arg(long, value_name = "N", conflicts_with = "interval", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) every: Option<u64>,
+    /// Dump a snapshot every interval (e.g. 30s, 500ms, 2m).
+    #[arg(long, value_name = "T", value_parser = parse_interval)]
+    pub(crate) interval: Option<String>,
+    /// Events the trace ring buffer keeps (0: no trace).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_entries: Option<usize>,
+    /// Record no stacks (cheaper; reports then cannot name lines).
+    #[arg(long)]
+    pub(crate) no_stacks: bool,
+    /// Do not print the trend report afterwards.
+    #[arg(long)]
+    pub(crate) no_report: bool,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub(crate) command: Vec<std::ffi::OsString>,
+}
+
+/// Watch snapdiff find a leak: train a small model that leaks, under capture.
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// The leak the training job reproduces.
+    #[arg(long, value_enum, default_value_t = snapdiff_train::Leak::KeepActivations)]
+    pub(crate) leak: snapdiff_train::Leak,
+    /// Training steps.
+    #[arg(long, default_value_t = 40)]
+    pub(crate) steps: u64,
+    /// Keep the snapshots in DIR instead of a temporary folder.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) keep: Option<PathBuf>,
+}
+
+/// Show what a snapshot holds: totals per pool, fragmentation, top sites, trace events.
+#[derive(Debug, Args)]
+pub(crate) struct SummaryArgs {
+    /// Snapshot file (.snap, .json, PyTorch pickle or torch.save zip).
+    pub(crate) file: PathBuf,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+}
+
+impl Default for ReportArgs {
+    /// The flags' defaults.
+    fn default() -> ReportArgs {
+        ReportArgs {
+            json: false,
+            top: 10,
+            frames: 0,
+            focus: None,
+            ignore: None,
+        }
+    }
 }
 
 /// How reports are shown; shared by compare, trend and summary.
@@ -92,15 +172,6 @@ pub(crate) struct TrendArgs {
     pub(crate) device_memory: Option<u64>,
 }
 
-/// Show what a snapshot holds: totals per pool, fragmentation, top sites, trace events.
-#[derive(Debug, Args)]
-pub(crate) struct SummaryArgs {
-    /// Snapshot file (.snap, .json, PyTorch pickle or torch.save zip).
-    pub(crate) file: PathBuf,
-    #[command(flatten)]
-    pub(crate) report: ReportArgs,
-}
-
 /// Convert a snapshot to .snap or .json (chosen by OUT's extension).
 #[derive(Debug, Args)]
 pub(crate) struct ConvertArgs {
@@ -115,6 +186,14 @@ pub(crate) struct ConvertArgs {
 
 fn parse_size(text: &str) -> Result<u64, String> {
     snapdiff_format::units::parse_size(text).map_err(|e| e.to_string())
+}
+
+fn parse_interval(text: &str) -> Result<String, String> {
+    snapdiff_runtime::config::parse_interval(text)
+        .map(|_| text.to_owned())
+        .ok_or_else(|| {
+            format!("invalid interval '{text}', expected a duration such as 30s, 500ms or 2m")
+        })
 }
 
 fn parse_checkpoints(text: &str) -> Result<usize, String> {
@@ -165,5 +244,26 @@ mod tests {
         assert!(parse(&["compare", "a", "b", "--focus", "("]).is_err());
         assert!(parse(&["trend"]).is_err(), "trend needs a file");
         assert!(parse(&["trend", "a", "--checkpoints", "1"]).is_err());
+    }
+
+    #[test]
+    fn capture_takes_a_command_after_two_dashes() {
+        let Command::Capture(c) = parse(&[
+            "capture", "-o", "out", "--every", "5", "--", "train", "--steps", "3",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!()
+        };
+        assert_eq!(c.command, ["train", "--steps", "3"]);
+        assert_eq!((c.every, c.output.to_str()), (Some(5), Some("out")));
+        assert!(
+            parse(&["capture", "--every", "5", "--interval", "30s", "--", "x"]).is_err(),
+            "one or the other"
+        );
+        assert!(parse(&["capture", "--interval", "soon", "--", "x"]).is_err());
+        assert!(parse(&["capture", "--every", "0", "--", "x"]).is_err());
+        assert!(parse(&["capture"]).is_err(), "a command is required");
     }
 }

@@ -6,15 +6,22 @@ use std::process::ExitCode;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Exit {
     /// It ran, and nothing was over the threshold.
-    Clean = 0,
+    Clean,
     /// It ran, and leaked (or, for trend, suspected) bytes exceeded `--fail-over`.
-    OverThreshold = 1,
+    OverThreshold,
     /// Bad usage or unreadable input.
-    Error = 2,
+    Error,
+    /// `capture` passes on the exit code of the command it ran.
+    Code(u8),
 }
 
 impl From<Exit> for ExitCode {
     fn from(e: Exit) -> ExitCode {
-        ExitCode::from(e as u8)
+        ExitCode::from(match e {
+            Exit::Clean => 0,
+            Exit::OverThreshold => 1,
+            Exit::Error => 2,
+            Exit::Code(code) => code,
+        })
     }
 }

@@ -73,10 +73,15 @@ fn alloc_free(c: &mut Criterion) {
 /// Building a snapshot of 100,000 live blocks from 100 call sites, after the
 /// first snapshot has symbolized their stacks.
 fn snapshot_100k(c: &mut Criterion) {
-    let a = Allocator::with_config(HostBackend::with_capacity(8 << 30), AllocatorConfig::default());
+    let a = Allocator::with_config(
+        HostBackend::with_capacity(8 << 30),
+        AllocatorConfig::default(),
+    );
     let mut live = Vec::with_capacity(100_000);
     for i in 0..100_000 {
-        nested(i % 100, &mut || live.push(a.alloc(4096, Stream::DEFAULT).unwrap()));
+        nested(i % 100, &mut || {
+            live.push(a.alloc(4096, Stream::DEFAULT).unwrap())
+        });
     }
     black_box(a.snapshot());
     let mut group = c.benchmark_group("snapshot");

@@ -406,12 +406,6 @@ struct BlockCopy {
     seq: u64,
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        dumps::exit_dump(self);
-    }
-}
-
 impl Inner {
     pub(crate) fn device_ordinal(&self) -> u32 {
         self.device.ordinal

@@ -44,7 +44,10 @@ pub struct AllocatorConfig {
     pub dump_interval: Option<Duration>,
     /// With `dump_dir`: dump before an out-of-memory error returns. Default: on.
     pub dump_on_oom: bool,
-    /// With `dump_dir`: dump when the process exits or the allocator is dropped. Default: on.
+    /// With `dump_dir`: dump when the process exits while the allocator is
+    /// alive (`std::process::exit`, or returning from `main` with the
+    /// allocator in a static). An allocator dropped before exit holds
+    /// nothing to dump. Default: on.
     pub dump_on_exit: bool,
     /// With `dump_dir`: dump on `SIGUSR1` (Unix). Default: on.
     pub dump_on_signal: bool,

@@ -73,7 +73,7 @@ pub(crate) fn auto_dump(inner: &Inner, reason: &str, enabled: bool) {
 }
 
 /// The exit dump of `inner`, at most once.
-pub(crate) fn exit_dump(inner: &Inner) {
+fn exit_dump(inner: &Inner) {
     if inner.config.dump_on_exit && !inner.exit_dumped.swap(true, Ordering::AcqRel) {
         auto_dump(inner, "exit", true);
     }

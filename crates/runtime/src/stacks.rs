@@ -203,11 +203,16 @@ impl StackTable {
 }
 
 /// Whether a symbolized frame is the runtime's own (or the unwinder's): they
-/// say nothing about the program, so snapshots leave them out.
-fn is_own_frame(name: &str) -> bool {
+/// say nothing about the program, so snapshots leave them out. Inlined
+/// frames carry only a function's bare name (`alloc`), so the source file
+/// decides too: anything under this crate's `src/`.
+fn is_own_frame(frame: &Frame) -> bool {
+    const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+    let name = frame.name.as_str();
     name.contains("snapdiff_runtime::")
         || name.starts_with("backtrace::")
         || name.starts_with("<backtrace::")
+        || frame.file.starts_with(OWN_SOURCES)
 }
 
 /// Symbolized frames per return address, kept for the life of the process.
@@ -245,7 +250,7 @@ impl Symbolizer {
                     extra: vec![],
                 });
             }
-            frames.retain(|f| !is_own_frame(&f.name));
+            frames.retain(|f| !is_own_frame(f));
             frames
         })
     }

@@ -516,7 +516,7 @@ fn wait_for(dir: &std::path::Path, pattern: &str) -> bool {
 }
 
 #[test]
-fn dumps_every_n_steps_on_oom_and_when_dropped() {
+fn dumps_every_n_steps_and_on_oom() {
     let dir = tempfile::tempdir().unwrap();
     let config = AllocatorConfig {
         dump_dir: Some(dir.path().to_owned()),

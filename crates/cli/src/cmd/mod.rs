@@ -1,7 +1,9 @@
 //! One module per subcommand, each with one entry point, `run`.
 
+mod capture;
 mod compare;
 mod convert;
+mod demo;
 mod summary;
 mod trend;
 
@@ -11,9 +13,15 @@ use crate::exit::Exit;
 /// Runs the parsed command line.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
     match cli.command {
+        Command::Capture(args) => capture::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Trend(args) => trend::run(args),
         Command::Summary(args) => summary::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Train(args) => match snapdiff_train::run(&args) {
+            Ok(_) => Ok(Exit::Clean),
+            Err(e) => Err(anyhow::anyhow!("train: {e}")),
+        },
     }
 }

@@ -1,11 +1,12 @@
 //! `snapdiff trend FILE...`.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use snapdiff_analyze::trend::CheckpointSource;
-use snapdiff_analyze::{TrendOptions, trend_snapshots, trend_trace};
+use snapdiff_analyze::{Trend, TrendOptions, trend_snapshots, trend_trace};
 
-use crate::args::TrendArgs;
+use crate::args::{ReportArgs, TrendArgs};
 use crate::exit::Exit;
 use crate::render::{self, align_right, duration, print_json, size, sparkline, table};
 
@@ -16,12 +17,47 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     options.warmup = args.warmup;
     options.checkpoints = args.checkpoints;
     options.device_memory = args.device_memory;
+    let Some((trend, errored)) = analyze(&args.files, &options)? else {
+        return Ok(Exit::Error);
+    };
+    let exit = match args.fail_over {
+        _ if errored => Exit::Error,
+        Some(limit) if trend.suspected_bytes > limit => Exit::OverThreshold,
+        _ => Exit::Clean,
+    };
+    if args.report.json {
+        print_json(&trend)?;
+    } else {
+        print_table(&trend, &args.report, &mut std::io::stdout().lock())?;
+    }
+    Ok(exit)
+}
 
-    // Read every file in parallel; an unreadable one is reported and skipped,
-    // and makes the exit code 2 at the end.
+/// The trend report of `files` with default options, as `capture` and `demo` show it.
+pub(crate) fn report(
+    files: &[PathBuf],
+    report: &ReportArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let mut options = TrendOptions::default();
+    options.rules = render::rules(report)?;
+    if let Some((trend, _)) = analyze(files, &options)? {
+        if report.json {
+            serde_json::to_writer_pretty(&mut *out, &trend)?;
+            writeln!(out)?;
+        } else {
+            print_table(&trend, report, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads `files` in parallel and analyses them: one file by its trace,
+/// several as checkpoints. An unreadable file is reported on stderr and left
+/// out (the flag says so); `None` when no file could be read.
+fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(Trend, bool)>> {
     let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = args
-            .files
+        let handles: Vec<_> = files
             .iter()
             .map(|p| s.spawn(move || snapdiff_format::read_path(p)))
             .collect();
@@ -42,25 +78,19 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
         }
     }
     if snaps.is_empty() {
-        return Ok(Exit::Error);
+        return Ok(None);
     }
-    let trend = if args.files.len() == 1 {
-        trend_trace(&snaps[0], &options)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", args.files[0].display()))?
+    let trend = if files.len() == 1 {
+        trend_trace(&snaps[0], options)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", files[0].display()))?
     } else {
-        trend_snapshots(&snaps, &options)
+        trend_snapshots(&snaps, options)
     };
-    let exit = match args.fail_over {
-        _ if errored => Exit::Error,
-        Some(limit) if trend.suspected_bytes > limit => Exit::OverThreshold,
-        _ => Exit::Clean,
-    };
-    if args.report.json {
-        print_json(&trend)?;
-        return Ok(exit);
-    }
+    Ok(Some((trend, errored)))
+}
 
-    let mut out = std::io::stdout().lock();
+/// The trend as tables for people.
+fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let source = match trend.checkpoint_source {
         CheckpointSource::Snapshots => "one per snapshot",
         CheckpointSource::SnapshotMarkers => "at the trace's snapshot markers",
@@ -113,8 +143,8 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
             "per second",
             "live bytes",
         ]);
-        for (i, s) in trend.suspects.iter().take(args.report.top).enumerate() {
-            let mut cell = render::site_cell(&s.site, args.report.frames);
+        for (i, s) in trend.suspects.iter().take(report.top).enumerate() {
+            let mut cell = render::site_cell(&s.site, report.frames);
             if s.before_recording {
                 cell.push_str("\n  (some blocks allocated before recording began)");
             }
@@ -138,5 +168,5 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     for note in &trend.notes {
         writeln!(out, "note: {note}")?;
     }
-    Ok(exit)
+    Ok(())
 }

@@ -1,0 +1,241 @@
+//! `snapdiff capture [-o DIR] [--every N | --interval T] -- CMD [ARGS...]`.
+//!
+//! Runs CMD with the environment that makes `snapdiff-runtime` (and, through
+//! a start-up hook, PyTorch) dump snapshots into DIR, passes termination
+//! signals on to it, returns its exit code, and then reports on what it
+//! wrote.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::SystemTime;
+
+use anyhow::Context;
+use snapdiff_runtime::config::{
+    ENV_DIR, ENV_EVERY_STEPS, ENV_INTERVAL, ENV_STACKS, ENV_TRACE_ENTRIES,
+};
+
+use crate::args::CaptureArgs;
+use crate::exit::Exit;
+
+/// The Python start-up hook: records PyTorch's memory history when torch is imported.
+const SITECUSTOMIZE: &str = include_str!("capture/sitecustomize.py");
+
+/// What a captured run left behind.
+pub(crate) struct Captured {
+    /// How CMD ended.
+    pub(crate) exit: Exit,
+    /// Snapshot files it wrote, oldest first.
+    pub(crate) snapshots: Vec<PathBuf>,
+}
+
+/// The top-level entry point for `snapdiff capture`.
+pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
+    let captured = capture(&args)?;
+    let mut out = std::io::stdout().lock();
+    use std::io::Write;
+    report_files(&mut out, &args.output, &captured)?;
+    if !args.no_report && !captured.snapshots.is_empty() {
+        writeln!(out)?;
+        drop(out);
+        crate::cmd::trend::report(
+            &captured.snapshots,
+            &args.report,
+            &mut std::io::stdout().lock(),
+        )?;
+    }
+    Ok(captured.exit)
+}
+
+/// Runs the command of `args` under capture.
+pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
+    let dir = &args.output;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{}: cannot create the output folder", dir.display()))?;
+    let dir =
+        std::fs::canonicalize(dir).with_context(|| format!("{}: cannot resolve", dir.display()))?;
+    let hook = tempfile::Builder::new()
+        .prefix("snapdiff-hook-")
+        .tempdir()
+        .context("cannot create a temporary folder")?;
+    std::fs::write(hook.path().join("sitecustomize.py"), SITECUSTOMIZE)
+        .context("cannot write the Python start-up hook")?;
+
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut cmd = Command::new(program);
+    cmd.args(rest).env(ENV_DIR, &dir);
+    if let Some(n) = args.every {
+        cmd.env(ENV_EVERY_STEPS, n.to_string());
+    }
+    if let Some(t) = &args.interval {
+        cmd.env(ENV_INTERVAL, t);
+    }
+    if let Some(n) = args.max_entries {
+        cmd.env(ENV_TRACE_ENTRIES, n.to_string());
+    }
+    if args.no_stacks {
+        cmd.env(ENV_STACKS, "0");
+    }
+    let mut python_path = OsString::from(hook.path());
+    if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        python_path.push(":");
+        python_path.push(existing);
+    }
+    cmd.env("PYTHONPATH", python_path);
+
+    let started = SystemTime::now();
+    let before = snapshot_files(&dir);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
+    let forwarder = signals::forward_to(child.id());
+    let status = child.wait().context("cannot wait for the command")?;
+    forwarder.stop();
+
+    let mut snapshots: Vec<PathBuf> = snapshot_files(&dir)
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .filter(|p| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t >= started)
+        })
+        .collect();
+    snapshots.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    let name = program.to_string_lossy();
+    let exit = match (status.code(), signals::terminating_signal(&status)) {
+        (Some(0), _) => Exit::Clean,
+        (Some(code), _) => {
+            eprintln!("snapdiff: {name} exited with code {code}");
+            Exit::Code(code.clamp(1, 255) as u8)
+        }
+        (None, Some(signal)) => {
+            eprintln!(
+                "snapdiff: {name} was killed by signal {signal} ({})",
+                signals::name(signal)
+            );
+            Exit::Code((128 + signal).clamp(1, 255) as u8)
+        }
+        (None, None) => Exit::Error,
+    };
+    Ok(Captured { exit, snapshots })
+}
+
+/// Snapshot files in `dir`: what the runtime and the Python hook write.
+fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (name.starts_with("snapdiff-") && name.ends_with(".snap"))
+                || (name.starts_with("torch-") && name.ends_with(".pickle"))
+        })
+        .collect()
+}
+
+/// Lists what was written, or says plainly that nothing was.
+pub(crate) fn report_files(
+    out: &mut dyn std::io::Write,
+    dir: &Path,
+    captured: &Captured,
+) -> anyhow::Result<()> {
+    match captured.snapshots.len() {
+        0 => writeln!(
+            out,
+            "no snapshot was written to {}: does the program allocate through snapdiff-runtime's \
+             Allocator::new, or use PyTorch with CUDA?",
+            dir.display()
+        )?,
+        n => {
+            writeln!(
+                out,
+                "{n} snapshot{} in {}:",
+                if n == 1 { "" } else { "s" },
+                dir.display()
+            )?;
+            let shown = 8;
+            for p in captured.snapshots.iter().take(shown) {
+                writeln!(
+                    out,
+                    "  {}",
+                    p.file_name().unwrap_or_default().to_string_lossy()
+                )?;
+            }
+            if n > shown {
+                writeln!(out, "  ... and {} more", n - shown)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Passing termination signals on to the child.
+mod signals {
+    use std::os::unix::process::ExitStatusExt;
+
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1};
+    use signal_hook::iterator::{Handle, Signals};
+
+    /// Stops forwarding when asked.
+    pub(super) struct Forwarder(Option<(Handle, std::thread::JoinHandle<()>)>);
+
+    impl Forwarder {
+        pub(super) fn stop(self) {
+            if let Some((handle, thread)) = self.0 {
+                handle.close();
+                let _ = thread.join();
+            }
+        }
+    }
+
+    /// Forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 to process `pid`
+    /// until stopped. A Ctrl-C typed at the terminal already reaches the child
+    /// (same process group), so SIGINT is only passed on when this process is
+    /// not in the terminal's foreground group.
+    pub(super) fn forward_to(pid: u32) -> Forwarder {
+        let Ok(mut signals) = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1]) else {
+            return Forwarder(None);
+        };
+        let handle = signals.handle();
+        let thread = std::thread::spawn(move || {
+            for signal in signals.forever() {
+                if signal == SIGINT && in_foreground() {
+                    continue;
+                }
+                // SAFETY: sends a signal to our own child.
+                unsafe { libc::kill(pid as libc::pid_t, signal) };
+            }
+        });
+        Forwarder(Some((handle, thread)))
+    }
+
+    fn in_foreground() -> bool {
+        // SAFETY: plain queries of this process and its terminal.
+        unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+    }
+
+    /// The signal that killed a child, if one did.
+    pub(super) fn terminating_signal(status: &std::process::ExitStatus) -> Option<i32> {
+        status.signal()
+    }
+
+    /// A signal's name.
+    pub(super) fn name(signal: i32) -> &'static str {
+        match signal {
+            1 => "SIGHUP",
+            2 => "SIGINT",
+            3 => "SIGQUIT",
+            6 => "SIGABRT",
+            9 => "SIGKILL",
+            11 => "SIGSEGV",
+            15 => "SIGTERM",
+            _ => "signal",
+        }
+    }
+}
