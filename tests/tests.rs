@@ -10,3 +10,6 @@ mod format;
 
 // compare, trend and summary on real snapshots with injected leaks.
 mod analyze;
+
+// capture, demo and the Python start-up hook.
+mod capture;

@@ -216,7 +216,7 @@ pub fn train(
         }
 
         let mut mean = Tensor::new(
-            alloc.alloc(4 * args.hidden, Stream::DEFAULT)?,
+            alloc.alloc(4 * args.hidden, Stream::DEFAULT)?, // leaks with --leak hidden-state
             1,
             args.hidden,
         );

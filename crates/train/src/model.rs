@@ -98,7 +98,7 @@ impl Mlp {
         let rows = x.rows;
         let p = &self.params;
         let mut h1 = Tensor::new(
-            alloc.alloc(4 * rows * self.shape.hidden, Stream::DEFAULT)?,
+            alloc.alloc(4 * rows * self.shape.hidden, Stream::DEFAULT)?, // leaks with --leak keep-activations
             rows,
             self.shape.hidden,
         );
@@ -131,7 +131,11 @@ impl Mlp {
         labels: &Tensor,
     ) -> Result<(Tensor, Tensor), AllocError> {
         let rows = fwd.logits.rows;
-        let mut losses = Tensor::new(alloc.alloc(4 * rows, Stream::DEFAULT)?, rows, 1);
+        let mut losses = Tensor::new(
+            alloc.alloc(4 * rows, Stream::DEFAULT)?, // leaks with --leak accumulate-loss
+            rows,
+            1,
+        );
         let mut dlogits = Tensor::new(
             alloc.alloc(4 * rows * self.shape.classes, Stream::DEFAULT)?,
             rows,

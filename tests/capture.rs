@@ -1,0 +1,450 @@
+//! `snapdiff capture` and `snapdiff demo`: the training workload under
+//! capture, signals, crashes, and PyTorch scripts through the start-up hook.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::{root, snapdiff, tempdir};
+
+const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
+
+/// The line of `file` (under the repository) carrying `marker`.
+fn marked_line(file: &str, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(root().join(file)).unwrap();
+    text.lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {file}")) as u64
+        + 1
+}
+
+fn snapshots_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "snap" || e == "pickle"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn trend_of(files: &[PathBuf]) -> Value {
+    let mut args: Vec<std::ffi::OsString> = vec!["trend".into(), "--json".into()];
+    args.extend(files.iter().map(|f| f.clone().into_os_string()));
+    snapdiff(args).expect_code(0).json()
+}
+
+#[test]
+fn each_leak_of_the_training_job_is_named_at_its_line() {
+    let cases = [
+        ("keep-activations", "crates/train/src/model.rs"),
+        ("accumulate-loss", "crates/train/src/model.rs"),
+        ("hidden-state", "crates/train/src/lib.rs"),
+    ];
+    for (kind, file) in cases {
+        let dir = tempdir();
+        let run = snapdiff([
+            "capture",
+            "-o",
+            dir.path().to_str().unwrap(),
+            "--every",
+            "5",
+            "--no-report",
+            "--",
+            SNAPDIFF,
+            "train",
+            "--steps",
+            "40",
+            "--leak",
+            kind,
+            "--log-every",
+            "0",
+        ]);
+        run.expect_code(0);
+        let files = snapshots_in(dir.path());
+        assert_eq!(
+            files.len(),
+            8,
+            "{kind}: a snapshot every 5 of 40 steps: {files:?}"
+        );
+        let report = trend_of(&files);
+        let suspects = report["suspects"].as_array().unwrap();
+        assert_eq!(
+            suspects.len(),
+            1,
+            "{kind}: the first and only suspect: {report:#}"
+        );
+        let culprit = &suspects[0]["culprit"];
+        assert!(
+            culprit["file"].as_str().unwrap().ends_with(file),
+            "{kind}: {culprit}"
+        );
+        assert_eq!(
+            culprit["line"],
+            marked_line(file, &format!("leaks with --leak {kind}")),
+            "{kind}: {culprit}"
+        );
+        assert_eq!(culprit["kind"], "user");
+    }
+
+    // No leak, no suspect.
+    let dir = tempdir();
+    snapdiff([
+        "capture",
+        "-o",
+        dir.path().to_str().unwrap(),
+        "--every",
+        "5",
+        "--no-report",
+        "--",
+        SNAPDIFF,
+        "train",
+        "--steps",
+        "40",
+        "--log-every",
+        "0",
+    ])
+    .expect_code(0);
+    let report = trend_of(&snapshots_in(dir.path()));
+    assert_eq!(report["suspects"], serde_json::json!([]), "{report:#}");
+}
+
+#[test]
+fn capture_lists_the_snapshots_and_reports_the_trend() {
+    let dir = tempdir();
+    let run = snapdiff([
+        "capture",
+        "-o",
+        dir.path().to_str().unwrap(),
+        "--every",
+        "10",
+        "--",
+        SNAPDIFF,
+        "train",
+        "--steps",
+        "40",
+        "--leak",
+        "keep-activations",
+        "--log-every",
+        "20",
+    ]);
+    let out = run.expect_code(0).stdout();
+    assert!(
+        out.contains("step    20/40"),
+        "the command's own output comes through: {out}"
+    );
+    assert!(out.contains("4 snapshots in"), "{out}");
+    assert!(out.contains("1 site keeps growing"), "{out}");
+    let line = marked_line(
+        "crates/train/src/model.rs",
+        "leaks with --leak keep-activations",
+    );
+    assert!(
+        out.contains(&format!("crates/train/src/model.rs:{line}")),
+        "{out}"
+    );
+}
+
+#[test]
+fn termination_is_passed_on_and_the_exit_snapshot_written() {
+    let dir = tempdir();
+    let child = Command::new(SNAPDIFF)
+        .args([
+            "capture",
+            "-o",
+            dir.path().to_str().unwrap(),
+            "--every",
+            "50",
+            "--no-report",
+            "--",
+            SNAPDIFF,
+            "train",
+        ])
+        .args([
+            "--steps",
+            "100000000",
+            "--batch",
+            "16",
+            "--hidden",
+            "32",
+            "--leak",
+            "keep-activations",
+            "--log-every",
+            "0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while snapshots_in(dir.path()).is_empty() {
+        assert!(Instant::now() < deadline, "no snapshot within a minute");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: sends SIGTERM to our own child, `snapdiff capture`.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 15),
+        "capture returns the command's exit code"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("stopped by signal 15"), "{stderr}");
+    assert!(stderr.contains("exited with code 143"), "{stderr}");
+    let files = snapshots_in(dir.path());
+    let exit = files
+        .iter()
+        .find(|f| f.to_string_lossy().ends_with("-exit.snap"))
+        .expect("an exit snapshot");
+    let snap = snapdiff_format::read_path(exit).unwrap();
+    assert!(
+        snap.totals().allocated_bytes > 0,
+        "dumped with the buffers still live"
+    );
+}
+
+#[test]
+fn a_crashed_command_is_reported_and_its_snapshots_kept() {
+    let dir = tempdir();
+    let script = format!("'{SNAPDIFF}' train --steps 20 --log-every 0 && kill -9 $$");
+    let run = snapdiff([
+        "capture",
+        "-o",
+        dir.path().to_str().unwrap(),
+        "--every",
+        "5",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    run.expect_code(128 + 9);
+    assert!(
+        run.stderr().contains("sh was killed by signal 9 (SIGKILL)"),
+        "{}",
+        run.stderr()
+    );
+    assert!(run.stdout().contains("4 snapshots in"), "{}", run.stdout());
+    assert_eq!(snapshots_in(dir.path()).len(), 4);
+
+    let run = snapdiff([
+        "capture",
+        "-o",
+        dir.path().to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "exit 3",
+    ]);
+    run.expect_code(3);
+    assert!(
+        run.stdout().contains("no snapshot was written"),
+        "{}",
+        run.stdout()
+    );
+    assert!(
+        run.stderr().contains("sh exited with code 3"),
+        "{}",
+        run.stderr()
+    );
+
+    let run = snapdiff([
+        "capture",
+        "-o",
+        dir.path().to_str().unwrap(),
+        "--",
+        "/nonexistent/program",
+    ]);
+    run.expect_code(2);
+    assert!(
+        run.stderr()
+            .starts_with("snapdiff: cannot run /nonexistent/program"),
+        "{}",
+        run.stderr()
+    );
+}
+
+/// Runs a Python script under capture with the stand-in `torch` on the path.
+fn capture_python(
+    dir: &Path,
+    script: &str,
+    extra_env: &[(&str, &str)],
+    capture_flags: &[&str],
+) -> (crate::util::Run, PathBuf) {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let script_path = work.join("script.py");
+    std::fs::write(&script_path, script).unwrap();
+    let log = work.join("torch-calls.jsonl");
+    let out = dir.join("snapshots");
+    let mut args: Vec<String> = vec![
+        "capture".into(),
+        "-o".into(),
+        out.to_string_lossy().into_owned(),
+    ];
+    args.extend(capture_flags.iter().map(|s| s.to_string()));
+    args.extend([
+        "--".into(),
+        "python3".into(),
+        script_path.to_string_lossy().into_owned(),
+    ]);
+    let mut cmd = Command::new(SNAPDIFF);
+    cmd.args(&args)
+        .env("PYTHONPATH", root().join("tests/support/fake_torch"))
+        .env("FAKE_TORCH_LOG", &log);
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let output = cmd.output().unwrap();
+    (crate::util::Run { args, output }, log)
+}
+
+#[test]
+fn pytorch_scripts_are_captured_through_the_start_up_hook() {
+    let dir = tempdir();
+    let script = "import os, signal, torch\n\
+                  opt = torch.optim.SGD()\n\
+                  for _ in range(20):\n    opt.step()\n\
+                  os.kill(os.getpid(), signal.SIGUSR1)\n\
+                  print('done')\n";
+    let (run, log) = capture_python(
+        dir.path(),
+        script,
+        &[],
+        &["--every", "5", "--max-entries", "1234"],
+    );
+    let stdout = run.expect_code(0).stdout();
+    assert!(stdout.contains("done"), "{stdout}");
+    // The hook's calls into (stand-in) torch.
+    let calls: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let record = calls
+        .iter()
+        .find(|c| c["call"] == "_record_memory_history")
+        .expect("recording started");
+    assert_eq!(record["max_entries"], 1234);
+    assert!(
+        calls
+            .iter()
+            .any(|c| c["call"] == "register_optimizer_step_post_hook")
+    );
+    assert!(
+        calls
+            .iter()
+            .any(|c| c["call"] == "_cuda_attach_out_of_memory_observer")
+    );
+    let names: Vec<String> = snapshots_in(&dir.path().join("snapshots"))
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for reason in [
+        "step-000005",
+        "step-000010",
+        "step-000015",
+        "step-000020",
+        "signal",
+        "exit",
+    ] {
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains(reason) && n.ends_with(".pickle")),
+            "{reason}: {names:?}"
+        );
+    }
+    // The pickles are read and the (stand-in) leak is found.
+    assert!(stdout.contains("6 snapshots in"), "{stdout}");
+    assert!(
+        stdout.contains("train_step  /home/user/train.py:42"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn scripts_without_torch_or_cuda_run_unchanged() {
+    // CUDA not available to torch: one warning, nothing recorded.
+    let dir = tempdir();
+    let (run, _) = capture_python(
+        dir.path(),
+        "import torch\nprint('ok')\n",
+        &[("FAKE_TORCH_CUDA", "0")],
+        &[],
+    );
+    run.expect_code(0);
+    assert_eq!(run.stdout().lines().next(), Some("ok"));
+    let warnings: Vec<String> = run
+        .stderr()
+        .lines()
+        .filter(|l| l.starts_with("snapdiff:"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        warnings,
+        ["snapdiff: CUDA is not available to torch; the script runs without capture"]
+    );
+
+    // A plain script, with a sitecustomize of its own that must still run.
+    let dir = tempdir();
+    let own = dir.path().join("own");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::write(own.join("sitecustomize.py"), "print('own sitecustomize')\n").unwrap();
+    let script = dir.path().join("plain.py");
+    std::fs::write(
+        &script,
+        "import sys\nprint('hello', sys.argv[1:])\nsys.exit(3)\n",
+    )
+    .unwrap();
+    let direct = Command::new("python3")
+        .arg(&script)
+        .arg("x")
+        .env("PYTHONPATH", &own)
+        .output()
+        .unwrap();
+    let captured = Command::new(SNAPDIFF)
+        .args(["capture", "-o"])
+        .arg(dir.path().join("out"))
+        .args(["--", "python3"])
+        .arg(&script)
+        .arg("x")
+        .env("PYTHONPATH", &own)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&direct.stdout),
+        "own sitecustomize\nhello ['x']\n"
+    );
+    let captured_out = String::from_utf8_lossy(&captured.stdout);
+    assert!(
+        captured_out.starts_with("own sitecustomize\nhello ['x']\n"),
+        "{captured_out}"
+    );
+    assert_eq!(captured.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&captured.stderr);
+    let hook_lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("without capture"))
+        .collect();
+    assert!(hook_lines.len() <= 1, "at most one warning line: {stderr}");
+}
+
+#[test]
+fn the_demo_names_the_leaking_line() {
+    let run = snapdiff(["demo", "--steps", "20"]);
+    let out = run.expect_code(0).stdout();
+    let line = marked_line(
+        "crates/train/src/model.rs",
+        "leaks with --leak keep-activations",
+    );
+    assert!(
+        out.contains(&format!("crates/train/src/model.rs:{line}")),
+        "{out}"
+    );
+    assert!(out.contains("1 site keeps growing"), "{out}");
+    assert!(out.contains("is full in about"), "{out}");
+}
