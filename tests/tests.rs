@@ -13,3 +13,6 @@ mod analyze;
 
 // capture, demo and the Python start-up hook.
 mod capture;
+
+// The snapdiff library: leak assertions, from a user's point of view.
+mod library;

@@ -1,0 +1,94 @@
+//! snapdiff finds GPU memory leaks in training jobs.
+//!
+//! This is the crate to add to a project: it re-exports the recording
+//! allocator ([`Allocator`], feature `runtime`, on by default), the snapshot
+//! model and readers ([`format`], [`read`]), the analyses ([`analyze`],
+//! [`compare`], [`trend`]), and adds [`testing`]: leak assertions for
+//! `cargo test`.
+//!
+//! # Setup
+//!
+//! ```toml
+//! [dev-dependencies]
+//! snapdiff = "0.1"
+//! # only reading and checking snapshot files (PyTorch's included):
+//! # snapdiff = { version = "0.1", default-features = false }
+//! ```
+//!
+//! # A leak test
+//!
+//! ```
+//! use snapdiff::testing::LeakCheck;
+//! use snapdiff::{Allocator, HostBackend, Stream};
+//!
+//! let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+//! let check = LeakCheck::begin(&a);
+//! let scratch = a.alloc(1 << 20, Stream::DEFAULT).unwrap();
+//! drop(scratch);
+//! check.assert_no_leaks(); // passes: nothing is left
+//! ```
+//!
+//! # Reading the output
+//!
+//! A failed assertion panics with a report: for each site that kept memory,
+//! the culprit (the innermost frame of your own code, `function file:line`),
+//! the bytes and blocks, and the frames under it; and the `snapdiff compare`
+//! command to look closer, with the two snapshots written to files.
+//!
+//! # Limitations
+//!
+//! - Only memory allocated through an [`Allocator`] (or recorded by PyTorch,
+//!   for files) is seen; memory a library allocates on its own is not.
+//! - Stacks name lines when the binary has debug line tables (the default
+//!   for tests); in release builds enable `debug = "line-tables-only"`.
+//! - An allocator is shared by every test that uses it: give each test its
+//!   own allocator (they are cheap), or run such tests one at a time.
+
+#![deny(missing_docs)]
+#![warn(unreachable_pub)]
+
+pub mod testing;
+
+pub use snapdiff_analyze as analyze;
+pub use snapdiff_format as format;
+#[cfg(feature = "runtime")]
+pub use snapdiff_runtime as runtime;
+
+pub use snapdiff_analyze::{CompareOptions, Comparison, Culprit, Trend, TrendOptions, compare};
+pub use snapdiff_format::{Error, Snapshot};
+#[cfg(feature = "runtime")]
+pub use snapdiff_runtime::{
+    AllocError, Allocator, AllocatorConfig, Backend, CudaBackend, DeviceBuffer, HostBackend, Stream,
+};
+
+/// Reads a snapshot file of any kind: `.snap`, `.json`, a PyTorch snapshot
+/// pickle, or a `torch.save` zip of one.
+///
+/// # Errors
+///
+/// When the file cannot be read or is not a snapshot; the message names the file.
+///
+/// ```
+/// # let dir = std::env::temp_dir().join(format!("snapdiff-doc-read-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).unwrap();
+/// let path = dir.join("empty.snap");
+/// snapdiff::format::write_path(&path, &snapdiff::Snapshot::default())?;
+/// let snap = snapdiff::read(&path)?;
+/// assert_eq!(snap.totals().allocated_bytes, 0);
+/// # Ok::<(), snapdiff::Error>(())
+/// ```
+pub fn read(path: impl AsRef<std::path::Path>) -> Result<Snapshot, Error> {
+    snapdiff_format::read_path(path)
+}
+
+/// The sites whose memory keeps growing over several snapshots of one job
+/// (see [`analyze::trend`] for the rule).
+///
+/// ```
+/// use snapdiff::{Snapshot, TrendOptions};
+/// let steady = vec![Snapshot::default(); 5];
+/// assert!(snapdiff::trend(&steady, &TrendOptions::default()).suspects.is_empty());
+/// ```
+pub fn trend(snapshots: &[Snapshot], options: &TrendOptions) -> Trend {
+    snapdiff_analyze::trend_snapshots(snapshots, options)
+}

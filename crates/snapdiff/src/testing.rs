@@ -1,0 +1,589 @@
+//! Leak assertions for tests.
+//!
+//! [`LeakCheck`] watches an [`Allocator`](crate::Allocator) during a test:
+//! it takes a snapshot when it begins, one at each [`LeakCheck::step`], and
+//! one when it finishes. A site (the allocations of one code path) leaks when
+//! it holds more memory at the end than at the end of warm-up, and holds it:
+//! the memory counted is the least the site holds from each checkpoint to the
+//! end, so activations that come and go between steps do not count, and what
+//! warm-up allocates once (weights, optimizer state) does not either.
+//!
+//! [`assert_no_leaks_between`] does the same for two snapshot files from any
+//! producer, PyTorch pickles included.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use regex::Regex;
+use snapdiff_analyze::group::{Site, SiteFrame, live_groups};
+use snapdiff_analyze::{Culprit, CulpritRules, StackKey, StackKeys};
+use snapdiff_format::Snapshot;
+use snapdiff_format::units::format_size;
+
+/// How much growth to allow and which sites to leave out of a check.
+///
+/// ```
+/// use snapdiff::testing::LeakOptions;
+/// let options = LeakOptions::new().allow_bytes(1 << 20).ignore("warm_cache");
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct LeakOptions {
+    allow_bytes: u64,
+    ignore: Vec<Regex>,
+    only: Vec<Regex>,
+}
+
+/// Compiles a pattern given to [`LeakOptions`], panicking with a clear
+/// message when it is not a regular expression (a mistake in the test).
+fn pattern(text: &str) -> Regex {
+    Regex::new(text).unwrap_or_else(|e| panic!("snapdiff: invalid pattern {text:?}: {e}"))
+}
+
+impl LeakOptions {
+    /// No allowance, nothing left out.
+    ///
+    /// ```
+    /// let options = snapdiff::testing::LeakOptions::new();
+    /// # let _ = options;
+    /// ```
+    pub fn new() -> LeakOptions {
+        LeakOptions::default()
+    }
+
+    /// Passes when at most `bytes` leaked in all.
+    ///
+    /// ```
+    /// let options = snapdiff::testing::LeakOptions::new().allow_bytes(4096);
+    /// # let _ = options;
+    /// ```
+    pub fn allow_bytes(mut self, bytes: u64) -> LeakOptions {
+        self.allow_bytes = bytes;
+        self
+    }
+
+    /// Leaves out sites with a frame matching `pattern`, a regular expression
+    /// matched against `function file:line`.
+    ///
+    /// # Panics
+    ///
+    /// When `pattern` is not a valid regular expression.
+    ///
+    /// ```
+    /// let options = snapdiff::testing::LeakOptions::new().ignore(r"cache\.rs");
+    /// # let _ = options;
+    /// ```
+    pub fn ignore(mut self, pattern_text: &str) -> LeakOptions {
+        self.ignore.push(pattern(pattern_text));
+        self
+    }
+
+    /// Keeps only sites with a frame matching `pattern` (`function file:line`).
+    ///
+    /// # Panics
+    ///
+    /// When `pattern` is not a valid regular expression.
+    ///
+    /// ```
+    /// let options = snapdiff::testing::LeakOptions::new().only("train_step");
+    /// # let _ = options;
+    /// ```
+    pub fn only(mut self, pattern_text: &str) -> LeakOptions {
+        self.only.push(pattern(pattern_text));
+        self
+    }
+
+    fn keeps(&self, site: &Site) -> bool {
+        let texts: Vec<String> = site
+            .frames
+            .iter()
+            .map(|f| format!("{} {}:{}", f.name, f.file, f.line))
+            .collect();
+        let any = |res: &[Regex]| res.iter().any(|re| texts.iter().any(|t| re.is_match(t)));
+        !any(&self.ignore) && (self.only.is_empty() || any(&self.only))
+    }
+}
+
+/// A site that kept memory.
+#[derive(Clone, Debug)]
+pub struct LeakGroup {
+    site: Site,
+    delta_bytes: u64,
+    blocks: u64,
+}
+
+impl LeakGroup {
+    /// The frame of your code to look at.
+    ///
+    /// ```
+    /// # use snapdiff::testing::*;
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// for g in report.groups() {
+    ///     println!("{}", g.culprit().display());
+    /// }
+    /// ```
+    pub fn culprit(&self) -> &Culprit {
+        &self.site.culprit
+    }
+
+    /// The site's stack without allocator and interpreter frames, innermost first.
+    ///
+    /// ```
+    /// # use snapdiff::testing::*;
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// for g in report.groups() {
+    ///     assert!(!g.frames().is_empty() || g.culprit().name.is_empty());
+    /// }
+    /// ```
+    pub fn frames(&self) -> &[SiteFrame] {
+        &self.site.frames
+    }
+
+    /// Bytes the site kept.
+    ///
+    /// ```
+    /// # use snapdiff::testing::*;
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// let total: u64 = report.groups().iter().map(|g| g.delta_bytes()).sum();
+    /// assert_eq!(total, report.leaked_bytes());
+    /// ```
+    pub fn delta_bytes(&self) -> u64 {
+        self.delta_bytes
+    }
+
+    /// Blocks the site kept.
+    ///
+    /// ```
+    /// # use snapdiff::testing::*;
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// assert!(report.groups().iter().all(|g| g.blocks() > 0));
+    /// ```
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    /// The site's stack key.
+    ///
+    /// ```
+    /// # use snapdiff::testing::*;
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// for g in report.groups() {
+    ///     println!("{}", g.key());
+    /// }
+    /// ```
+    pub fn key(&self) -> StackKey {
+        self.site.key
+    }
+}
+
+/// The outcome of a leak check: the sites that kept memory, most first.
+///
+/// Its `Display` is the report a failed assertion prints.
+#[derive(Clone, Debug)]
+pub struct LeakReport {
+    groups: Vec<LeakGroup>,
+    allowed: u64,
+    checkpoints: usize,
+    /// The two snapshots compared, when written to files.
+    files: Option<(PathBuf, PathBuf)>,
+}
+
+impl LeakReport {
+    /// The report over checkpoints `points` (oldest first), the first
+    /// `warmup` of them after the first being warm-up.
+    ///
+    /// ```
+    /// use snapdiff::testing::{LeakOptions, LeakReport};
+    /// let same = vec![snapdiff::Snapshot::default(); 3];
+    /// assert!(LeakReport::between(&same, 1, &LeakOptions::new()).is_clean());
+    /// ```
+    pub fn between(points: &[Snapshot], warmup: usize, options: &LeakOptions) -> LeakReport {
+        let rules = CulpritRules::default();
+        let grouped: Vec<_> = points
+            .iter()
+            .map(|s| {
+                let keys = StackKeys::new(s);
+                live_groups(s, &keys)
+            })
+            .collect();
+        let mut keys: Vec<StackKey> = grouped
+            .iter()
+            .flat_map(|g| g.totals.keys().copied())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let from = warmup.min(points.len().saturating_sub(1));
+        let mut groups = Vec::new();
+        for key in keys {
+            let series: Vec<(u64, u64)> = grouped
+                .iter()
+                .map(|g| g.totals.get(&key).map_or((0, 0), |t| (t.bytes, t.blocks)))
+                .collect();
+            // The least the site holds from each checkpoint on.
+            let floor = |i: usize| {
+                series[i..]
+                    .iter()
+                    .map(|&(bytes, _)| bytes)
+                    .min()
+                    .unwrap_or(0)
+            };
+            let floor_blocks = |i: usize| {
+                series[i..]
+                    .iter()
+                    .map(|&(_, blocks)| blocks)
+                    .min()
+                    .unwrap_or(0)
+            };
+            let last = series.len().saturating_sub(1);
+            let grown = floor(last).saturating_sub(floor(from));
+            if grown == 0 {
+                continue;
+            }
+            // Describe the site from the last snapshot that has it.
+            let (snap, stack) = points
+                .iter()
+                .zip(&grouped)
+                .rev()
+                .find_map(|(s, g)| g.stacks.get(&key).map(|&stack| (s, stack)))
+                .expect("the site is in some snapshot");
+            let site = Site::new(snap, key, stack, &rules);
+            if options.keeps(&site) {
+                groups.push(LeakGroup {
+                    site,
+                    delta_bytes: grown,
+                    blocks: floor_blocks(last).saturating_sub(floor_blocks(from)),
+                });
+            }
+        }
+        groups.sort_by(|a, b| {
+            b.delta_bytes
+                .cmp(&a.delta_bytes)
+                .then(a.site.key.cmp(&b.site.key))
+        });
+        LeakReport {
+            groups,
+            allowed: options.allow_bytes,
+            checkpoints: points.len(),
+            files: None,
+        }
+    }
+
+    /// Bytes kept by all sites together.
+    ///
+    /// ```
+    /// # use snapdiff::testing::*;
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// assert!(report.leaked_bytes() <= 1 << 20);
+    /// ```
+    pub fn leaked_bytes(&self) -> u64 {
+        self.groups.iter().map(|g| g.delta_bytes).sum()
+    }
+
+    /// The sites that kept memory, most first.
+    ///
+    /// ```
+    /// # use snapdiff::testing::*;
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// assert!(report.groups().is_empty());
+    /// ```
+    pub fn groups(&self) -> &[LeakGroup] {
+        &self.groups
+    }
+
+    /// Whether at most the allowed bytes leaked.
+    ///
+    /// ```
+    /// # use snapdiff::testing::*;
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// assert!(report.is_clean());
+    /// ```
+    pub fn is_clean(&self) -> bool {
+        self.leaked_bytes() <= self.allowed
+    }
+}
+
+impl fmt::Display for LeakReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.groups.len();
+        if n == 0 {
+            return write!(
+                f,
+                "snapdiff: no site kept memory over {} checkpoints",
+                self.checkpoints
+            );
+        }
+        writeln!(
+            f,
+            "snapdiff: {n} site{} kept {} more (allowed: {}):",
+            if n == 1 { "" } else { "s" },
+            format_size(self.leaked_bytes()),
+            format_size(self.allowed)
+        )?;
+        for (i, g) in self.groups.iter().enumerate() {
+            writeln!(
+                f,
+                "  {}. {}: +{} in {} block{}",
+                i + 1,
+                g.culprit().display(),
+                format_size(g.delta_bytes),
+                g.blocks,
+                if g.blocks == 1 { "" } else { "s" }
+            )?;
+            let at = g
+                .frames()
+                .iter()
+                .position(|fr| fr.name == g.culprit().name && fr.line == g.culprit().line);
+            for fr in g.frames().iter().skip(at.map_or(0, |i| i + 1)).take(4) {
+                let c = Culprit {
+                    name: fr.name.clone(),
+                    file: fr.file.clone(),
+                    line: fr.line,
+                    kind: g.culprit().kind,
+                };
+                writeln!(f, "       from {}", c.display())?;
+            }
+        }
+        if let Some((before, after)) = &self.files {
+            write!(
+                f,
+                "look closer: snapdiff compare {} {} --frames 8",
+                before.display(),
+                after.display()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Panics with the report, naming the files, when the report is not clean.
+fn assert_clean(report: LeakReport) {
+    if !report.is_clean() {
+        panic!("{report}");
+    }
+}
+
+/// Asserts that no site holds more memory in snapshot file `after` than in
+/// `before`, beyond what `options` allow. The files can come from any
+/// producer: `snapdiff-runtime`, or PyTorch's `_dump_snapshot`.
+///
+/// # Panics
+///
+/// With the leak report when something leaked, and with the reason when a
+/// file cannot be read.
+///
+/// ```
+/// # let dir = std::env::temp_dir().join(format!("snapdiff-doc-between-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).unwrap();
+/// # snapdiff::format::write_path(dir.join("a.snap"), &snapdiff::Snapshot::default()).unwrap();
+/// # snapdiff::format::write_path(dir.join("b.snap"), &snapdiff::Snapshot::default()).unwrap();
+/// use snapdiff::testing::{LeakOptions, assert_no_leaks_between};
+/// assert_no_leaks_between(dir.join("a.snap"), dir.join("b.snap"), &LeakOptions::new());
+/// ```
+pub fn assert_no_leaks_between(
+    before: impl AsRef<Path>,
+    after: impl AsRef<Path>,
+    options: &LeakOptions,
+) {
+    let (before, after) = (before.as_ref(), after.as_ref());
+    let read = |p: &Path| snapdiff_format::read_path(p).unwrap_or_else(|e| panic!("snapdiff: {e}"));
+    let mut report = LeakReport::between(&[read(before), read(after)], 0, options);
+    report.files = Some((before.to_path_buf(), after.to_path_buf()));
+    assert_clean(report);
+}
+
+#[cfg(feature = "runtime")]
+pub use self::check::LeakCheck;
+
+#[cfg(feature = "runtime")]
+mod check {
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::{LeakOptions, LeakReport, assert_clean};
+    use crate::{Allocator, Snapshot};
+
+    /// Watches an allocator during a test; see the [module documentation](super).
+    ///
+    /// ```
+    /// use snapdiff::testing::LeakCheck;
+    /// use snapdiff::{Allocator, HostBackend, Stream};
+    ///
+    /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+    /// let weights = a.alloc(1 << 20, Stream::DEFAULT).unwrap(); // before: not counted
+    /// let check = LeakCheck::begin(&a).warmup(1);
+    /// for _ in 0..5 {
+    ///     let activations = a.alloc(4 << 20, Stream::DEFAULT).unwrap();
+    ///     drop(activations);
+    ///     check.step();
+    /// }
+    /// check.assert_no_leaks();
+    /// # drop(weights);
+    /// ```
+    pub struct LeakCheck<'a> {
+        alloc: &'a Allocator,
+        options: LeakOptions,
+        warmup: usize,
+        points: RefCell<Vec<Snapshot>>,
+    }
+
+    impl<'a> LeakCheck<'a> {
+        /// Starts checking `alloc`: what is live now is the baseline.
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a);
+        /// check.assert_no_leaks();
+        /// ```
+        pub fn begin(alloc: &'a Allocator) -> LeakCheck<'a> {
+            LeakCheck {
+                alloc,
+                options: LeakOptions::default(),
+                warmup: 0,
+                points: RefCell::new(vec![alloc.snapshot()]),
+            }
+        }
+
+        /// Treats the first `steps` steps as warm-up: what they allocate and
+        /// keep (weights, optimizer state, caches) is not a leak.
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend, Stream};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).warmup(1);
+        /// let state = a.alloc(1 << 20, Stream::DEFAULT).unwrap(); // first step: kept, but once
+        /// check.step();
+        /// check.step();
+        /// check.assert_no_leaks();
+        /// # drop(state);
+        /// ```
+        pub fn warmup(mut self, steps: usize) -> LeakCheck<'a> {
+            self.warmup = steps;
+            self
+        }
+
+        /// Passes when at most `bytes` leaked in all.
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend, Stream};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).allow_bytes(4096);
+        /// let small = a.alloc(100, Stream::DEFAULT).unwrap();
+        /// check.assert_no_leaks(); // 512 bytes kept, 4096 allowed
+        /// # drop(small);
+        /// ```
+        pub fn allow_bytes(mut self, bytes: u64) -> LeakCheck<'a> {
+            self.options = self.options.allow_bytes(bytes);
+            self
+        }
+
+        /// Leaves out sites with a frame matching `pattern` (`function file:line`).
+        ///
+        /// # Panics
+        ///
+        /// When `pattern` is not a valid regular expression.
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend, Stream};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).ignore("rust_out");
+        /// # let _ = check;
+        /// ```
+        pub fn ignore(mut self, pattern: &str) -> LeakCheck<'a> {
+            self.options = self.options.ignore(pattern);
+            self
+        }
+
+        /// Keeps only sites with a frame matching `pattern` (`function file:line`).
+        ///
+        /// # Panics
+        ///
+        /// When `pattern` is not a valid regular expression.
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend, Stream};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).only("train_step");
+        /// # let _ = check;
+        /// ```
+        pub fn only(mut self, pattern: &str) -> LeakCheck<'a> {
+            self.options = self.options.only(pattern);
+            self
+        }
+
+        /// Marks the end of a training step: a checkpoint.
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a);
+        /// check.step();
+        /// ```
+        pub fn step(&self) {
+            self.points.borrow_mut().push(self.alloc.snapshot());
+        }
+
+        /// The report, without panicking: for custom assertions.
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend, Stream};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a);
+        /// let kept = a.alloc(1000, Stream::DEFAULT).unwrap();
+        /// let report = check.finish();
+        /// assert_eq!(report.leaked_bytes(), 1024);
+        /// assert_eq!(report.groups()[0].blocks(), 1);
+        /// # drop(kept);
+        /// ```
+        pub fn finish(&self) -> LeakReport {
+            let mut points = self.points.borrow().clone();
+            points.push(self.alloc.snapshot());
+            LeakReport::between(&points, self.warmup, &self.options)
+        }
+
+        /// Panics with a report when a site kept more memory than allowed,
+        /// after writing the two snapshots compared to files the report names.
+        ///
+        /// # Panics
+        ///
+        /// When something leaked.
+        ///
+        /// ```should_panic
+        /// # use snapdiff::{Allocator, HostBackend, Stream};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a);
+        /// let kept = a.alloc(1000, Stream::DEFAULT).unwrap();
+        /// check.assert_no_leaks(); // panics: 1 site kept 1.00 KiB more
+        /// # drop(kept);
+        /// ```
+        pub fn assert_no_leaks(&self) {
+            let mut points = self.points.borrow().clone();
+            points.push(self.alloc.snapshot());
+            let mut report = LeakReport::between(&points, self.warmup, &self.options);
+            if !report.is_clean() {
+                let from = self.warmup.min(points.len() - 1);
+                report.files = write_pair(&points[from], &points[points.len() - 1]);
+            }
+            assert_clean(report);
+        }
+    }
+
+    /// Writes the two snapshots of a failed check to a fresh temporary
+    /// folder, for `snapdiff compare`; `None` if that fails.
+    fn write_pair(
+        before: &Snapshot,
+        after: &Snapshot,
+    ) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "snapdiff-leakcheck-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).ok()?;
+        let (b, a) = (dir.join("before.snap"), dir.join("after.snap"));
+        snapdiff_format::write_path(&b, before).ok()?;
+        snapdiff_format::write_path(&a, after).ok()?;
+        Some((b, a))
+    }
+}

@@ -1,0 +1,237 @@
+//! The `snapdiff` library from a user's point of view: leak assertions in
+//! tests, on the runtime's allocator and on PyTorch's files.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use snapdiff::testing::{LeakCheck, LeakOptions, assert_no_leaks_between};
+use snapdiff::{Allocator, AllocatorConfig, DeviceBuffer, HostBackend, Stream};
+
+use crate::util::{shared_torch, tempdir};
+
+fn allocator() -> Allocator {
+    Allocator::with_config(
+        HostBackend::with_capacity(1 << 30),
+        AllocatorConfig::default(),
+    )
+}
+
+/// The panic message of `f`, which must panic.
+fn panic_message(f: impl FnOnce()) -> String {
+    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("the check must fail");
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap()
+}
+
+/// The line of this file that ends with `marker`.
+fn line_of(marker: &str) -> u32 {
+    include_str!("library.rs")
+        .lines()
+        .position(|l| l.trim_end().ends_with(marker))
+        .unwrap() as u32
+        + 1
+}
+
+/// One step of a training loop that forgets to drop what it keeps.
+#[inline(never)]
+fn leaky_training_step(a: &Allocator, history: &mut Vec<DeviceBuffer>) {
+    let activations = a.alloc(1 << 20, Stream::DEFAULT).unwrap();
+    history.push(a.alloc(64 << 10, Stream::DEFAULT).unwrap()); // KEPT EVERY STEP
+    drop(activations);
+}
+
+/// One step that keeps nothing.
+#[inline(never)]
+fn clean_training_step(a: &Allocator) {
+    let activations: Vec<DeviceBuffer> = (0..4)
+        .map(|_| a.alloc(1 << 20, Stream::DEFAULT).unwrap())
+        .collect();
+    drop(activations);
+}
+
+#[test]
+fn a_leaking_test_fails_naming_its_own_line() {
+    let a = allocator();
+    let mut history = Vec::new();
+    let check = LeakCheck::begin(&a);
+    for _ in 0..3 {
+        leaky_training_step(&a, &mut history);
+        check.step();
+    }
+    let message = panic_message(|| check.assert_no_leaks());
+    let line = line_of("// KEPT EVERY STEP");
+    assert!(
+        message.starts_with("snapdiff: 1 site kept 192 KiB more (allowed: 0 B):"),
+        "{message}"
+    );
+    assert!(message.contains("::leaky_training_step  /"), "{message}");
+    assert!(
+        message.contains(&format!("{}:{line}: +192 KiB in 3 blocks", file!())),
+        "{message}"
+    );
+    assert!(
+        message.contains("a_leaking_test_fails_naming_its_own_line"),
+        "the test's own frame: {message}"
+    );
+    assert!(
+        message.contains("look closer: snapdiff compare "),
+        "{message}"
+    );
+
+    // The files it names are real snapshots, and the command line works on them.
+    let last = message.lines().last().unwrap();
+    let files: Vec<&str> = last
+        .split_whitespace()
+        .filter(|w| w.ends_with(".snap"))
+        .collect();
+    assert_eq!(files.len(), 2, "{last}");
+    let cmp = snapdiff::compare(
+        &snapdiff::read(files[0]).unwrap(),
+        &snapdiff::read(files[1]).unwrap(),
+        &snapdiff::CompareOptions::default(),
+    );
+    assert_eq!(cmp.leaked_bytes, 192 << 10);
+
+    // The report, for custom assertions.
+    let report = check.finish();
+    assert_eq!(report.leaked_bytes(), 192 << 10);
+    let g = &report.groups()[0];
+    assert_eq!(
+        (g.culprit().line, g.blocks(), g.delta_bytes()),
+        (line, 3, 192 << 10)
+    );
+    assert!(
+        g.frames()
+            .iter()
+            .any(|f| f.name.ends_with("leaky_training_step"))
+    );
+}
+
+#[test]
+fn a_clean_test_passes() {
+    let a = allocator();
+    let weights = a.alloc(8 << 20, Stream::DEFAULT).unwrap();
+    let check = LeakCheck::begin(&a);
+    for _ in 0..5 {
+        clean_training_step(&a);
+        check.step();
+    }
+    check.assert_no_leaks();
+    assert_eq!(check.finish().leaked_bytes(), 0);
+    drop(weights);
+}
+
+#[test]
+fn warm_up_allocations_are_not_leaks_only_with_warmup() {
+    let run = |warmup: Option<usize>| {
+        let a = allocator();
+        let mut optimizer_state: Option<DeviceBuffer> = None;
+        let check = match warmup {
+            Some(n) => LeakCheck::begin(&a).warmup(n),
+            None => LeakCheck::begin(&a),
+        };
+        for _ in 0..5 {
+            clean_training_step(&a);
+            // The first step creates the optimizer's state, once.
+            optimizer_state.get_or_insert_with(|| a.alloc(2 << 20, Stream::DEFAULT).unwrap());
+            check.step();
+        }
+        let report = check.finish();
+        drop(optimizer_state);
+        report
+    };
+    assert!(run(Some(1)).is_clean(), "{}", run(Some(1)));
+    let without = run(None);
+    assert!(!without.is_clean());
+    assert_eq!(without.leaked_bytes(), 2 << 20);
+    assert!(
+        without.groups()[0]
+            .culprit()
+            .name
+            .contains("warm_up_allocations_are_not_leaks_only_with_warmup")
+    );
+}
+
+#[test]
+fn allow_bytes_and_ignore_do_what_they_say() {
+    let a = allocator();
+    let mut history = Vec::new();
+    let check = LeakCheck::begin(&a).allow_bytes(256 << 10);
+    for _ in 0..3 {
+        leaky_training_step(&a, &mut history);
+        check.step();
+    }
+    check.assert_no_leaks(); // 192 KiB kept, 256 KiB allowed
+    let strict = LeakCheck::begin(&a).allow_bytes(32 << 10);
+    leaky_training_step(&a, &mut history);
+    assert!(panic_message(|| strict.assert_no_leaks()).contains("(allowed: 32.0 KiB)"));
+
+    let ignoring = LeakCheck::begin(&a).ignore("leaky_training_step");
+    leaky_training_step(&a, &mut history);
+    ignoring.assert_no_leaks();
+    let only_other = LeakCheck::begin(&a).only("clean_training_step");
+    leaky_training_step(&a, &mut history);
+    only_other.assert_no_leaks();
+    let only_this = LeakCheck::begin(&a).only("leaky_training_step");
+    leaky_training_step(&a, &mut history);
+    assert_eq!(only_this.finish().leaked_bytes(), 64 << 10);
+}
+
+#[test]
+fn checks_over_pytorch_pickles() {
+    let Some(file) = shared_torch("cs336-medium-128-inference.pickle") else {
+        return;
+    };
+    // The same file twice: nothing leaked.
+    assert_no_leaks_between(&file, &file, &LeakOptions::new());
+
+    // A leak injected by CPython into a copy of it.
+    let dir = tempdir();
+    let leaked = dir.path().join("leaked.pickle");
+    let out = std::process::Command::new("python3")
+        .arg(crate::util::root().join("tests/support/inject_leak.py"))
+        .args([
+            "snapshot".as_ref(),
+            file.as_os_str(),
+            leaked.as_os_str(),
+            "--blocks".as_ref(),
+            "3".as_ref(),
+        ])
+        .args(["--size", "1048576"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let message = panic_message(|| assert_no_leaks_between(&file, &leaked, &LeakOptions::new()));
+    assert!(
+        message.starts_with("snapdiff: 1 site kept 3.00 MiB more"),
+        "{message}"
+    );
+    assert!(
+        message.contains(".py:"),
+        "a Python line is named: {message}"
+    );
+    assert!(
+        message.contains(&format!(
+            "snapdiff compare {} {}",
+            file.display(),
+            leaked.display()
+        )),
+        "{message}"
+    );
+    assert_no_leaks_between(&file, &leaked, &LeakOptions::new().allow_bytes(3 << 20));
+    assert_no_leaks_between(&file, &leaked, &LeakOptions::new().ignore(r"\.py:"));
+
+    // An unreadable file is a clear panic.
+    let bad = dir.path().join("bad.pickle");
+    std::fs::write(&bad, b"nope").unwrap();
+    let message = panic_message(|| assert_no_leaks_between(&file, &bad, &LeakOptions::new()));
+    assert!(
+        message.starts_with(&format!("snapdiff: {}: not a snapshot", bad.display())),
+        "{message}"
+    );
+}
