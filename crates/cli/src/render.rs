@@ -107,3 +107,22 @@ pub(crate) fn duration(seconds: f64) -> String {
         format!("{:.1} days", seconds / 86400.0)
     }
 }
+
+/// Files at least this large get a spinner on stderr while they are read.
+const PROGRESS_FROM_BYTES: u64 = 64 << 20;
+
+/// Reads a snapshot file, showing a spinner on stderr for large files when
+/// stderr is a terminal.
+pub(crate) fn read(path: &std::path::Path) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
+    use std::io::IsTerminal;
+    let large = std::fs::metadata(path).is_ok_and(|m| m.len() >= PROGRESS_FROM_BYTES);
+    if !large || !std::io::stderr().is_terminal() {
+        return snapdiff_format::read_path(path);
+    }
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!("reading {}", path.display()));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let result = snapdiff_format::read_path(path);
+    spinner.finish_and_clear();
+    result
+}

@@ -12,8 +12,8 @@ use crate::render::{self, align_right, delta, print_json, size, table};
 pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let rules = render::rules(&args.report)?;
     let (before, after) = std::thread::scope(|s| {
-        let a = s.spawn(|| snapdiff_format::read_path(&args.before));
-        let b = snapdiff_format::read_path(&args.after);
+        let a = s.spawn(|| render::read(&args.before));
+        let b = render::read(&args.after);
         (a.join().expect("reader thread"), b)
     });
     let (before, after) = (before?, after?);

@@ -20,7 +20,7 @@ pub(crate) fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
             args.output.display()
         );
     }
-    let snap = snapdiff_format::read_path(&args.input)?;
+    let snap = crate::render::read(&args.input)?;
     snapdiff_format::write_path(&args.output, &snap)?;
     Ok(Exit::Clean)
 }

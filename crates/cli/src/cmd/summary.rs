@@ -11,7 +11,7 @@ use crate::render::{self, align_right, print_json, size, table};
 /// The top-level entry point for `snapdiff summary`.
 pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
     let rules = render::rules(&args.report)?;
-    let snap = snapdiff_format::read_path(&args.file)?;
+    let snap = render::read(&args.file)?;
     let summary = summarize(&snap, &rules, args.report.top);
     if args.report.json {
         print_json(&summary)?;

@@ -59,7 +59,7 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
     let results: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .iter()
-            .map(|p| s.spawn(move || snapdiff_format::read_path(p)))
+            .map(|p| s.spawn(move || render::read(p)))
             .collect();
         handles
             .into_iter()
