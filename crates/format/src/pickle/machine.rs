@@ -153,8 +153,8 @@ pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
     let mut m = Machine {
         data,
         pos: 0,
-        stack: Vec::new(),
-        marks: Vec::new(),
+        stack: Vec::with_capacity(1024),
+        marks: Vec::with_capacity(64),
         // Real snapshots memoize a container or string every ~50 bytes; sizing
         // the tables up front avoids copying them as they grow (untouched
         // capacity costs address space, not memory).
@@ -322,13 +322,13 @@ impl<'a> Machine<'a> {
                 0x8a => {
                     let n = self.u8(op)? as usize;
                     let b = self.take(n, op)?;
-                    let v = self.long(b, op, at)?;
+                    let v = self.long(b, at)?;
                     self.stack.push(v);
                 }
                 0x8b => {
                     let n = self.len4(op)?;
                     let b = self.take(n, op)?;
-                    let v = self.long(b, op, at)?;
+                    let v = self.long(b, at)?;
                     self.stack.push(v);
                 }
                 b'G' => {
@@ -625,7 +625,17 @@ impl<'a> Machine<'a> {
     }
 
     /// Decodes a little-endian two's-complement integer (LONG1, LONG4).
-    fn long(&mut self, b: &[u8], op: u8, at: usize) -> Result<Val> {
+    fn long(&mut self, b: &[u8], at: usize) -> Result<Val> {
+        let negative = b.last().is_some_and(|&x| x & 0x80 != 0);
+        if b.len() <= 8 {
+            // The common case (addresses, times): no copy through a buffer.
+            let mut v: u64 = if negative { u64::MAX } else { 0 };
+            for (i, &byte) in b.iter().enumerate() {
+                v &= !(0xff << (8 * i));
+                v |= u64::from(byte) << (8 * i);
+            }
+            return Ok(Val::Int(v as i64));
+        }
         if b.len() > 16 {
             return Err(self.error_at(
                 ErrorKind::TooLarge,
@@ -635,12 +645,7 @@ impl<'a> Machine<'a> {
                 ),
             ));
         }
-        let _ = op;
-        let mut buf = if b.last().is_some_and(|&x| x & 0x80 != 0) {
-            [0xff; 16]
-        } else {
-            [0; 16]
-        };
+        let mut buf = if negative { [0xff; 16] } else { [0; 16] };
         buf[..b.len()].copy_from_slice(b);
         let v = i128::from_le_bytes(buf);
         Ok(match i64::try_from(v) {
@@ -829,7 +834,7 @@ impl<'a> Machine<'a> {
 
     fn get(&mut self, i: usize, at: usize) -> Result<()> {
         match self.memo.get(i) {
-            Some(&v) if v != Val::Unset => {
+            Some(&v) if !matches!(v, Val::Unset) => {
                 self.stack.push(v);
                 Ok(())
             }
