@@ -111,6 +111,47 @@ fn each_leak_of_the_training_job_is_named_at_its_line() {
     assert_eq!(report["suspects"], serde_json::json!([]), "{report:#}");
 }
 
+/// The `snapdiff-train` binary, built beside `snapdiff` by `cargo test
+/// --workspace`; `None` when only this package was built.
+fn snapdiff_train() -> Option<PathBuf> {
+    let path = Path::new(SNAPDIFF).with_file_name("snapdiff-train");
+    path.is_file().then_some(path)
+}
+
+#[test]
+fn the_snapdiff_train_program_is_captured_with_no_code_change() {
+    let Some(train) = snapdiff_train() else {
+        eprintln!("skipping: snapdiff-train not built (cargo test --workspace builds it)");
+        return;
+    };
+    let dir = tempdir();
+    snapdiff([
+        "capture".as_ref(),
+        "-o".as_ref(),
+        dir.path().as_os_str(),
+        "--every".as_ref(),
+        "5".as_ref(),
+        "--no-report".as_ref(),
+        "--".as_ref(),
+        train.as_os_str(),
+        "--steps".as_ref(),
+        "40".as_ref(),
+        "--leak".as_ref(),
+        "accumulate-loss".as_ref(),
+        "--log-every".as_ref(),
+        "0".as_ref(),
+    ])
+    .expect_code(0);
+    let report = trend_of(&snapshots_in(dir.path()));
+    let suspects = report["suspects"].as_array().unwrap();
+    assert_eq!(suspects.len(), 1, "{report:#}");
+    let line = marked_line(
+        "crates/train/src/model.rs",
+        "leaks with --leak accumulate-loss",
+    );
+    assert_eq!(suspects[0]["culprit"]["line"], line);
+}
+
 #[test]
 fn capture_lists_the_snapshots_and_reports_the_trend() {
     let dir = tempdir();
