@@ -36,6 +36,32 @@ fn trend_of(files: &[PathBuf]) -> Value {
     snapdiff(args).expect_code(0).json()
 }
 
+/// `snapdiff capture -o DIR --every 5 --no-report -- PROGRAM --steps 40
+/// [--leak KIND]`, where PROGRAM is `snapdiff train` or `snapdiff-train`.
+fn capture_training(
+    dir: &Path,
+    program: &[&std::ffi::OsStr],
+    leak: Option<&str>,
+) -> crate::util::Run {
+    let mut args: Vec<std::ffi::OsString> = ["capture", "-o"]
+        .iter()
+        .map(Into::into)
+        .chain([dir.as_os_str().to_owned()])
+        .collect();
+    args.extend(["--every", "5", "--no-report", "--"].iter().map(Into::into));
+    args.extend(program.iter().map(|p| p.to_os_string()));
+    args.extend(["--steps", "40", "--log-every", "0"].iter().map(Into::into));
+    if let Some(kind) = leak {
+        args.extend(["--leak", kind].iter().map(Into::into));
+    }
+    snapdiff(args)
+}
+
+/// The training workload as `snapdiff train`.
+fn snapdiff_train_subcommand() -> [&'static std::ffi::OsStr; 2] {
+    [SNAPDIFF.as_ref(), "train".as_ref()]
+}
+
 #[test]
 fn each_leak_of_the_training_job_is_named_at_its_line() {
     let cases = [
@@ -45,23 +71,7 @@ fn each_leak_of_the_training_job_is_named_at_its_line() {
     ];
     for (kind, file) in cases {
         let dir = tempdir();
-        let run = snapdiff([
-            "capture",
-            "-o",
-            dir.path().to_str().unwrap(),
-            "--every",
-            "5",
-            "--no-report",
-            "--",
-            SNAPDIFF,
-            "train",
-            "--steps",
-            "40",
-            "--leak",
-            kind,
-            "--log-every",
-            "0",
-        ]);
+        let run = capture_training(dir.path(), &snapdiff_train_subcommand(), Some(kind));
         run.expect_code(0);
         let files = snapshots_in(dir.path());
         assert_eq!(
@@ -91,22 +101,7 @@ fn each_leak_of_the_training_job_is_named_at_its_line() {
 
     // No leak, no suspect.
     let dir = tempdir();
-    snapdiff([
-        "capture",
-        "-o",
-        dir.path().to_str().unwrap(),
-        "--every",
-        "5",
-        "--no-report",
-        "--",
-        SNAPDIFF,
-        "train",
-        "--steps",
-        "40",
-        "--log-every",
-        "0",
-    ])
-    .expect_code(0);
+    capture_training(dir.path(), &snapdiff_train_subcommand(), None).expect_code(0);
     let report = trend_of(&snapshots_in(dir.path()));
     assert_eq!(report["suspects"], serde_json::json!([]), "{report:#}");
 }
@@ -125,23 +120,7 @@ fn the_snapdiff_train_program_is_captured_with_no_code_change() {
         return;
     };
     let dir = tempdir();
-    snapdiff([
-        "capture".as_ref(),
-        "-o".as_ref(),
-        dir.path().as_os_str(),
-        "--every".as_ref(),
-        "5".as_ref(),
-        "--no-report".as_ref(),
-        "--".as_ref(),
-        train.as_os_str(),
-        "--steps".as_ref(),
-        "40".as_ref(),
-        "--leak".as_ref(),
-        "accumulate-loss".as_ref(),
-        "--log-every".as_ref(),
-        "0".as_ref(),
-    ])
-    .expect_code(0);
+    capture_training(dir.path(), &[train.as_os_str()], Some("accumulate-loss")).expect_code(0);
     let report = trend_of(&snapshots_in(dir.path()));
     let suspects = report["suspects"].as_array().unwrap();
     assert_eq!(suspects.len(), 1, "{report:#}");

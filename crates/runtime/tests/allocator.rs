@@ -72,25 +72,28 @@ fn allocate_here(a: &Allocator) -> DeviceBuffer {
     a.alloc(1000, Stream::DEFAULT).unwrap() // ALLOCATES HERE
 }
 
+/// The stack recorded for the block `allocate_here` allocates, captured with `capture`.
+fn stack_of_allocate_here(capture: StackCapture) -> Vec<snapdiff_format::Frame> {
+    let config = AllocatorConfig {
+        stack_capture: capture,
+        ..Default::default()
+    };
+    let a = Allocator::with_config(HostBackend::with_capacity(1 << 30), config);
+    let _buf = allocate_here(&a);
+    let snap = a.snapshot();
+    let block = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .find(|b| b.state.is_active())
+        .unwrap();
+    snap.stack_frames(block.stack).cloned().collect()
+}
+
 #[test]
 fn a_block_carries_the_stack_that_allocated_it() {
     for capture in [StackCapture::FramePointers, StackCapture::Unwind] {
-        let a = Allocator::with_config(
-            HostBackend::with_capacity(1 << 30),
-            AllocatorConfig {
-                stack_capture: capture,
-                ..Default::default()
-            },
-        );
-        let buf = allocate_here(&a);
-        let snap = a.snapshot();
-        let block = snap
-            .segments
-            .iter()
-            .flat_map(|s| &s.blocks)
-            .find(|b| b.state.is_active())
-            .unwrap();
-        let frames: Vec<_> = snap.stack_frames(block.stack).collect();
+        let frames = stack_of_allocate_here(capture);
         let innermost = frames
             .first()
             .unwrap_or_else(|| panic!("{capture:?}: no frames"));
@@ -108,43 +111,26 @@ fn a_block_carries_the_stack_that_allocated_it() {
             "{capture:?}: the line of the alloc call"
         );
         assert!(
-            frames.iter().any(|f| f
-                .name
-                .ends_with("a_block_carries_the_stack_that_allocated_it")),
+            frames
+                .iter()
+                .any(|f| f.name.ends_with("stack_of_allocate_here")),
             "{capture:?}: the caller is there too"
         );
         assert!(
             !frames.iter().any(|f| f.name.contains("snapdiff_runtime::")),
             "{capture:?}: runtime frames dropped"
         );
-        drop(buf);
     }
 }
 
 #[test]
 fn frame_pointers_and_unwinding_see_the_same_stack() {
-    let names = |capture| {
-        let a = Allocator::with_config(
-            HostBackend::with_capacity(1 << 30),
-            AllocatorConfig {
-                stack_capture: capture,
-                ..Default::default()
-            },
-        );
-        let _buf = allocate_here(&a);
-        let snap = a.snapshot();
-        let block = snap
-            .segments
+    let names = |capture| -> Vec<String> {
+        stack_of_allocate_here(capture)
             .iter()
-            .flat_map(|s| &s.blocks)
-            .find(|b| b.state.is_active())
-            .unwrap();
-        let names: Vec<String> = snap
-            .stack_frames(block.stack)
-            .map(|f| f.name.clone())
             .take(3)
-            .collect();
-        names
+            .map(|f| f.name.clone())
+            .collect()
     };
     assert_eq!(
         names(StackCapture::FramePointers),

@@ -63,17 +63,23 @@ pub trait Compute {
     fn download(&self, t: &Tensor) -> Vec<f32>;
 }
 
+/// `(m, k, n)` of `op(a) [m x k] * op(b) [k x n]`, `op` transposing when asked.
+fn matmul_shape(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> (usize, usize, usize) {
+    let (m, k) = if trans_a {
+        (a.cols, a.rows)
+    } else {
+        (a.rows, a.cols)
+    };
+    let n = if trans_b { b.rows } else { b.cols };
+    (m, k, n)
+}
+
 /// The CPU implementation, on host-backend memory.
 pub struct HostCompute;
 
 impl Compute for HostCompute {
     fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool, out: &mut Tensor) {
-        let (m, k) = if trans_a {
-            (a.cols, a.rows)
-        } else {
-            (a.rows, a.cols)
-        };
-        let n = if trans_b { b.rows } else { b.cols };
+        let (m, k, n) = matmul_shape(a, trans_a, b, trans_b);
         let (av, bv) = (a.host(), b.host());
         let o = out.host_mut();
         o[..m * n].fill(0.0);
@@ -249,12 +255,7 @@ macro_rules! launch {
 
 impl Compute for CudaCompute {
     fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool, out: &mut Tensor) {
-        let (m, k) = if trans_a {
-            (a.cols, a.rows)
-        } else {
-            (a.rows, a.cols)
-        };
-        let n = if trans_b { b.rows } else { b.cols };
+        let (m, k, n) = matmul_shape(a, trans_a, b, trans_b);
         let (pa, pb, po) = (a.ptr(), b.ptr(), out.ptr());
         let (m32, k32, n32, ta, tb) =
             (m as i32, k as i32, n as i32, trans_a as i32, trans_b as i32);
