@@ -145,13 +145,18 @@ mod frame_pointers {
         let Some((low, high)) = stack_range() else {
             return;
         };
+        // Frames of callers lie between here and the top of the stack, a
+        // range that is all mapped; below here may not be (the main thread's
+        // stack grows on demand), so a stray frame pointer must not go there.
+        let here = 0u8;
+        let low = low.max(std::ptr::addr_of!(here) as usize);
         let mut fp = frame_pointer();
         let word = std::mem::size_of::<usize>();
         while out.len() < MAX_FRAMES {
             if fp < low || fp + 2 * word > high || !fp.is_multiple_of(word) {
                 break;
             }
-            // SAFETY: `fp` and `fp + word` lie inside this thread's stack, checked above.
+            // SAFETY: `fp` and `fp + word` lie in this thread's live stack, checked above.
             let (next, ret) = unsafe { (*(fp as *const usize), *((fp + word) as *const usize)) };
             if ret == 0 {
                 break;
