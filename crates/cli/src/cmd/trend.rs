@@ -67,26 +67,92 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
             .collect()
     });
     let mut errored = false;
-    let mut snaps = Vec::new();
-    for r in results {
+    let mut read = Vec::new();
+    for (r, path) in results.into_iter().zip(files) {
         match r {
-            Ok(s) => snaps.push(s),
+            Ok(s) => read.push((path, s)),
             Err(e) => {
                 eprintln!("snapdiff: {e}");
                 errored = true;
             }
         }
     }
-    if snaps.is_empty() {
+    if read.is_empty() {
         return Ok(None);
     }
+    // Snapshots that record neither step nor time (PyTorch's) are ordered by
+    // file name, numbers compared as numbers: step-200 before step-1000,
+    // whatever order the shell's glob gave.
+    let unordered = !read.iter().all(|(_, s)| s.meta.step.is_some())
+        && !read.iter().all(|(_, s)| s.meta.created_us.is_some());
+    if unordered {
+        read.sort_by_cached_key(|(path, _)| natural_key(&path.to_string_lossy()));
+    }
+    let snaps: Vec<_> = read.into_iter().map(|(_, s)| s).collect();
     let trend = if files.len() == 1 {
         trend_trace(&snaps[0], options)
             .map_err(|e| anyhow::anyhow!("{}: {e}", files[0].display()))?
     } else {
-        trend_snapshots(&snaps, options)
+        let mut trend = trend_snapshots(&snaps, options);
+        if unordered {
+            for note in &mut trend.notes {
+                if note.contains("taken in the order given") {
+                    *note = "the snapshots record neither step nor time; they are ordered by file name \
+                             (numbers as numbers)"
+                        .to_owned();
+                }
+            }
+        }
+        trend
     };
     Ok(Some((trend, errored)))
+}
+
+/// A sort key that compares runs of digits as numbers: `step-200` < `step-1000`.
+fn natural_key(text: &str) -> Vec<(u8, u128, String)> {
+    let mut key = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits > 0 {
+            let (num, tail) = rest.split_at(digits);
+            key.push((0, num.parse().unwrap_or(u128::MAX), String::new()));
+            rest = tail;
+        } else {
+            let text_len = rest
+                .find(|c: char| c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            let (word, tail) = rest.split_at(text_len);
+            key.push((1, 0, word.to_owned()));
+            rest = tail;
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn natural_order_compares_numbers_as_numbers() {
+        let mut names = vec![
+            "step-1000.pickle",
+            "step-200.pickle",
+            "step-30.pickle",
+            "a.pickle",
+        ];
+        names.sort_by_cached_key(|n| super::natural_key(n));
+        assert_eq!(
+            names,
+            [
+                "a.pickle",
+                "step-30.pickle",
+                "step-200.pickle",
+                "step-1000.pickle"
+            ]
+        );
+    }
 }
 
 /// The trend as tables for people.
