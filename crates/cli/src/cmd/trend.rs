@@ -81,12 +81,18 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
         return Ok(None);
     }
     // Snapshots that record neither step nor time (PyTorch's) are ordered by
-    // file name, numbers compared as numbers: step-200 before step-1000,
-    // whatever order the shell's glob gave.
+    // file name (then path), numbers compared as numbers: step-200 before
+    // step-1000, whatever order the shell's glob gave.
     let unordered = !read.iter().all(|(_, s)| s.meta.step.is_some())
         && !read.iter().all(|(_, s)| s.meta.created_us.is_some());
     if unordered {
-        read.sort_by_cached_key(|(path, _)| natural_key(&path.to_string_lossy()));
+        read.sort_by_cached_key(|(path, _)| {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (natural_key(&name), natural_key(&path.to_string_lossy()))
+        });
     }
     let snaps: Vec<_> = read.into_iter().map(|(_, s)| s).collect();
     let trend = if files.len() == 1 {
