@@ -138,29 +138,6 @@ fn natural_key(text: &str) -> Vec<(u8, u128, String)> {
     key
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn natural_order_compares_numbers_as_numbers() {
-        let mut names = vec![
-            "step-1000.pickle",
-            "step-200.pickle",
-            "step-30.pickle",
-            "a.pickle",
-        ];
-        names.sort_by_cached_key(|n| super::natural_key(n));
-        assert_eq!(
-            names,
-            [
-                "a.pickle",
-                "step-30.pickle",
-                "step-200.pickle",
-                "step-1000.pickle"
-            ]
-        );
-    }
-}
-
 /// The trend as tables for people.
 fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let source = match trend.checkpoint_source {
@@ -241,4 +218,27 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         writeln!(out, "note: {note}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn natural_order_compares_numbers_as_numbers() {
+        let mut names = vec![
+            "step-1000.pickle",
+            "step-200.pickle",
+            "step-30.pickle",
+            "a.pickle",
+        ];
+        names.sort_by_cached_key(|n| super::natural_key(n));
+        assert_eq!(
+            names,
+            [
+                "a.pickle",
+                "step-30.pickle",
+                "step-200.pickle",
+                "step-1000.pickle"
+            ]
+        );
+    }
 }
