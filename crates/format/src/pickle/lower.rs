@@ -19,6 +19,9 @@ use crate::model::{
 use crate::pickle::machine::{Container, Heap, Key, Val};
 use crate::value::Value;
 
+/// No interned string yet, in [`Lowerer::heap_strings`].
+const UNSEEN: StrId = StrId::MAX;
+
 /// How many emptied dict and list vectors to keep for reuse.
 const MAX_SPARE: usize = 64;
 
@@ -41,14 +44,16 @@ pub(crate) struct Lowerer {
     /// Frame ids of the stack being interned (reused to avoid allocating).
     scratch: Vec<FrameId>,
     strings: Interner<String>,
-    /// The interned string of each pickled string already seen.
-    heap_strings: FxHashMap<u32, StrId>,
+    /// The interned string of each pickled string already seen (by heap
+    /// string id; [`UNSEEN`] for none): a vector, as the lookup runs twice
+    /// per trace event.
+    heap_strings: Vec<StrId>,
     /// Lowered events, moved out when placed into a trace.
     events: Vec<TraceEvent>,
     /// Whether each lowered event was already moved out.
     event_taken: Vec<bool>,
-    /// The action each pickled string names, once looked up.
-    heap_actions: FxHashMap<u32, Action>,
+    /// The action each pickled string names, once looked up (by heap string id).
+    heap_actions: Vec<Option<Action>>,
     /// Lowered blocks and whether their dict had an `address`.
     pub(crate) blocks: Vec<Option<(Block, bool)>>,
     /// Generic values still allowed to be produced: bounds the expansion of
@@ -345,26 +350,55 @@ impl Lowerer {
         let Container::List(items) = &heap.containers[id as usize] else {
             return;
         };
-        if items.is_empty() {
+        let Some(stack) = self.frames_stack(heap, items) else {
             return;
-        }
-        self.scratch.clear();
-        for &item in items {
-            match item {
-                Val::Obj(c) => match heap.containers[c as usize] {
-                    Container::Frame(f) => self.scratch.push(f),
-                    _ => return,
-                },
-                _ => return,
-            }
-        }
-        let stack = self.intern_scratch_stack();
+        };
         if let Container::List(mut spare) =
             std::mem::replace(&mut heap.containers[id as usize], Container::Stack(stack))
             && heap.spare_lists.len() < MAX_SPARE
         {
             spare.clear();
             heap.spare_lists.push(spare);
+        }
+    }
+
+    /// The interned stack of `items`, if they are all lowered frames (and
+    /// there is at least one).
+    fn frames_stack(&mut self, heap: &Heap, items: &[Val]) -> Option<StackId> {
+        if items.is_empty() {
+            return None;
+        }
+        self.scratch.clear();
+        for &item in items {
+            match item {
+                Val::Obj(c) => match heap.containers[c as usize] {
+                    Container::Frame(f) => self.scratch.push(f),
+                    _ => return None,
+                },
+                _ => return None,
+            }
+        }
+        Some(self.intern_scratch_stack())
+    }
+
+    /// Fills empty list `id` with `items`, as a stack when they are frames:
+    /// then the items are never copied into the list at all.
+    pub(crate) fn fill_list(&mut self, heap: &mut Heap, id: u32, items: &[Val]) -> bool {
+        match &heap.containers[id as usize] {
+            Container::List(v) if v.is_empty() => {}
+            _ => return false,
+        }
+        match self.frames_stack(heap, items) {
+            Some(stack) => {
+                if let Container::List(spare) =
+                    std::mem::replace(&mut heap.containers[id as usize], Container::Stack(stack))
+                    && heap.spare_lists.len() < MAX_SPARE
+                {
+                    heap.spare_lists.push(spare);
+                }
+                true
+            }
+            None => false,
         }
     }
 
@@ -483,10 +517,12 @@ impl Lowerer {
         let Val::Str(heap_id) = v else {
             unreachable!("str_of accepted it")
         };
-        Ok(self
-            .heap_actions
-            .entry(heap_id)
-            .or_insert_with(|| Action::from_name(text))
+        let slot = heap_id as usize;
+        if slot >= self.heap_actions.len() {
+            self.heap_actions.resize(slot + 1, None);
+        }
+        Ok(self.heap_actions[slot]
+            .get_or_insert_with(|| Action::from_name(text))
             .clone())
     }
 
@@ -496,11 +532,15 @@ impl Lowerer {
         let Val::Str(heap_id) = v else {
             unreachable!("str_of accepted it")
         };
-        if let Some(&id) = self.heap_strings.get(&heap_id) {
+        let slot = heap_id as usize;
+        if let Some(&id) = self.heap_strings.get(slot).filter(|&&id| id != UNSEEN) {
             return Ok(id);
         }
         let id = self.intern_string(text);
-        self.heap_strings.insert(heap_id, id);
+        if slot >= self.heap_strings.len() {
+            self.heap_strings.resize(slot + 1, UNSEEN);
+        }
+        self.heap_strings[slot] = id;
         Ok(id)
     }
 

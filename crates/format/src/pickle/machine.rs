@@ -422,6 +422,14 @@ impl<'a> Machine<'a> {
                 b'e' | 0x90 => {
                     let mark = self.pop_mark(op, at)?;
                     let target = self.container_below(mark, op, at)?;
+                    // A fresh list of frames (the common case): straight to a stack.
+                    if self
+                        .lower
+                        .fill_list(&mut self.heap, target, &self.stack[mark..])
+                    {
+                        self.stack.truncate(mark);
+                        continue;
+                    }
                     self.lower.unlower_list(&mut self.heap, target);
                     match &mut self.heap.containers[target as usize] {
                         Container::List(v) | Container::Set(v) => {
@@ -659,8 +667,12 @@ impl<'a> Machine<'a> {
 
     fn push_str(&mut self, n: usize, op: u8) -> Result<()> {
         let b = self.take(n, op)?;
-        // Python writes lone surrogates with "surrogatepass"; keep such strings, lossily.
-        let s = String::from_utf8_lossy(b);
+        // Python writes lone surrogates with "surrogatepass"; keep such strings,
+        // lossily. (Plain validation first: it is much faster than the lossy pass.)
+        let s = match std::str::from_utf8(b) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => String::from_utf8_lossy(b),
+        };
         self.heap.keys.push(Key::classify(&s));
         self.heap.strings.push(s);
         self.stack
