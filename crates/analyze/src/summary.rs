@@ -87,12 +87,17 @@ pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
             }
         }
     }
-    let mut actions = BTreeMap::new();
+    // Count by borrowed name (millions of events, a handful of names).
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
     for trace in &snap.traces {
         for ev in &trace.events {
-            *actions.entry(ev.action.name().to_owned()).or_insert(0) += 1;
+            *counts.entry(ev.action.name()).or_insert(0) += 1;
         }
     }
+    let actions = counts
+        .into_iter()
+        .map(|(name, n)| (name.to_owned(), n))
+        .collect();
     let keys = StackKeys::new(snap);
     let groups = live_groups(snap, &keys);
     let live: u64 = groups.totals.values().map(|t| t.bytes).sum();

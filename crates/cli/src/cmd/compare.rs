@@ -20,6 +20,7 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let mut options = CompareOptions::default();
     options.rules = rules;
     let cmp = compare(&before, &after, &options);
+    render::release([before, after]);
     let exit = match args.fail_over {
         Some(limit) if cmp.leaked_bytes > limit => Exit::OverThreshold,
         _ => Exit::Clean,

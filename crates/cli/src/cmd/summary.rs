@@ -13,6 +13,8 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
     let rules = render::rules(&args.report)?;
     let snap = render::read(&args.file)?;
     let summary = summarize(&snap, &rules, args.report.top);
+    let (source, producer) = (snap.meta.source.clone(), snap.meta.producer.clone());
+    render::release([snap]);
     if args.report.json {
         print_json(&summary)?;
         return Ok(Exit::Clean);
@@ -20,8 +22,8 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
     let mut out = std::io::stdout().lock();
     let t = &summary.totals;
     writeln!(out, "{}", args.file.display())?;
-    if let Some(source) = &snap.meta.source {
-        writeln!(out, "  from {source}, recorded by {}", snap.meta.producer)?;
+    if let Some(source) = &source {
+        writeln!(out, "  from {source}, recorded by {producer}")?;
     }
     let mut totals = table(["", "bytes", ""]);
     totals.add_row(vec![

@@ -111,6 +111,7 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
         }
         trend
     };
+    render::release(snaps);
     Ok(Some((trend, errored)))
 }
 
