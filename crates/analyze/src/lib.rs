@@ -3,7 +3,7 @@
 //!
 //! - [`stack_key`]: stable 64-bit keys of allocation sites.
 //! - [`culprit`]: the frame of user code to look at for a site.
-//! - [`compare`]: the difference between two snapshots, site by site.
+//! - [`compare`](mod@compare): the difference between two snapshots, site by site.
 //! - [`replay`]: the live blocks at any point of a recorded trace.
 //! - [`trend`]: sites whose memory keeps growing over many checkpoints.
 //! - [`summary`]: totals per device, pool and stream; fragmentation; top sites.

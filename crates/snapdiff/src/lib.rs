@@ -2,8 +2,8 @@
 //!
 //! This is the crate to add to a project: it re-exports the recording
 //! allocator ([`Allocator`], feature `runtime`, on by default), the snapshot
-//! model and readers ([`format`], [`read`]), the analyses ([`analyze`],
-//! [`compare`], [`trend`]), and adds [`testing`]: leak assertions for
+//! model and readers ([`format`](mod@format), [`read`]), the analyses ([`analyze`],
+//! [`compare()`], [`trend()`]), and adds [`testing`]: leak assertions for
 //! `cargo test`.
 //!
 //! # Setup
