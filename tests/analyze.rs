@@ -370,3 +370,36 @@ fn summary_names_the_sites_holding_the_most_memory() {
     let frag = &report["fragmentation"];
     assert!(frag["free_bytes"].as_u64().unwrap() >= frag["largest_free_block"].as_u64().unwrap());
 }
+
+#[test]
+fn compare_says_when_only_the_cache_grew() {
+    use snapdiff::{Allocator, AllocatorConfig, HostBackend, Stream};
+    let dir = tempdir();
+    let a = Allocator::with_config(
+        HostBackend::with_capacity(1 << 30),
+        AllocatorConfig::default(),
+    );
+    let weights = a.alloc(4 << 20, Stream::DEFAULT).unwrap();
+    let before = dir.path().join("before.snap");
+    a.dump(&before).unwrap();
+    // A peak of activations, all freed: the allocator keeps their segments cached.
+    let peak: Vec<_> = (0..4)
+        .map(|_| a.alloc(30 << 20, Stream::DEFAULT).unwrap())
+        .collect();
+    drop(peak);
+    let after = dir.path().join("after.snap");
+    a.dump(&after).unwrap();
+    let report = compare_json(&before, &after);
+    assert_eq!(report["leaked_bytes"], 0);
+    assert_eq!(
+        report["matching"], "allocation_sequence",
+        "two dumps of one run"
+    );
+    assert!(report["reserved_after"].as_u64() > report["reserved_before"].as_u64());
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("reserved memory grew by 120 MiB while allocated memory did not"),
+        "{notes}"
+    );
+    drop(weights);
+}
