@@ -217,15 +217,7 @@ impl CulpritRules {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn frame(name: &str, file: &str, line: u32) -> Frame {
-        Frame {
-            name: name.into(),
-            file: file.into(),
-            line,
-            extra: vec![],
-        }
-    }
+    use crate::stack_key::test_frame as frame;
 
     #[test]
     fn picks_the_innermost_user_frame() {

@@ -168,18 +168,21 @@ impl StackKeys {
     }
 }
 
+/// A frame for tests.
+#[cfg(test)]
+pub(crate) fn test_frame(name: &str, file: &str, line: u32) -> Frame {
+    Frame {
+        name: name.into(),
+        file: file.into(),
+        line,
+        extra: vec![],
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_frame as frame;
     use super::*;
-
-    fn frame(name: &str, file: &str, line: u32) -> Frame {
-        Frame {
-            name: name.into(),
-            file: file.into(),
-            line,
-            extra: vec![],
-        }
-    }
 
     #[test]
     fn key_is_fixed_by_the_specification() {
