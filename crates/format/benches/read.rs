@@ -6,6 +6,10 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::path::Path;
 
+/// The allocator the `snapdiff` binary uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn read(c: &mut Criterion) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/torch");
     let mut files: Vec<_> = std::fs::read_dir(&dir)

@@ -501,9 +501,10 @@ impl Snapshot {
     }
 
     /// Sorts the frame table by file, function and line, and renumbers the
-    /// stacks to match. Readers and the runtime call it before a snapshot is
-    /// written: neighbouring frames then share their file and function, and
-    /// their lines differ little, which is what makes `.snap` files small.
+    /// stacks to match. `snapdiff convert` and the runtime call it before a
+    /// snapshot is written: neighbouring frames then share their file and
+    /// function, and their lines differ little, which is what makes `.snap`
+    /// files small. Readers leave frames in the order the file has them.
     pub fn sort_frames(&mut self) {
         // Rank the distinct files and names first, so that the frame sort
         // compares integers rather than long, similar paths.

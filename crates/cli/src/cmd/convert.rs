@@ -20,7 +20,9 @@ pub(crate) fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
             args.output.display()
         );
     }
-    let snap = crate::render::read(&args.input)?;
+    let mut snap = crate::render::read(&args.input)?;
+    // Readers keep frames in first-seen order; sorted, they compress far better.
+    snap.sort_frames();
     snapdiff_format::write_path(&args.output, &snap)?;
     Ok(Exit::Clean)
 }

@@ -48,6 +48,9 @@ pub(crate) struct Lowerer {
     /// string id; [`UNSEEN`] for none): a vector, as the lookup runs twice
     /// per trace event.
     heap_strings: Vec<StrId>,
+    /// The event string interned last: PyTorch writes the same text (`N/A`)
+    /// as a new pickled string on every event, and this skips the hashing.
+    last_event_string: Option<StrId>,
     /// Lowered events, moved out when placed into a trace.
     events: Vec<TraceEvent>,
     /// Whether each lowered event was already moved out.
@@ -105,6 +108,7 @@ pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
         Val::Float(_) => "a float",
         Val::Str(_) => "a string",
         Val::Bytes(_) => "bytes",
+        Val::Frame(_) => "a frame dict",
         Val::Obj(id) => match heap.containers[id as usize] {
             Container::List(_) => "a list",
             Container::Stack(_) => "a list of frames",
@@ -263,10 +267,14 @@ impl Lowerer {
         )
     }
 
-    /// A lowerer that may produce at most `budget` generic values.
-    pub(crate) fn with_value_budget(budget: usize) -> Lowerer {
+    /// A lowerer for a pickle of `len` bytes.
+    pub(crate) fn for_input(len: usize) -> Lowerer {
         Lowerer {
-            value_budget: budget,
+            // A trace event takes at least 48 pickled bytes; reserving for that
+            // many costs address space, not memory, and saves copying the
+            // store as it grows.
+            events: Vec::with_capacity(len / 48),
+            value_budget: len + (1 << 20),
             ..Lowerer::default()
         }
     }
@@ -335,7 +343,7 @@ impl Lowerer {
             extra,
         };
         let plain = frame.extra.is_empty();
-        let id = self.frames.intern(&frame, Frame::clone);
+        let id = self.frames.intern_owned(frame);
         if plain {
             self.frame_ids_by_handle.insert((name, file, line), id);
         }
@@ -371,6 +379,7 @@ impl Lowerer {
         self.scratch.clear();
         for &item in items {
             match item {
+                Val::Frame(f) => self.scratch.push(f),
                 Val::Obj(c) => match heap.containers[c as usize] {
                     Container::Frame(f) => self.scratch.push(f),
                     _ => return None,
@@ -411,10 +420,7 @@ impl Lowerer {
             .stacks
             .get(stack)
             .iter()
-            .map(|&f| {
-                heap.containers.push(Container::Frame(f));
-                Val::Obj(heap.containers.len() as u32 - 1)
-            })
+            .map(|&f| Val::Frame(f))
             .collect();
         heap.containers[id as usize] = Container::List(items);
     }
@@ -453,6 +459,7 @@ impl Lowerer {
         let mut ids = Vec::with_capacity(items.len());
         for (i, &item) in items.iter().enumerate() {
             let id = match item {
+                Val::Frame(f) => f,
                 Val::Obj(c) => match &heap.containers[c as usize] {
                     Container::Frame(f) => *f,
                     Container::Dict(entries) => {
@@ -536,7 +543,11 @@ impl Lowerer {
         if let Some(&id) = self.heap_strings.get(slot).filter(|&&id| id != UNSEEN) {
             return Ok(id);
         }
-        let id = self.intern_string(text);
+        let id = match self.last_event_string {
+            Some(last) if self.strings.get(last) == text => last,
+            _ => self.intern_string(text),
+        };
+        self.last_event_string = Some(id);
         if slot >= self.heap_strings.len() {
             self.heap_strings.resize(slot + 1, UNSEEN);
         }
@@ -686,7 +697,9 @@ impl Lowerer {
         }
         self.event_taken.truncate(start);
         Some(if start == 0 {
-            std::mem::take(&mut self.events)
+            let mut events = std::mem::take(&mut self.events);
+            events.shrink_to_fit(); // the store was reserved generously
+            events
         } else {
             self.events.split_off(start)
         })
@@ -709,6 +722,7 @@ impl Lowerer {
             Val::Float(f) => Value::Float(f),
             Val::Str(id) => Value::Str(heap.str(id).to_owned()),
             Val::Bytes(id) => Value::Bytes(heap.bytes[id as usize].to_vec()),
+            Val::Frame(f) => frame_value(self.frames.get(f)),
             Val::Obj(id) => match &heap.containers[id as usize] {
                 Container::List(items) | Container::Tuple(items) | Container::Set(items) => {
                     let mut out = Vec::with_capacity(items.len());

@@ -37,6 +37,10 @@ pub(crate) enum Val {
     Bytes(u32),
     /// Index into [`Heap::containers`]; lists, tuples, sets and dicts.
     Obj(u32),
+    /// A frame dict already lowered: the frame's id in the lowerer's table.
+    /// Stands in for the dict's [`Val::Obj`] on the stack and in the memo, so
+    /// that the frame lists referring to it need not look the dict up.
+    Frame(u32),
 }
 
 /// A container, or the typed record a completed dict was lowered to.
@@ -159,11 +163,12 @@ pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
         // the tables up front avoids copying them as they grow (untouched
         // capacity costs address space, not memory).
         memo: Vec::with_capacity(data.len() / 32),
+        last_memoized: (u32::MAX, 0),
         heap: Heap {
             containers: Vec::with_capacity(data.len() / 64),
             ..Heap::default()
         },
-        lower: Lowerer::with_value_budget(data.len() + (1 << 20)),
+        lower: Lowerer::for_input(data.len()),
         protocol: 0,
     };
     let top = m.execute()?;
@@ -176,6 +181,8 @@ struct Machine<'a> {
     stack: Vec<Val>,
     marks: Vec<usize>,
     memo: Vec<Val>,
+    /// The container most recently stored in the memo, and its slot.
+    last_memoized: (u32, usize),
     heap: Heap<'a>,
     lower: Lowerer,
     protocol: u8,
@@ -471,6 +478,9 @@ impl<'a> Machine<'a> {
                 0x94 => {
                     let top = self.peek(op, at)?;
                     self.memo.push(top);
+                    if let Val::Obj(id) = top {
+                        self.last_memoized = (id, self.memo.len() - 1);
+                    }
                 }
                 b'q' => {
                     let i = self.u8(op)? as usize;
@@ -746,6 +756,7 @@ impl<'a> Machine<'a> {
         }
         match self.stack[mark - 1] {
             Val::Obj(id) => Ok(id),
+            Val::Frame(_) => Err(self.changed_after_complete(op, at)),
             _ => Err(self.not_a(op, at, "container")),
         }
     }
@@ -753,6 +764,9 @@ impl<'a> Machine<'a> {
     fn top_container(&self, op: u8, at: usize) -> Result<u32> {
         match self.stack.last() {
             Some(Val::Obj(id)) if self.stack.len() > self.fence() => Ok(*id),
+            Some(Val::Frame(_)) if self.stack.len() > self.fence() => {
+                Err(self.changed_after_complete(op, at))
+            }
             Some(_) => Err(self.error_at(
                 ErrorKind::Malformed,
                 format!(
@@ -818,14 +832,28 @@ impl<'a> Machine<'a> {
     }
 
     /// Lowers the dict on top of the stack to a typed record if it is one.
+    /// A frame then becomes a [`Val::Frame`] on the stack, and in the memo
+    /// when it was the last container memoized (as pickles write it: each
+    /// dict is memoized as soon as it is created).
     fn lower_top(&mut self) {
-        if let Some(&Val::Obj(id)) = self.stack.last() {
-            self.lower.lower_dict(&mut self.heap, id);
+        let Some(&Val::Obj(id)) = self.stack.last() else {
+            return;
+        };
+        self.lower.lower_dict(&mut self.heap, id);
+        if let Container::Frame(f) = self.heap.containers[id as usize] {
+            *self.stack.last_mut().expect("checked above") = Val::Frame(f);
+            let (memoized, slot) = self.last_memoized;
+            if memoized == id && self.memo[slot] == Val::Obj(id) {
+                self.memo[slot] = Val::Frame(f);
+            }
         }
     }
 
     fn put(&mut self, i: usize, op: u8, at: usize) -> Result<()> {
         let top = self.peek(op, at)?;
+        if let Val::Obj(id) = top {
+            self.last_memoized = (id, i);
+        }
         if i < self.memo.len() {
             self.memo[i] = top;
         } else if i - self.memo.len() <= MAX_MEMO_GAP {
