@@ -49,25 +49,6 @@ impl<T: Hash> Interner<T> {
         id
     }
 
-    /// The id of the value equal to `value`, adding `value` itself if there
-    /// is none (no copy, unlike [`Interner::intern`]).
-    pub(crate) fn intern_owned(&mut self, value: T) -> u32
-    where
-        T: Eq,
-    {
-        let hash = FxBuildHasher.hash_one(&value);
-        let items = &self.items;
-        if let Some(&id) = self.index.find(hash, |&i| items[i as usize] == value) {
-            return id;
-        }
-        let id = self.items.len() as u32;
-        self.items.push(value);
-        let items = &self.items;
-        self.index
-            .insert_unique(hash, id, |&i| FxBuildHasher.hash_one(&items[i as usize]));
-        id
-    }
-
     /// The interned values, in id order.
     pub(crate) fn into_items(self) -> Vec<T> {
         self.items

@@ -10,7 +10,10 @@
 //! Frames and stacks are interned here: a frame list that the pickle memo
 //! shares is one container, converted once into one [`StackId`].
 
-use rustc_hash::FxHashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::intern::Interner;
 use crate::model::{
@@ -35,11 +38,20 @@ pub(crate) type Failure = String;
 /// Typed records lowered so far, and the interning tables behind them.
 #[derive(Default)]
 pub(crate) struct Lowerer {
-    frames: Interner<Frame>,
-    /// Frames by the pickled strings of their name and file and their line:
-    /// PyTorch shares these strings, so this finds a known frame without
-    /// building it.
-    frame_ids_by_handle: FxHashMap<(u32, u32, u32), FrameId>,
+    /// Distinct frames, in id order.
+    frames: Vec<Frame>,
+    /// Frames without extra keys (nearly all) by name, file and line, the
+    /// texts given by their [`Lowerer::text_id`]: three integers to hash, and
+    /// no frame built to find a known one.
+    plain_frame_ids: FxHashMap<(u32, u32, u32), FrameId>,
+    /// Frames with extra keys (PyTorch's `fx_node_*` fields), by content.
+    other_frame_ids: FxHashMap<Frame, FrameId>,
+    /// Pickled strings by text: the first pickled string of each text,
+    /// which stands for all strings equal to it.
+    texts: HashTable<u32>,
+    /// The [`Lowerer::text_id`] of each pickled string seen in a frame (by
+    /// heap string id; [`UNSEEN`] for none).
+    text_ids: Vec<u32>,
     stacks: Interner<Vec<FrameId>>,
     /// Frame ids of the stack being interned (reused to avoid allocating).
     scratch: Vec<FrameId>,
@@ -261,7 +273,7 @@ impl Lowerer {
     /// The frame, stack and string tables, for the snapshot.
     pub(crate) fn into_tables(self) -> (Vec<Frame>, Vec<Vec<FrameId>>, Vec<String>) {
         (
-            self.frames.into_items(),
+            self.frames,
             self.stacks.into_items(),
             self.strings.into_items(),
         )
@@ -331,23 +343,52 @@ impl Lowerer {
         let name = name.ok_or_else(|| missing("name"))?;
         let file = file.ok_or_else(|| missing("filename"))?;
         let line = line.ok_or_else(|| missing("line"))?;
-        if extra.is_empty()
-            && let Some(&id) = self.frame_ids_by_handle.get(&(name, file, line))
-        {
-            return Ok(id);
-        }
-        let frame = Frame {
+        let new_id = self.frames.len() as FrameId;
+        let make = || Frame {
             name: heap.str(name).to_owned(),
             file: heap.str(file).to_owned(),
             line,
-            extra,
+            extra: Vec::new(),
         };
-        let plain = frame.extra.is_empty();
-        let id = self.frames.intern_owned(frame);
-        if plain {
-            self.frame_ids_by_handle.insert((name, file, line), id);
+        if extra.is_empty() {
+            let key = (self.text_id(heap, name), self.text_id(heap, file), line);
+            let id = *self.plain_frame_ids.entry(key).or_insert(new_id);
+            if id == new_id {
+                self.frames.push(make());
+            }
+            return Ok(id);
         }
-        Ok(id)
+        let frame = Frame { extra, ..make() };
+        if let Some(&id) = self.other_frame_ids.get(&frame) {
+            return Ok(id);
+        }
+        self.other_frame_ids.insert(frame.clone(), new_id);
+        self.frames.push(frame);
+        Ok(new_id)
+    }
+
+    /// The id of pickled string `h`'s text: that of the first pickled string
+    /// with the same text. PyTorch shares most frame strings through the
+    /// memo, but not all, so frames are matched by text, not by string.
+    fn text_id(&mut self, heap: &Heap, h: u32) -> u32 {
+        if let Some(&id) = self.text_ids.get(h as usize).filter(|&&id| id != UNSEEN) {
+            return id;
+        }
+        let text = heap.str(h);
+        let id = *self
+            .texts
+            .entry(
+                FxBuildHasher.hash_one(text),
+                |&other| heap.str(other) == text,
+                |&other| FxBuildHasher.hash_one(heap.str(other)),
+            )
+            .or_insert(h)
+            .get();
+        if h as usize >= self.text_ids.len() {
+            self.text_ids.resize(h as usize + 1, UNSEEN);
+        }
+        self.text_ids[h as usize] = id;
+        id
     }
 
     /// Lowers list `id` to an interned stack if it is a non-empty list of
@@ -722,7 +763,7 @@ impl Lowerer {
             Val::Float(f) => Value::Float(f),
             Val::Str(id) => Value::Str(heap.str(id).to_owned()),
             Val::Bytes(id) => Value::Bytes(heap.bytes[id as usize].to_vec()),
-            Val::Frame(f) => frame_value(self.frames.get(f)),
+            Val::Frame(f) => frame_value(&self.frames[f as usize]),
             Val::Obj(id) => match &heap.containers[id as usize] {
                 Container::List(items) | Container::Tuple(items) | Container::Set(items) => {
                     let mut out = Vec::with_capacity(items.len());
@@ -740,7 +781,7 @@ impl Lowerer {
                     }
                     Value::Map(out)
                 }
-                Container::Frame(f) => frame_value(self.frames.get(*f)),
+                Container::Frame(f) => frame_value(&self.frames[*f as usize]),
                 Container::Stack(s) => self.stack_value(Some(*s)),
                 Container::Event(i) => match self.event_taken.get(*i as usize) {
                     Some(false) => self.event_value(&self.events[*i as usize]),
@@ -758,7 +799,7 @@ impl Lowerer {
         let ids: &[FrameId] = stack.map_or(&[], |s| self.stacks.get(s));
         Value::List(
             ids.iter()
-                .map(|&f| frame_value(self.frames.get(f)))
+                .map(|&f| frame_value(&self.frames[f as usize]))
                 .collect(),
         )
     }

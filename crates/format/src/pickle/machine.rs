@@ -493,10 +493,12 @@ impl<'a> Machine<'a> {
                 b'h' => {
                     let i = self.u8(op)? as usize;
                     self.get(i, at)?;
+                    self.more_gets();
                 }
                 b'j' => {
                     let i = self.len4(op)?;
                     self.get(i, at)?;
+                    self.more_gets();
                 }
                 b'c' => return Err(self.refuse_global(at)),
                 0x93 => {
@@ -646,13 +648,10 @@ impl<'a> Machine<'a> {
     fn long(&mut self, b: &[u8], at: usize) -> Result<Val> {
         let negative = b.last().is_some_and(|&x| x & 0x80 != 0);
         if b.len() <= 8 {
-            // The common case (addresses, times): no copy through a buffer.
-            let mut v: u64 = if negative { u64::MAX } else { 0 };
-            for (i, &byte) in b.iter().enumerate() {
-                v &= !(0xff << (8 * i));
-                v |= u64::from(byte) << (8 * i);
-            }
-            return Ok(Val::Int(v as i64));
+            // The common case (addresses, times): sign-extend in a u64.
+            let mut buf = if negative { [0xff; 8] } else { [0; 8] };
+            buf[..b.len()].copy_from_slice(b);
+            return Ok(Val::Int(i64::from_le_bytes(buf)));
         }
         if b.len() > 16 {
             return Err(self.error_at(
@@ -883,6 +882,38 @@ impl<'a> Machine<'a> {
                 format!("memo slot {i} read at byte {at} was never written"),
             )),
         }
+    }
+
+    /// Runs the BINGETs and LONG_BINGETs that follow, in one tight loop: they
+    /// are two thirds of a snapshot's opcodes (a frame list is a run of them),
+    /// and going back through `execute`'s dispatch for each costs more than
+    /// the get itself. Stops, without consuming it, at anything else or at a
+    /// get that would fail, which `execute` then runs and reports as usual.
+    fn more_gets(&mut self) {
+        let data = self.data;
+        let mut pos = self.pos;
+        loop {
+            let (i, next) = match data.get(pos) {
+                Some(b'h') => match data.get(pos + 1) {
+                    Some(&i) => (usize::from(i), pos + 2),
+                    None => break,
+                },
+                Some(b'j') => match data.get(pos + 1..pos + 5) {
+                    Some(b) => (
+                        u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize,
+                        pos + 5,
+                    ),
+                    None => break,
+                },
+                _ => break,
+            };
+            match self.memo.get(i) {
+                Some(&v) if v != Val::Unset => self.stack.push(v),
+                _ => break,
+            }
+            pos = next;
+        }
+        self.pos = pos;
     }
 
     fn text(&self, v: Val) -> Option<String> {
