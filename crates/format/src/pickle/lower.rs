@@ -22,8 +22,8 @@ use crate::model::{
 use crate::pickle::machine::{Container, Heap, Key, Val};
 use crate::value::Value;
 
-/// No interned string yet, in [`Lowerer::heap_strings`].
-const UNSEEN: StrId = StrId::MAX;
+/// No text id yet, in [`Lowerer::text_ids`].
+const UNSEEN: u32 = u32::MAX;
 
 /// How many emptied dict and list vectors to keep for reuse.
 const MAX_SPARE: usize = 64;
@@ -56,13 +56,8 @@ pub(crate) struct Lowerer {
     /// Frame ids of the stack being interned (reused to avoid allocating).
     scratch: Vec<FrameId>,
     strings: Interner<String>,
-    /// The interned string of each pickled string already seen (by heap
-    /// string id; [`UNSEEN`] for none): a vector, as the lookup runs twice
-    /// per trace event.
-    heap_strings: Vec<StrId>,
-    /// The event string interned last: PyTorch writes the same text (`N/A`)
-    /// as a new pickled string on every event, and this skips the hashing.
-    last_event_string: Option<StrId>,
+    /// The string each event field ([`EventText`]) was given last.
+    last_event_texts: [Option<StrId>; 2],
     /// Lowered events, moved out when placed into a trace.
     events: Vec<TraceEvent>,
     /// Whether each lowered event was already moved out.
@@ -74,6 +69,22 @@ pub(crate) struct Lowerer {
     /// Generic values still allowed to be produced: bounds the expansion of
     /// a pickle that shares one container many times over.
     value_budget: usize,
+}
+
+/// `a == b`, without calling `memcmp` for empty strings: glibc's AVX-512
+/// `memcmp` reads through the dangling pointer of an empty `String` with a
+/// masked load, which costs a ~100 ns microcode assist per call on the
+/// machine measured (docs/performance.md), and PyTorch writes an empty
+/// `user_metadata` on every trace event.
+fn same_text(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (a.is_empty() || a == b)
+}
+
+/// The text fields of a trace event, for [`Lowerer::event_text`].
+#[derive(Clone, Copy)]
+enum EventText {
+    CompileContext,
+    UserMetadata,
 }
 
 /// Which typed record a dict's keys say it is.
@@ -146,11 +157,17 @@ pub(crate) fn int(heap: &Heap, v: Val) -> Result<i128, Failure> {
 }
 
 pub(crate) fn u64_of(heap: &Heap, v: Val) -> Result<u64, Failure> {
+    if let Val::Int(i @ 0..) = v {
+        return Ok(i as u64);
+    }
     let i = int(heap, v)?;
     u64::try_from(i).map_err(|_| format!("expected an integer from 0 to 2^64-1, found {i}"))
 }
 
 pub(crate) fn i64_of(heap: &Heap, v: Val) -> Result<i64, Failure> {
+    if let Val::Int(i) = v {
+        return Ok(i);
+    }
     let i = int(heap, v)?;
     i64::try_from(i).map_err(|_| format!("integer {i} does not fit in 64 bits"))
 }
@@ -286,6 +303,7 @@ impl Lowerer {
             // many costs address space, not memory, and saves copying the
             // store as it grows.
             events: Vec::with_capacity(len / 48),
+            frames: Vec::with_capacity(len / 32),
             value_budget: len + (1 << 20),
             ..Lowerer::default()
         }
@@ -318,10 +336,6 @@ impl Lowerer {
             spare.clear();
             heap.spare_dicts.push(spare);
         }
-    }
-
-    fn intern_string(&mut self, s: &str) -> StrId {
-        self.strings.intern(s, str::to_owned)
     }
 
     fn frame(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<FrameId, Failure> {
@@ -538,10 +552,12 @@ impl Lowerer {
                     ev.details_mut().device_free = Some(u64_of(heap, v).map_err(wrap)?)
                 }
                 Key::CompileContext => {
-                    ev.compile_context = Some(self.event_string(heap, v).map_err(wrap)?)
+                    let id = self.event_text(heap, v, EventText::CompileContext);
+                    ev.compile_context = Some(id.map_err(wrap)?)
                 }
                 Key::UserMetadata => {
-                    ev.user_metadata = Some(self.event_string(heap, v).map_err(wrap)?)
+                    let id = self.event_text(heap, v, EventText::UserMetadata);
+                    ev.user_metadata = Some(id.map_err(wrap)?)
                 }
                 Key::PoolId => ev.details_mut().pool_id = Some(pair_of(heap, v).map_err(wrap)?),
                 _ => {
@@ -574,25 +590,20 @@ impl Lowerer {
             .clone())
     }
 
-    /// Interns an event string, once per pickled string object.
-    fn event_string(&mut self, heap: &Heap, v: Val) -> Result<StrId, Failure> {
+    /// Interns the string of an event's text `field`. Consecutive events
+    /// nearly always carry the same text (PyTorch even writes `N/A` as a new
+    /// pickled string each time), so a short compare with the field's last
+    /// string usually saves hashing it.
+    fn event_text(&mut self, heap: &Heap, v: Val, field: EventText) -> Result<StrId, Failure> {
         let text = str_of(heap, v)?;
-        let Val::Str(heap_id) = v else {
-            unreachable!("str_of accepted it")
-        };
-        let slot = heap_id as usize;
-        if let Some(&id) = self.heap_strings.get(slot).filter(|&&id| id != UNSEEN) {
+        let last = &mut self.last_event_texts[field as usize];
+        if let Some(id) = *last
+            && same_text(self.strings.get(id), text)
+        {
             return Ok(id);
         }
-        let id = match self.last_event_string {
-            Some(last) if self.strings.get(last) == text => last,
-            _ => self.intern_string(text),
-        };
-        self.last_event_string = Some(id);
-        if slot >= self.heap_strings.len() {
-            self.heap_strings.resize(slot + 1, UNSEEN);
-        }
-        self.heap_strings[slot] = id;
+        let id = self.strings.intern(text, str::to_owned);
+        self.last_event_texts[field as usize] = Some(id);
         Ok(id)
     }
 

@@ -159,13 +159,14 @@ pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
         pos: 0,
         stack: Vec::with_capacity(1024),
         marks: Vec::with_capacity(64),
-        // Real snapshots memoize a container or string every ~50 bytes; sizing
-        // the tables up front avoids copying them as they grow (untouched
-        // capacity costs address space, not memory).
-        memo: Vec::with_capacity(data.len() / 32),
+        // Real snapshots memoize a container or string every 20 to 60 bytes,
+        // and make a container as often; sizing the tables up front avoids
+        // copying them as they grow (untouched capacity costs address space,
+        // not memory).
+        memo: Vec::with_capacity(data.len() / 16),
         last_memoized: (u32::MAX, 0),
         heap: Heap {
-            containers: Vec::with_capacity(data.len() / 64),
+            containers: Vec::with_capacity(data.len() / 16),
             ..Heap::default()
         },
         lower: Lowerer::for_input(data.len()),
@@ -328,8 +329,17 @@ impl<'a> Machine<'a> {
                 }
                 0x8a => {
                     let n = self.u8(op)? as usize;
+                    let start = self.pos;
                     let b = self.take(n, op)?;
-                    let v = self.long(b, at)?;
+                    let v = match self.data.get(start..start + 8) {
+                        // Addresses and times: one load, then sign-extend the n bytes.
+                        Some(word) if (1..=8).contains(&n) => {
+                            let shift = 64 - 8 * n as u32;
+                            let word = i64::from_le_bytes(word.try_into().expect("8 bytes"));
+                            Val::Int((word << shift) >> shift)
+                        }
+                        _ => self.long(b, at)?,
+                    };
                     self.stack.push(v);
                 }
                 0x8b => {
@@ -647,12 +657,6 @@ impl<'a> Machine<'a> {
     /// Decodes a little-endian two's-complement integer (LONG1, LONG4).
     fn long(&mut self, b: &[u8], at: usize) -> Result<Val> {
         let negative = b.last().is_some_and(|&x| x & 0x80 != 0);
-        if b.len() <= 8 {
-            // The common case (addresses, times): sign-extend in a u64.
-            let mut buf = if negative { [0xff; 8] } else { [0; 8] };
-            buf[..b.len()].copy_from_slice(b);
-            return Ok(Val::Int(i64::from_le_bytes(buf)));
-        }
         if b.len() > 16 {
             return Err(self.error_at(
                 ErrorKind::TooLarge,
@@ -908,7 +912,7 @@ impl<'a> Machine<'a> {
                 _ => break,
             };
             match self.memo.get(i) {
-                Some(&v) if v != Val::Unset => self.stack.push(v),
+                Some(&v) if !matches!(v, Val::Unset) => self.stack.push(v),
                 _ => break,
             }
             pos = next;
