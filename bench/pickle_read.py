@@ -4,6 +4,7 @@
     cargo build --release
     python3 bench/pickle_read.py                 # the large generated pickle
     python3 bench/pickle_read.py --fixtures      # the real files in ../shared/fixtures/torch
+    python3 bench/pickle_read.py --in-process    # the real files, without process start-up
 
 For each file it reports the best of --runs runs of:
   - CPython: `pickle.load` of the file, timed inside the interpreter (so
@@ -13,6 +14,12 @@ For each file it reports the best of --runs runs of:
   - the same for the file converted to .snap, and the two file sizes.
 The large pickle is made by fixtures/make_torch_format.py --large (CPython's
 pickler, frames shared as PyTorch shares them) and cached under target/bench/.
+
+--in-process compares the reading alone, in --rounds rounds that alternate
+CPython's `pickle.loads` of the file's bytes (best of many loads over a
+second, with the garbage collector on as it is for users, and again with it
+off) and snapdiff's `read_bytes` (the read_speed example, best of many reads
+over a second); each figure is the best over the rounds.
 """
 
 import argparse
@@ -76,19 +83,58 @@ def measure(path, runs):
     )
 
 
+CPYTHON_LOADS = """
+import gc, pickle, sys, time
+data = open(sys.argv[1], "rb").read()
+for gc_on in (True, False):
+    gc.enable() if gc_on else gc.disable()
+    best, start = float("inf"), time.perf_counter()
+    while time.perf_counter() - start < 1.0:
+        t = time.perf_counter()
+        pickle.loads(data)
+        best = min(best, time.perf_counter() - t)
+    print(best * 1000)
+"""
+
+
+def in_process(paths, rounds):
+    subprocess.run(["cargo", "build", "--quiet", "--release", "-p", "snapdiff-format", "--example", "read_speed"], cwd=ROOT, check=True)
+    read_speed = os.path.join(ROOT, "target", "release", "examples", "read_speed")
+    best = {p: [float("inf")] * 3 for p in paths}
+    for _ in range(rounds):
+        for p in paths:
+            out = subprocess.run([sys.executable, "-c", CPYTHON_LOADS, p], capture_output=True, text=True, check=True)
+            gc_on, gc_off = (float(x) for x in out.stdout.split())
+            out = subprocess.run([read_speed, p], capture_output=True, text=True, check=True)
+            ours = float(out.stdout.split()[-1])
+            b = best[p]
+            best[p] = [min(b[0], gc_on), min(b[1], gc_off), min(b[2], ours)]
+    print("| file | CPython `pickle.loads` (gc on) | (gc off) | snapdiff `read_bytes` | speed-up (gc on) | (gc off) |")
+    print("|---|---|---|---|---|---|")
+    for p in paths:
+        gc_on, gc_off, ours = best[p]
+        print(f"| {os.path.basename(p)} | {gc_on:.2f} ms | {gc_off:.2f} ms | {ours:.2f} ms | {gc_on / ours:.1f}x | {gc_off / ours:.1f}x |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixtures", action="store_true", help="measure ../shared/fixtures/torch/*.pickle")
     p.add_argument("--events", type=int, default=5_000_000, help="trace events in the large pickle")
+    p.add_argument("--in-process", action="store_true", help="the fixtures, timed inside each process")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5, help="rounds of --in-process")
     args = p.parse_args()
+    fixtures = sorted(os.path.normpath(p) for p in glob.glob(os.path.join(ROOT, "..", "shared", "fixtures", "torch", "*.pickle")))
+    if args.in_process:
+        in_process(fixtures, args.rounds)
+        return
     if not os.path.exists(SNAPDIFF):
         sys.exit("build first: cargo build --release")
     print("| file | size | CPython pickle.load | snapdiff summary | speed-up | as .snap | snapdiff summary of .snap |")
     print("|---|---|---|---|---|---|---|")
     if args.fixtures:
-        for path in sorted(glob.glob(os.path.join(ROOT, "..", "shared", "fixtures", "torch", "*.pickle"))):
-            measure(os.path.normpath(path), args.runs)
+        for path in fixtures:
+            measure(path, args.runs)
     else:
         large = os.path.join(ROOT, "target", "bench", f"large-{args.events}.pickle")
         if not os.path.exists(large):

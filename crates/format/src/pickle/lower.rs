@@ -304,6 +304,10 @@ impl Lowerer {
             // store as it grows.
             events: Vec::with_capacity(len / 48),
             frames: Vec::with_capacity(len / 32),
+            plain_frame_ids: FxHashMap::with_capacity_and_hasher(
+                (len / 32).min(1 << 20),
+                Default::default(),
+            ),
             value_budget: len + (1 << 20),
             ..Lowerer::default()
         }
