@@ -458,16 +458,18 @@ impl Lowerer {
         }
         match self.frames_stack(heap, items) {
             Some(stack) => {
-                if let Container::List(spare) =
-                    std::mem::replace(&mut heap.containers[id as usize], Container::Stack(stack))
-                    && heap.spare_lists.len() < MAX_SPARE
-                {
-                    heap.spare_lists.push(spare);
-                }
+                replace_empty_list(heap, id, stack);
                 true
             }
             None => false,
         }
+    }
+
+    /// Makes empty list `id` the interned stack of `frames`, which the
+    /// machine read straight from a run of memo gets.
+    pub(crate) fn fill_list_with_frames(&mut self, heap: &mut Heap, id: u32, frames: &[FrameId]) {
+        let stack = self.stacks.intern(frames, <[FrameId]>::to_vec);
+        replace_empty_list(heap, id, stack);
     }
 
     /// Turns lowered stack `id` back into a list, because the pickle adds to it.
@@ -853,6 +855,16 @@ impl Lowerer {
         ];
         m.extend(b.extra.iter().cloned());
         Value::Map(m)
+    }
+}
+
+/// Replaces empty list `id` by `stack`, keeping the list's vector for reuse.
+fn replace_empty_list(heap: &mut Heap, id: u32, stack: StackId) {
+    if let Container::List(spare) =
+        std::mem::replace(&mut heap.containers[id as usize], Container::Stack(stack))
+        && heap.spare_lists.len() < MAX_SPARE
+    {
+        heap.spare_lists.push(spare);
     }
 }
 

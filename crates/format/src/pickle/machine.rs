@@ -18,6 +18,7 @@
 use std::borrow::Cow;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::model::FrameId;
 use crate::pickle::lower::Lowerer;
 
 /// A handle to a value on the stack, in the memo or inside a container.
@@ -147,6 +148,20 @@ impl<'a> Heap<'a> {
     }
 }
 
+/// The memo index of the BINGET or LONG_BINGET at `pos`, and the position
+/// after it; `None` for any other opcode or a truncated one.
+fn memo_get_at(data: &[u8], pos: usize) -> Option<(usize, usize)> {
+    match data.get(pos)? {
+        b'h' => Some((usize::from(*data.get(pos + 1)?), pos + 2)),
+        b'j' => {
+            let index = data.get(pos + 1..pos + 5)?;
+            let index = u32::from_le_bytes(index.try_into().expect("4 bytes"));
+            Some((index as usize, pos + 5))
+        }
+        _ => None,
+    }
+}
+
 /// Memo indices may skip ahead (BINPUT writes any index); this bounds how far,
 /// so that a hostile index cannot make the memo table huge.
 const MAX_MEMO_GAP: usize = 1 << 16;
@@ -170,6 +185,7 @@ pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
             ..Heap::default()
         },
         lower: Lowerer::for_input(data.len()),
+        frame_run: Vec::new(),
         protocol: 0,
     };
     let top = m.execute()?;
@@ -186,6 +202,8 @@ struct Machine<'a> {
     last_memoized: (u32, usize),
     heap: Heap<'a>,
     lower: Lowerer,
+    /// Frame ids of the frame list being read by [`Machine::frame_list`].
+    frame_run: Vec<FrameId>,
     protocol: u8,
 }
 
@@ -298,7 +316,10 @@ impl<'a> Machine<'a> {
                     }
                     return Ok(top);
                 }
-                b'(' => self.marks.push(self.stack.len()),
+                b'(' => {
+                    self.marks.push(self.stack.len());
+                    self.frame_list();
+                }
                 b'0' => {
                     self.pop(op, at)?;
                 }
@@ -888,6 +909,43 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// Reads a frame list as pickles write it, when a MARK has just been put
+    /// above an empty list: memo gets of frame dicts already lowered, then
+    /// APPENDS. This is the commonest construct in a snapshot; here it goes
+    /// straight into an interned stack without its values going through the
+    /// stack. Anything else (a new frame dict, any other value) stops the
+    /// run, and the gets read so far go on the stack exactly as running them
+    /// one by one would have left them.
+    fn frame_list(&mut self) {
+        let Some(&Val::Obj(list)) = self.stack.last() else {
+            return;
+        };
+        if !matches!(&self.heap.containers[list as usize], Container::List(items) if items.is_empty())
+        {
+            return;
+        }
+        let (data, memo) = (self.data, self.memo.as_slice());
+        let frames = &mut self.frame_run;
+        frames.clear();
+        let mut pos = self.pos;
+        while let Some((i, next)) = memo_get_at(data, pos) {
+            match memo.get(i) {
+                Some(&Val::Frame(f)) => frames.push(f),
+                _ => break,
+            }
+            pos = next;
+        }
+        if data.get(pos) == Some(&b'e') && !frames.is_empty() {
+            self.marks.pop();
+            self.pos = pos + 1;
+            self.lower
+                .fill_list_with_frames(&mut self.heap, list, &self.frame_run);
+        } else {
+            self.stack.extend(frames.iter().map(|&f| Val::Frame(f)));
+            self.pos = pos;
+        }
+    }
+
     /// Runs the BINGETs and LONG_BINGETs that follow, in one tight loop: they
     /// are two thirds of a snapshot's opcodes (a frame list is a run of them),
     /// and going back through `execute`'s dispatch for each costs more than
@@ -896,23 +954,12 @@ impl<'a> Machine<'a> {
     fn more_gets(&mut self) {
         let data = self.data;
         let mut pos = self.pos;
-        loop {
-            let (i, next) = match data.get(pos) {
-                Some(b'h') => match data.get(pos + 1) {
-                    Some(&i) => (usize::from(i), pos + 2),
-                    None => break,
-                },
-                Some(b'j') => match data.get(pos + 1..pos + 5) {
-                    Some(b) => (
-                        u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize,
-                        pos + 5,
-                    ),
-                    None => break,
-                },
-                _ => break,
-            };
-            match self.memo.get(i) {
-                Some(&v) if !matches!(v, Val::Unset) => self.stack.push(v),
+        // Locals, so that the loop keeps them in registers.
+        let memo = self.memo.as_slice();
+        let stack = &mut self.stack;
+        while let Some((i, next)) = memo_get_at(data, pos) {
+            match memo.get(i) {
+                Some(&v) if !matches!(v, Val::Unset) => stack.push(v),
                 _ => break,
             }
             pos = next;
