@@ -284,9 +284,10 @@ fn opcode_name(op: u8) -> &'static str {
 
 impl<'a> Machine<'a> {
     fn execute(&mut self) -> Result<Val> {
+        let data = self.data;
         loop {
             let at = self.pos;
-            let op = *self.data.get(at).ok_or_else(|| {
+            let op = *data.get(at).ok_or_else(|| {
                 self.error_at(
                     ErrorKind::Truncated,
                     format!("truncated at byte {at}: the pickle ends before its STOP opcode"),
