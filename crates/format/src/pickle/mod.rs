@@ -240,6 +240,7 @@ mod tests {
     //! `LONG1` ints), which CPython's pickler does not write.
 
     use super::*;
+    use crate::value::Value;
 
     /// A tiny emitter of the opcodes the C++ pickler uses.
     #[derive(Default)]
@@ -286,6 +287,121 @@ mod tests {
                 self.op(&[0x8a, 8]).op(&v.to_le_bytes())
             }
         }
+    }
+
+    impl Cpp {
+        /// A new frame dict `{name, filename, line}`; returns its memo id.
+        fn frame(&mut self, name: &str, line: i64) -> u32 {
+            self.op(b"}");
+            let id = self.put();
+            self.op(b"(");
+            self.str("name");
+            self.str(name);
+            self.str("filename");
+            self.str("train.py");
+            self.str("line");
+            self.int(line);
+            self.op(b"u");
+            id
+        }
+
+        /// A trace event dict whose frame list is written by `frames`.
+        fn event(&mut self, frames: impl FnOnce(&mut Cpp)) {
+            self.op(b"}");
+            self.put();
+            self.op(b"(");
+            self.str("action");
+            self.str("alloc");
+            self.str("addr");
+            self.int(4096);
+            self.str("size");
+            self.int(512);
+            self.str("stream");
+            self.int(0);
+            self.str("frames");
+            self.op(b"]");
+            self.put();
+            self.op(b"(");
+            frames(self);
+            self.op(b"e");
+            self.op(b"u");
+        }
+    }
+
+    /// Frame lists made of memo gets take a fast path in the machine; these
+    /// lists mix gets with new frame dicts and with other values, which must
+    /// read exactly as if every get had been run one by one.
+    #[test]
+    fn frame_lists_read_the_same_whichever_way_they_are_written() {
+        let mut p = Cpp::default();
+        p.op(&[0x80, 2]).op(b"}");
+        p.put();
+        p.op(b"(");
+        p.str("segments");
+        p.op(b"]");
+        p.put();
+        p.str("device_traces");
+        p.op(b"]");
+        p.put();
+        p.op(b"(]");
+        p.put();
+        p.op(b"(");
+        let (mut a, mut b) = (0, 0);
+        p.event(|p| {
+            a = p.frame("a", 1);
+            b = p.frame("b", 2);
+        });
+        p.event(|p| {
+            p.get(a).get(b);
+        });
+        p.event(|p| {
+            p.get(b);
+            p.frame("c", 3);
+            p.get(a);
+        });
+        p.op(b"e"); // the events
+        p.op(b"e"); // the device list
+        p.str("mixed");
+        p.op(b"]");
+        p.put();
+        p.op(b"(");
+        p.get(a);
+        let text = p.str("text");
+        p.get(text);
+        p.op(b"e");
+        p.op(b"u.");
+
+        let snap = read(&p.out, None).unwrap();
+        let stacks: Vec<Vec<(&str, u32)>> = snap.traces[0]
+            .events
+            .iter()
+            .map(|ev| {
+                snap.stack_frames(ev.stack)
+                    .map(|f| (f.name.as_str(), f.line))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            stacks,
+            [
+                vec![("a", 1), ("b", 2)],
+                vec![("a", 1), ("b", 2)],
+                vec![("b", 2), ("c", 3), ("a", 1)],
+            ]
+        );
+        assert_eq!(
+            snap.traces[0].events[0].stack, snap.traces[0].events[1].stack,
+            "the same frames are one stack"
+        );
+        let (key, mixed) = &snap.extra[0];
+        assert_eq!(key, "mixed");
+        let Value::List(items) = mixed else {
+            panic!("{mixed:?}")
+        };
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[0].get("name"), Some(&Value::Str("a".into())));
+        assert_eq!(items[1], Value::Str("text".into()));
+        assert_eq!(items[2], Value::Str("text".into()));
     }
 
     #[test]
