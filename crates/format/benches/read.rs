@@ -1,7 +1,8 @@
 //! Reading snapshots from memory: PyTorch pickles and the same snapshots as `.snap`.
 //!
 //! `cargo bench -p snapdiff-format --bench read` (needs `../shared/fixtures/torch`).
-//! CPython's figures for the same files come from `bench/pickle_read.py --fixtures`.
+//! For the comparison with CPython, `bench/pickle_read.py --in-process` times
+//! both sides in alternating rounds (see docs/performance.md).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::path::Path;
