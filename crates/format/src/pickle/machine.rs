@@ -918,6 +918,11 @@ impl<'a> Machine<'a> {
     /// run, and the gets read so far go on the stack exactly as running them
     /// one by one would have left them.
     fn frame_list(&mut self) {
+        // The list must be above any enclosing MARK, as APPENDS requires.
+        let enclosing = self.marks.iter().rev().nth(1).copied().unwrap_or(0);
+        if self.stack.len() <= enclosing {
+            return;
+        }
         let Some(&Val::Obj(list)) = self.stack.last() else {
             return;
         };

@@ -404,6 +404,26 @@ mod tests {
         assert_eq!(items[2], Value::Str("text".into()));
     }
 
+    /// APPENDS needs its list above the innermost MARK; the frame-list fast
+    /// path must refuse the same pickles as running the opcodes one by one.
+    #[test]
+    fn a_frame_list_below_an_enclosing_mark_is_refused() {
+        let mut p = Cpp::default();
+        p.op(&[0x80, 2]).op(b"]");
+        p.put();
+        p.op(b"(");
+        let a = p.frame("a", 1);
+        p.op(b"e");
+        p.op(b"((");
+        p.get(a);
+        p.op(b"e");
+        let err = read(&p.out, None).unwrap_err().to_string();
+        assert!(
+            err.contains("APPENDS") && err.contains("too few values"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn reads_cpp_pickler_output() {
         let mut p = Cpp::default();
