@@ -414,6 +414,8 @@ mod tests {
         p.op(b"(");
         let a = p.frame("a", 1);
         p.op(b"e");
+        p.op(b"]");
+        p.put();
         p.op(b"((");
         p.get(a);
         p.op(b"e");
