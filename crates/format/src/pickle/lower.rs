@@ -319,7 +319,12 @@ impl Lowerer {
         let Container::Dict(entries) = &heap.containers[id as usize] else {
             return;
         };
-        let lowered = match shape(heap, entries) {
+        // PyTorch writes `action` first: an event needs no look at its other keys.
+        let shape = match entries.first() {
+            Some(&(k, _)) if heap.key(k) == Key::Action => Shape::Event,
+            _ => shape(heap, entries),
+        };
+        let lowered = match shape {
             Shape::Frame => self.frame(heap, entries).ok().map(Container::Frame),
             Shape::Event => self.event(heap, entries).ok().map(|ev| {
                 self.events.push(ev);
