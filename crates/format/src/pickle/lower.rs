@@ -299,9 +299,9 @@ impl Lowerer {
     /// A lowerer for a pickle of `len` bytes.
     pub(crate) fn for_input(len: usize) -> Lowerer {
         Lowerer {
-            // A trace event takes at least 48 pickled bytes; reserving for that
-            // many costs address space, not memory, and saves copying the
-            // store as it grows.
+            // A trace event takes at least 48 pickled bytes and a distinct
+            // frame at least 32; reserving for that many costs address space,
+            // not memory, and saves copying the tables as they grow.
             events: Vec::with_capacity(len / 48),
             frames: Vec::with_capacity(len / 32),
             plain_frame_ids: FxHashMap::with_capacity_and_hasher(
@@ -402,7 +402,7 @@ impl Lowerer {
             .texts
             .entry(
                 FxBuildHasher.hash_one(text),
-                |&other| heap.str(other) == text,
+                |&other| same_text(heap.str(other), text),
                 |&other| FxBuildHasher.hash_one(heap.str(other)),
             )
             .or_insert(h)
