@@ -15,7 +15,7 @@ use clap::Parser;
 /// Reading a snapshot makes millions of small allocations (frames, events,
 /// blocks) and frees them all at once; with mimalloc, reading the real
 /// PyTorch fixtures takes up to a fifth less time than with glibc's
-/// allocator, in less memory (docs/performance.md).
+/// allocator (docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -288,7 +288,8 @@ fn missing(field: &str) -> Failure {
 
 impl Lowerer {
     /// The frame, stack and string tables, for the snapshot.
-    pub(crate) fn into_tables(self) -> (Vec<Frame>, Vec<Vec<FrameId>>, Vec<String>) {
+    pub(crate) fn into_tables(mut self) -> (Vec<Frame>, Vec<Vec<FrameId>>, Vec<String>) {
+        self.frames.shrink_to_fit(); // the table was reserved generously
         (
             self.frames,
             self.stacks.into_items(),

@@ -290,6 +290,17 @@ mod tests {
     }
 
     impl Cpp {
+        /// The start of a snapshot: protocol 2, the top dict, its MARK, and
+        /// the key `segments` with an empty list that items may follow.
+        fn snapshot_start(&mut self) {
+            self.op(&[0x80, 2]).op(b"}");
+            self.put();
+            self.op(b"(");
+            self.str("segments");
+            self.op(b"]");
+            self.put();
+        }
+
         /// A new frame dict `{name, filename, line}`; returns its memo id.
         fn frame(&mut self, name: &str, line: i64) -> u32 {
             self.op(b"}");
@@ -334,12 +345,7 @@ mod tests {
     #[test]
     fn frame_lists_read_the_same_whichever_way_they_are_written() {
         let mut p = Cpp::default();
-        p.op(&[0x80, 2]).op(b"}");
-        p.put();
-        p.op(b"(");
-        p.str("segments");
-        p.op(b"]");
-        p.put();
+        p.snapshot_start();
         p.str("device_traces");
         p.op(b"]");
         p.put();
@@ -429,12 +435,7 @@ mod tests {
     #[test]
     fn reads_cpp_pickler_output() {
         let mut p = Cpp::default();
-        p.op(&[0x80, 2]).op(b"}");
-        p.put();
-        p.op(b"(");
-        p.str("segments");
-        p.op(b"]");
-        p.put();
+        p.snapshot_start();
         p.op(b"(}");
         p.put();
         p.op(b"(");
