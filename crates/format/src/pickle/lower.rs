@@ -471,11 +471,10 @@ impl Lowerer {
         }
     }
 
-    /// Makes empty list `id` the interned stack of `frames`, which the
-    /// machine read straight from a run of memo gets.
-    pub(crate) fn fill_list_with_frames(&mut self, heap: &mut Heap, id: u32, frames: &[FrameId]) {
-        let stack = self.stacks.intern(frames, <[FrameId]>::to_vec);
-        replace_empty_list(heap, id, stack);
+    /// The interned stack of `frames`, which the machine read straight from
+    /// a run of memo gets.
+    pub(crate) fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
+        self.stacks.intern(frames, <[FrameId]>::to_vec)
     }
 
     /// Turns lowered stack `id` back into a list, because the pickle adds to it.
@@ -865,7 +864,7 @@ impl Lowerer {
 }
 
 /// Replaces empty list `id` by `stack`, keeping the list's vector for reuse.
-fn replace_empty_list(heap: &mut Heap, id: u32, stack: StackId) {
+pub(crate) fn replace_empty_list(heap: &mut Heap, id: u32, stack: StackId) {
     if let Container::List(spare) =
         std::mem::replace(&mut heap.containers[id as usize], Container::Stack(stack))
         && heap.spare_lists.len() < MAX_SPARE

@@ -16,10 +16,14 @@
 //! millions of generic dicts.
 
 use std::borrow::Cow;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use rustc_hash::FxBuildHasher;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::FrameId;
-use crate::pickle::lower::Lowerer;
+use crate::model::{FrameId, StackId};
+use crate::pickle::lower::{Lowerer, replace_empty_list};
 
 /// A handle to a value on the stack, in the memo or inside a container.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -162,6 +166,17 @@ fn memo_get_at(data: &[u8], pos: usize) -> Option<(usize, usize)> {
     }
 }
 
+/// Where the run of BINGETs and LONG_BINGETs from `pos` ends.
+fn memo_gets_end(data: &[u8], pos: usize) -> usize {
+    let mut rest = &data[pos..];
+    loop {
+        match rest {
+            [b'j', _, _, _, _, tail @ ..] | [b'h', _, tail @ ..] => rest = tail,
+            _ => return data.len() - rest.len(),
+        }
+    }
+}
+
 /// Memo indices may skip ahead (BINPUT writes any index); this bounds how far,
 /// so that a hostile index cannot make the memo table huge.
 const MAX_MEMO_GAP: usize = 1 << 16;
@@ -186,6 +201,7 @@ pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
         },
         lower: Lowerer::for_input(data.len()),
         frame_run: Vec::new(),
+        stacks_by_gets: HashTable::new(),
         protocol: 0,
     };
     let top = m.execute()?;
@@ -204,6 +220,9 @@ struct Machine<'a> {
     lower: Lowerer,
     /// Frame ids of the frame list being read by [`Machine::frame_list`].
     frame_run: Vec<FrameId>,
+    /// The stacks of frame lists read so far, by the position and length of
+    /// their memo gets in `data`.
+    stacks_by_gets: HashTable<(usize, usize, StackId)>,
     protocol: u8,
 }
 
@@ -880,6 +899,10 @@ impl<'a> Machine<'a> {
             self.last_memoized = (id, i);
         }
         if i < self.memo.len() {
+            // A rewritten slot may change what known get bytes stand for.
+            // (A new table, not `clear`, which would cost the table's whole
+            // capacity on every such PUT.)
+            self.stacks_by_gets = HashTable::new();
             self.memo[i] = top;
         } else if i - self.memo.len() <= MAX_MEMO_GAP {
             self.memo.resize(i, Val::Unset);
@@ -914,9 +937,14 @@ impl<'a> Machine<'a> {
     /// above an empty list: memo gets of frame dicts already lowered, then
     /// APPENDS. This is the commonest construct in a snapshot; here it goes
     /// straight into an interned stack without its values going through the
-    /// stack. Anything else (a new frame dict, any other value) stops the
-    /// run, and the gets read so far go on the stack exactly as running them
-    /// one by one would have left them.
+    /// stack. Anything else (a new frame dict, any other value) leaves the
+    /// opcodes to `execute`, which runs them one by one.
+    ///
+    /// PyTorch writes each distinct stack many times over (the inference
+    /// fixture: 2561 frame lists, 116 stacks), so a list whose get bytes were
+    /// read before is known by them alone: the same gets read the same memo
+    /// slots, which hold the same frames as long as no PUT rewrites a slot
+    /// (`put` forgets them all when one does).
     fn frame_list(&mut self) {
         // The list must be above any enclosing MARK, as APPENDS requires.
         let enclosing = self.marks.iter().rev().nth(1).copied().unwrap_or(0);
@@ -930,26 +958,43 @@ impl<'a> Machine<'a> {
         {
             return;
         }
-        let (data, memo) = (self.data, self.memo.as_slice());
-        let frames = &mut self.frame_run;
-        frames.clear();
-        let mut pos = self.pos;
-        while let Some((i, next)) = memo_get_at(data, pos) {
-            match memo.get(i) {
-                Some(&Val::Frame(f)) => frames.push(f),
-                _ => break,
+        let data = self.data;
+        let start = self.pos;
+        let end = memo_gets_end(data, start);
+        if end == start || data.get(end) != Some(&b'e') {
+            return;
+        }
+        let gets = &data[start..end];
+        let hash = FxBuildHasher.hash_one(gets);
+        let known = self
+            .stacks_by_gets
+            .find(hash, |&(at, len, _)| &data[at..at + len] == gets);
+        let stack = match known {
+            Some(&(_, _, stack)) => stack,
+            None => {
+                let memo = self.memo.as_slice();
+                let frames = &mut self.frame_run;
+                frames.clear();
+                let mut pos = start;
+                while let Some((i, next)) = memo_get_at(data, pos).filter(|_| pos < end) {
+                    match memo.get(i) {
+                        Some(&Val::Frame(f)) => frames.push(f),
+                        _ => return,
+                    }
+                    pos = next;
+                }
+                let stack = self.lower.intern_stack(&self.frame_run);
+                self.stacks_by_gets.insert_unique(
+                    hash,
+                    (start, gets.len(), stack),
+                    |&(at, len, _)| FxBuildHasher.hash_one(&data[at..at + len]),
+                );
+                stack
             }
-            pos = next;
-        }
-        if data.get(pos) == Some(&b'e') && !frames.is_empty() {
-            self.marks.pop();
-            self.pos = pos + 1;
-            self.lower
-                .fill_list_with_frames(&mut self.heap, list, &self.frame_run);
-        } else {
-            self.stack.extend(frames.iter().map(|&f| Val::Frame(f)));
-            self.pos = pos;
-        }
+        };
+        self.marks.pop();
+        self.pos = end + 1;
+        replace_empty_list(&mut self.heap, list, stack);
     }
 
     /// Runs the BINGETs and LONG_BINGETs that follow, in one tight loop: they

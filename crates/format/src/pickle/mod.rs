@@ -410,6 +410,49 @@ mod tests {
         assert_eq!(items[2], Value::Str("text".into()));
     }
 
+    /// The machine knows a frame list read before by its memo-get bytes; a
+    /// PUT that rewrites one of those slots must change what they read.
+    #[test]
+    fn a_rewritten_memo_slot_changes_a_frame_list_read_before() {
+        let mut p = Cpp::default();
+        p.snapshot_start();
+        p.str("device_traces");
+        p.op(b"]");
+        p.put();
+        p.op(b"(]");
+        p.put();
+        p.op(b"(");
+        let (mut a, mut b) = (0, 0);
+        p.event(|p| {
+            a = p.frame("a", 1);
+            b = p.frame("b", 2);
+        });
+        p.event(|p| {
+            p.get(a).get(b);
+        });
+        // Frame `c` goes into slot `a`, then off the stack.
+        p.frame("c", 3);
+        p.op(&[b'q', a as u8]).op(b"0");
+        p.event(|p| {
+            p.get(a).get(b);
+        });
+        p.op(b"e"); // the events
+        p.op(b"e"); // the device list
+        p.op(b"u.");
+
+        let snap = read(&p.out, None).unwrap();
+        let stacks: Vec<Vec<&str>> = snap.traces[0]
+            .events
+            .iter()
+            .map(|ev| {
+                snap.stack_frames(ev.stack)
+                    .map(|f| f.name.as_str())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(stacks, [vec!["a", "b"], vec!["a", "b"], vec!["c", "b"]]);
+    }
+
     /// APPENDS needs its list above the innermost MARK; the frame-list fast
     /// path must refuse the same pickles as running the opcodes one by one.
     #[test]
