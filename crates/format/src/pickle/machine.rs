@@ -428,15 +428,18 @@ impl<'a> Machine<'a> {
                     let b = self.take(4, op)?;
                     self.stack
                         .push(Val::Int(i32::from_le_bytes(b.try_into().unwrap()).into()));
+                    self.more_gets();
                 }
                 b'K' => {
                     let v = self.u8(op)?;
                     self.stack.push(Val::Int(v.into()));
+                    self.more_gets();
                 }
                 b'M' => {
                     let b = self.take(2, op)?;
                     self.stack
                         .push(Val::Int(u16::from_le_bytes([b[0], b[1]]).into()));
+                    self.more_gets();
                 }
                 0x8a => {
                     let n = self.u8(op)? as usize;
@@ -452,6 +455,7 @@ impl<'a> Machine<'a> {
                         _ => self.long(b, at)?,
                     };
                     self.stack.push(v);
+                    self.more_gets();
                 }
                 0x8b => {
                     let n = self.len4(op)?;
@@ -491,10 +495,12 @@ impl<'a> Machine<'a> {
                 b'}' => {
                     let v = self.heap.new_dict();
                     self.stack.push(v);
+                    self.memoize_and_mark(v);
                 }
                 b']' => {
                     let v = self.heap.new_list();
                     self.stack.push(v);
+                    self.memoize_and_mark(v);
                 }
                 b')' => {
                     let v = self.heap.push(Container::Tuple(Vec::new()));
@@ -1065,10 +1071,31 @@ impl<'a> Machine<'a> {
         self.heap.settle(list, Record::Stack(stack));
     }
 
+    /// Runs the MEMOIZE and MARK that follow new container `v` (just pushed)
+    /// in protocol 4 pickles, without a trip through `execute`'s dispatch for
+    /// each: a dispatch costs most when its target is hard to predict, and
+    /// this pair follows nearly every dict and list.
+    fn memoize_and_mark(&mut self, v: Val) {
+        if self.data.get(self.pos) != Some(&0x94) {
+            return;
+        }
+        self.pos += 1;
+        self.memo.push(v);
+        if let Val::Obj(id) = v {
+            self.last_memoized = (id, self.memo.len() - 1);
+        }
+        if self.data.get(self.pos) == Some(&b'(') {
+            self.pos += 1;
+            self.marks.push(self.stack.len());
+            self.frame_list();
+        }
+    }
+
     /// Runs the BINGETs and LONG_BINGETs that follow, in one tight loop: they
     /// are two thirds of a snapshot's opcodes (a frame list is a run of them),
     /// and going back through `execute`'s dispatch for each costs more than
-    /// the get itself. Stops, without consuming it, at anything else or at a
+    /// the get itself. Also run after integers, which in a snapshot are dict
+    /// values followed by the get of the next key. Stops, without consuming it, at anything else or at a
     /// get that would fail, which `execute` then runs and reports as usual.
     fn more_gets(&mut self) {
         let data = self.data;
