@@ -93,6 +93,14 @@ const BLANK_EVENT: TraceEvent = TraceEvent {
     details: None,
 };
 
+/// A frame with no fields set, for [`Lowerer::frame`] to fill in.
+const BLANK_FRAME: Frame = Frame {
+    name: String::new(),
+    file: String::new(),
+    line: 0,
+    extra: Vec::new(),
+};
+
 /// The text fields of a trace event, for [`Lowerer::event_text`].
 #[derive(Clone, Copy)]
 enum EventText {
@@ -108,10 +116,10 @@ enum Shape {
     Other,
 }
 
-fn shape(heap: &Heap, entries: &[(Val, Val)]) -> Shape {
+fn shape(heap: &Heap, entries: &[[Val; 2]]) -> Shape {
     let (mut action, mut state, mut size, mut blocks, mut filename, mut name, mut line) =
         (false, false, false, false, false, false, false);
-    for &(k, _) in entries {
+    for &[k, _] in entries {
         match heap.key(k) {
             Key::Action => action = true,
             Key::State => state = true,
@@ -235,7 +243,7 @@ pub(crate) fn items<'h>(heap: &'h Heap, v: Val) -> Result<&'h [Val], Failure> {
 }
 
 /// The entries of a generic dict.
-pub(crate) fn entries<'h>(heap: &'h Heap, v: Val) -> Result<&'h [(Val, Val)], Failure> {
+pub(crate) fn entries<'h>(heap: &'h Heap, v: Val) -> Result<&'h [[Val; 2]], Failure> {
     match v {
         Val::Obj(id) => match &heap.containers[id as usize] {
             Container::Dict(entries) => Ok(entries),
@@ -333,37 +341,39 @@ impl Lowerer {
         let Container::Dict(entries) = &heap.containers[id as usize] else {
             return;
         };
-        // PyTorch writes `action` first: an event needs no look at its other keys.
-        let shape = match entries.first() {
-            Some(&(k, _)) if heap.key(k) == Key::Action => Shape::Event,
-            _ => shape(heap, entries),
-        };
-        match shape {
-            Shape::Frame => {
-                if let Ok(f) = self.frame(heap, entries) {
-                    heap.settle(id, Record::Frame(f));
-                }
-            }
-            Shape::Event => {
-                if self.add_event(heap, entries).is_ok() {
-                    self.event_taken.push(false);
-                    heap.settle(id, Record::Event(self.events.len() as u32 - 1));
-                }
-            }
-            Shape::Block => {
-                if let Ok(b) = self.block(heap, entries) {
-                    self.blocks.push(Some(b));
-                    heap.settle(id, Record::Block(self.blocks.len() as u32 - 1));
-                }
-            }
-            Shape::Other => {}
+        if let Some(record) = self.lower_entries(heap, entries) {
+            heap.settle(id, record);
         }
     }
 
-    fn frame(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<FrameId, Failure> {
+    /// The typed record that a dict of `entries` lowers to, if its keys say
+    /// it is a frame, a trace event or a block and it converts cleanly.
+    pub(crate) fn lower_entries(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Option<Record> {
+        // PyTorch writes `action` first: an event needs no look at its other keys.
+        let shape = match entries.first() {
+            Some(&[k, _]) if heap.key(k) == Key::Action => Shape::Event,
+            _ => shape(heap, entries),
+        };
+        match shape {
+            Shape::Frame => self.frame(heap, entries).ok().map(Record::Frame),
+            Shape::Event => {
+                self.add_event(heap, entries).ok()?;
+                self.event_taken.push(false);
+                Some(Record::Event(self.events.len() as u32 - 1))
+            }
+            Shape::Block => {
+                let block = self.block(heap, entries).ok()?;
+                self.blocks.push(Some(block));
+                Some(Record::Block(self.blocks.len() as u32 - 1))
+            }
+            Shape::Other => None,
+        }
+    }
+
+    fn frame(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Result<FrameId, Failure> {
         let (mut name, mut file, mut line) = (None, None, None);
         let mut extra = Vec::new();
-        for &(k, v) in entries {
+        for &[k, v] in entries {
             let wrap = |f: Failure| at(&key_text(heap, k), f);
             match heap.key(k) {
                 Key::Name => name = Some(str_handle(heap, v).map_err(wrap)?),
@@ -390,7 +400,12 @@ impl Lowerer {
             let key = (self.text_id(heap, name), self.text_id(heap, file), line);
             let id = *self.plain_frame_ids.entry(key).or_insert(new_id);
             if id == new_id {
-                self.frames.push(make());
+                // Filled in place, for the reason given at `BLANK_EVENT`.
+                self.frames.extend(std::iter::once_with(|| BLANK_FRAME));
+                let frame = self.frames.last_mut().expect("just added");
+                frame.name = heap.str(name).to_owned();
+                frame.file = heap.str(file).to_owned();
+                frame.line = line;
             }
             return Ok(id);
         }
@@ -554,7 +569,7 @@ impl Lowerer {
     /// in, its fields were read back by wide loads right after narrow stores,
     /// which stalls store forwarding (`perf annotate`: a sixth of the time
     /// spent on events).
-    fn add_event(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<(), Failure> {
+    fn add_event(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Result<(), Failure> {
         let i = self.events.len();
         self.events.extend(std::iter::once_with(|| BLANK_EVENT));
         let filled = self.fill_event(heap, entries, i);
@@ -564,9 +579,9 @@ impl Lowerer {
         filled
     }
 
-    fn fill_event(&mut self, heap: &Heap, entries: &[(Val, Val)], i: usize) -> Result<(), Failure> {
+    fn fill_event(&mut self, heap: &Heap, entries: &[[Val; 2]], i: usize) -> Result<(), Failure> {
         let (mut has_action, mut has_size) = (false, false);
-        for &(k, v) in entries {
+        for &[k, v] in entries {
             let wrap = |f: Failure| at(&key_text(heap, k), f);
             match heap.key(k) {
                 Key::Action => {
@@ -652,11 +667,11 @@ impl Lowerer {
 
     /// A block dict; the flag says whether it had an `address` (older files
     /// leave it out and the segment's conversion fills it in).
-    fn block(&mut self, heap: &Heap, entries: &[(Val, Val)]) -> Result<(Block, bool), Failure> {
+    fn block(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Result<(Block, bool), Failure> {
         let mut b = Block::default();
         let (mut has_address, mut has_size, mut has_state, mut has_requested) =
             (false, false, false, false);
-        for &(k, v) in entries {
+        for &[k, v] in entries {
             let wrap = |f: Failure| at(&key_text(heap, k), f);
             match heap.key(k) {
                 Key::Address => {
@@ -714,7 +729,7 @@ impl Lowerer {
 
     fn history(&mut self, heap: &Heap, v: Val) -> Result<HistoryEntry, Failure> {
         let mut h = HistoryEntry::default();
-        for &(k, v) in entries(heap, v)? {
+        for &[k, v] in entries(heap, v)? {
             let wrap = |f: Failure| at(&key_text(heap, k), f);
             match heap.key(k) {
                 Key::Addr => h.address = u64_of(heap, v).map_err(wrap)?,
@@ -832,7 +847,7 @@ impl Lowerer {
                 }
                 Container::Dict(entries) => {
                     let mut out = Vec::with_capacity(entries.len());
-                    for &(k, item) in entries {
+                    for &[k, item] in entries {
                         let key = key_text(heap, k);
                         let value = self.value(heap, item, depth + 1).map_err(|f| at(&key, f))?;
                         out.push((key, value));

@@ -54,7 +54,7 @@ pub(crate) enum Container {
     List(Vec<Val>),
     Tuple(Vec<Val>),
     Set(Vec<Val>),
-    Dict(Vec<(Val, Val)>),
+    Dict(Vec<[Val; 2]>),
     /// A frame dict, now an index into the lowerer's frame table.
     Frame(u32),
     /// A list of frame dicts, now an index into the lowerer's stack table.
@@ -137,7 +137,7 @@ pub(crate) struct Heap<'a> {
     /// The schema key each string spells, if any; parallel to `strings`.
     keys: Vec<Key>,
     /// Emptied entry vectors of lowered dicts, reused by the next EMPTY_DICT.
-    pub(crate) spare_dicts: Vec<Vec<(Val, Val)>>,
+    pub(crate) spare_dicts: Vec<Vec<[Val; 2]>>,
     /// Emptied item vectors of lowered lists, reused by the next EMPTY_LIST.
     pub(crate) spare_lists: Vec<Vec<Val>>,
     pub(crate) bytes: Vec<&'a [u8]>,
@@ -541,7 +541,7 @@ impl<'a> Machine<'a> {
                             self.error_at(ErrorKind::Malformed, "DICT with an odd number of items")
                         );
                     }
-                    let pairs = items.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+                    let pairs = items.chunks_exact(2).map(|p| [p[0], p[1]]).collect();
                     let v = self.heap.push(Container::Dict(pairs));
                     self.stack.push(v);
                     self.lower_top();
@@ -576,7 +576,7 @@ impl<'a> Machine<'a> {
                     let value = self.pop(op, at)?;
                     let key = self.pop(op, at)?;
                     let target = self.top_container(op, at)?;
-                    self.set_items(target, [(key, value)].into_iter(), op, at)?;
+                    self.set_items(target, [[key, value]].into_iter(), op, at)?;
                     self.lower_top();
                 }
                 b'u' => {
@@ -588,10 +588,20 @@ impl<'a> Machine<'a> {
                         ));
                     }
                     let target = self.container_below(mark, op, at)?;
-                    match &mut self.heap.containers[target as usize] {
-                        Container::Dict(v) => {
-                            v.extend(self.stack[mark..].chunks_exact(2).map(|p| (p[0], p[1])))
+                    let (pairs, _) = self.stack[mark..].as_chunks::<2>();
+                    if matches!(&self.heap.containers[target as usize], Container::Dict(v) if v.is_empty())
+                    {
+                        // A whole dict, as PyTorch writes each record: lowered
+                        // straight from the stack, never copied into the dict.
+                        if let Some(record) = self.lower.lower_entries(&self.heap, pairs) {
+                            self.heap.settle(target, record);
+                            self.stack.truncate(mark);
+                            self.frame_in_place_of(target);
+                            continue;
                         }
+                    }
+                    match &mut self.heap.containers[target as usize] {
+                        Container::Dict(v) => v.extend_from_slice(pairs),
                         Container::Frame(_) | Container::Event(_) | Container::Block(_) => {
                             return Err(self.changed_after_complete(op, at));
                         }
@@ -923,7 +933,7 @@ impl<'a> Machine<'a> {
     fn set_items(
         &mut self,
         target: u32,
-        items: impl Iterator<Item = (Val, Val)>,
+        items: impl Iterator<Item = [Val; 2]>,
         op: u8,
         at: usize,
     ) -> Result<()> {
@@ -958,8 +968,18 @@ impl<'a> Machine<'a> {
             return;
         };
         self.lower.lower_dict(&mut self.heap, id);
+        self.frame_in_place_of(id);
+    }
+
+    /// If container `id`, on top of the stack, was lowered to a frame, puts
+    /// the frame there as a [`Val::Frame`], and in the memo when it was the
+    /// last container memoized.
+    fn frame_in_place_of(&mut self, id: u32) {
         if let Container::Frame(f) = self.heap.containers[id as usize] {
-            *self.stack.last_mut().expect("checked above") = Val::Frame(f);
+            *self
+                .stack
+                .last_mut()
+                .expect("the container is on the stack") = Val::Frame(f);
             let (memoized, slot) = self.last_memoized;
             if memoized == id && self.memo[slot] == Val::Obj(id) {
                 self.memo[slot] = Val::Frame(f);

@@ -61,11 +61,11 @@ pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
             let top_entries = entries(&heap, top).expect("checked");
             if !top_entries
                 .iter()
-                .any(|&(k, _)| matches!(k, Val::Str(id) if heap.str(id) == "segments"))
+                .any(|&[k, _]| matches!(k, Val::Str(id) if heap.str(id) == "segments"))
             {
                 return Err(not_snapshot("a dict without 'segments'"));
             }
-            for &(k, v) in top_entries {
+            for &[k, v] in top_entries {
                 let key = key_text(&heap, k);
                 match key.as_str() {
                     "segments" => {
@@ -113,7 +113,7 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Segment, Failure>
     let mut pool = None;
     let (mut has_address, mut has_total) = (false, false);
     let mut block_vals: &[Val] = &[];
-    for &(k, v) in entries(heap, v).map_err(here)? {
+    for &[k, v] in entries(heap, v).map_err(here)? {
         let key = key_text(heap, k);
         let field = key.as_str();
         let wrap = |f: Failure| at(field, f);
@@ -209,7 +209,7 @@ fn annotations(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<Annotatio
     let mut out = Vec::with_capacity(list.len());
     for (i, &a) in list.iter().enumerate() {
         let mut ann = Annotation::default();
-        for &(k, v) in entries(heap, a).map_err(|f| index(i, f))? {
+        for &[k, v] in entries(heap, a).map_err(|f| index(i, f))? {
             let key = key_text(heap, k);
             let field = key.as_str();
             let wrap = |f: Failure| index(i, at(field, f));
