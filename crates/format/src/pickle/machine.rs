@@ -190,18 +190,18 @@ impl<'a> Heap<'a> {
     }
 
     /// A new empty dict, on a spare vector when there is one.
-    fn new_dict(&mut self) -> Val {
+    fn new_dict(&mut self) -> u32 {
         let entries = self.spare_dicts.pop().unwrap_or_default();
         self.push_with(|| Container::Dict(entries))
     }
 
     /// A new empty list, on a spare vector when there is one.
-    fn new_list(&mut self) -> Val {
+    fn new_list(&mut self) -> u32 {
         let items = self.spare_lists.pop().unwrap_or_default();
         self.push_with(|| Container::List(items))
     }
 
-    /// Adds the container `make` returns.
+    /// Adds the container `make` returns; returns its id.
     ///
     /// Reserves room before the container exists, unlike `Vec::push`, whose
     /// possible call to grow the vector makes the compiler build the
@@ -210,10 +210,10 @@ impl<'a> Heap<'a> {
     /// lists in a snapshot (`perf annotate` put a tenth of the machine's time
     /// on that copy).
     #[inline(always)]
-    fn push_with(&mut self, make: impl FnOnce() -> Container) -> Val {
-        let id = self.containers.len();
+    fn push_with(&mut self, make: impl FnOnce() -> Container) -> u32 {
+        let id = self.containers.len() as u32;
         self.containers.extend(std::iter::once_with(make));
-        Val::Obj(id as u32)
+        id
     }
 
     fn push(&mut self, c: Container) -> Val {
@@ -234,6 +234,18 @@ fn memo_get_at(data: &[u8], pos: usize) -> Option<(usize, usize)> {
         }
         _ => None,
     }
+}
+
+/// Pushes the value `make` returns onto `stack`.
+///
+/// Not `Vec::push(value)`: across its possible call to grow the vector the
+/// compiler keeps a fresh value on the stack, written by narrow stores and
+/// copied by a wide load, which stalls store forwarding (`perf annotate` put
+/// a seventh of the machine's time on one such push). Here the value is made
+/// after room is reserved, and written straight to its place.
+#[inline(always)]
+fn push_new(stack: &mut Vec<Val>, make: impl FnOnce() -> Val) {
+    stack.extend(std::iter::once_with(make));
 }
 
 /// Where the run of BINGETs and LONG_BINGETs from `pos` ends.
@@ -421,40 +433,43 @@ impl<'a> Machine<'a> {
                     let top = self.peek(op, at)?;
                     self.stack.push(top);
                 }
-                b'N' => self.stack.push(Val::None),
-                0x88 => self.stack.push(Val::Bool(true)),
-                0x89 => self.stack.push(Val::Bool(false)),
+                b'N' => push_new(&mut self.stack, || Val::None),
+                0x88 => push_new(&mut self.stack, || Val::Bool(true)),
+                0x89 => push_new(&mut self.stack, || Val::Bool(false)),
                 b'J' => {
                     let b = self.take(4, op)?;
-                    self.stack
-                        .push(Val::Int(i32::from_le_bytes(b.try_into().unwrap()).into()));
+                    let v = i32::from_le_bytes(b.try_into().unwrap()).into();
+                    push_new(&mut self.stack, || Val::Int(v));
                     self.more_gets();
                 }
                 b'K' => {
-                    let v = self.u8(op)?;
-                    self.stack.push(Val::Int(v.into()));
+                    let v = self.u8(op)?.into();
+                    push_new(&mut self.stack, || Val::Int(v));
                     self.more_gets();
                 }
                 b'M' => {
                     let b = self.take(2, op)?;
-                    self.stack
-                        .push(Val::Int(u16::from_le_bytes([b[0], b[1]]).into()));
+                    let v = u16::from_le_bytes([b[0], b[1]]).into();
+                    push_new(&mut self.stack, || Val::Int(v));
                     self.more_gets();
                 }
                 0x8a => {
                     let n = self.u8(op)? as usize;
                     let start = self.pos;
                     let b = self.take(n, op)?;
-                    let v = match self.data.get(start..start + 8) {
+                    match self.data.get(start..start + 8) {
                         // Addresses and times: one load, then sign-extend the n bytes.
                         Some(word) if (1..=8).contains(&n) => {
                             let shift = 64 - 8 * n as u32;
                             let word = i64::from_le_bytes(word.try_into().expect("8 bytes"));
-                            Val::Int((word << shift) >> shift)
+                            let v = (word << shift) >> shift;
+                            push_new(&mut self.stack, || Val::Int(v));
                         }
-                        _ => self.long(b, at)?,
-                    };
-                    self.stack.push(v);
+                        _ => {
+                            let v = self.long(b, at)?;
+                            self.stack.push(v);
+                        }
+                    }
                     self.more_gets();
                 }
                 0x8b => {
@@ -493,14 +508,14 @@ impl<'a> Machine<'a> {
                     self.push_bytes(n, op)?;
                 }
                 b'}' => {
-                    let v = self.heap.new_dict();
-                    self.stack.push(v);
-                    self.memoize_and_mark(v);
+                    let id = self.heap.new_dict();
+                    push_new(&mut self.stack, || Val::Obj(id));
+                    self.memoize_and_mark(id);
                 }
                 b']' => {
-                    let v = self.heap.new_list();
-                    self.stack.push(v);
-                    self.memoize_and_mark(v);
+                    let id = self.heap.new_list();
+                    push_new(&mut self.stack, || Val::Obj(id));
+                    self.memoize_and_mark(id);
                 }
                 b')' => {
                     let v = self.heap.push(Container::Tuple(Vec::new()));
@@ -813,8 +828,14 @@ impl<'a> Machine<'a> {
         };
         self.heap.keys.push(Key::classify(&s));
         self.heap.strings.push(s);
-        self.stack
-            .push(Val::Str(self.heap.strings.len() as u32 - 1));
+        let id = self.heap.strings.len() as u32 - 1;
+        push_new(&mut self.stack, || Val::Str(id));
+        // Protocol 4 memoizes each string; done here, the MEMOIZE needs no
+        // dispatch, nor a read of the value just pushed.
+        if self.data.get(self.pos) == Some(&0x94) {
+            self.pos += 1;
+            push_new(&mut self.memo, || Val::Str(id));
+        }
         Ok(())
     }
 
@@ -1091,19 +1112,17 @@ impl<'a> Machine<'a> {
         self.heap.settle(list, Record::Stack(stack));
     }
 
-    /// Runs the MEMOIZE and MARK that follow new container `v` (just pushed)
+    /// Runs the MEMOIZE and MARK that follow new container `id` (just pushed)
     /// in protocol 4 pickles, without a trip through `execute`'s dispatch for
     /// each: a dispatch costs most when its target is hard to predict, and
     /// this pair follows nearly every dict and list.
-    fn memoize_and_mark(&mut self, v: Val) {
+    fn memoize_and_mark(&mut self, id: u32) {
         if self.data.get(self.pos) != Some(&0x94) {
             return;
         }
         self.pos += 1;
-        self.memo.push(v);
-        if let Val::Obj(id) = v {
-            self.last_memoized = (id, self.memo.len() - 1);
-        }
+        push_new(&mut self.memo, || Val::Obj(id));
+        self.last_memoized = (id, self.memo.len() - 1);
         if self.data.get(self.pos) == Some(&b'(') {
             self.pos += 1;
             self.marks.push(self.stack.len());
