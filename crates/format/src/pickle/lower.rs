@@ -323,13 +323,11 @@ impl Lowerer {
         Lowerer {
             // A trace event takes at least 48 pickled bytes and a distinct
             // frame at least 32; reserving for that many costs address space,
-            // not memory, and saves copying the tables as they grow.
+            // not memory, and saves copying the tables as they grow. (Not so
+            // for a hash table: its inserts land all over it, touching every
+            // page, so the frame index grows as it fills.)
             events: Vec::with_capacity(len / 48),
             frames: Vec::with_capacity(len / 32),
-            plain_frame_ids: FxHashMap::with_capacity_and_hasher(
-                (len / 32).min(1 << 20),
-                Default::default(),
-            ),
             value_budget: len + (1 << 20),
             ..Lowerer::default()
         }
