@@ -13,7 +13,8 @@ use rustc_hash::FxBuildHasher;
 /// Distinct values in first-seen order, with an index by content.
 pub(crate) struct Interner<T> {
     items: Vec<T>,
-    index: HashTable<u32>,
+    /// Item ids with their hashes, so that growing the index rehashes no item.
+    index: HashTable<(u64, u32)>,
 }
 
 impl<T> Default for Interner<T> {
@@ -34,18 +35,16 @@ impl<T: Hash> Interner<T> {
     {
         let hash = FxBuildHasher.hash_one(key);
         let items = &self.items;
-        if let Some(&id) = self
+        if let Some(&(_, id)) = self
             .index
-            .find(hash, |&i| items[i as usize].borrow() == key)
+            .find(hash, |&(_, i)| items[i as usize].borrow() == key)
         {
             return id;
         }
         let id = self.items.len() as u32;
         self.items.push(make(key));
-        let items = &self.items;
-        self.index.insert_unique(hash, id, |&i| {
-            FxBuildHasher.hash_one(items[i as usize].borrow())
-        });
+        self.index
+            .insert_unique(hash, (hash, id), |&(hash, _)| hash);
         id
     }
 

@@ -45,7 +45,7 @@ pub(crate) struct Lowerer {
     other_frame_ids: FxHashMap<Frame, FrameId>,
     /// Pickled strings by text: the first pickled string of each text,
     /// which stands for all strings equal to it.
-    texts: HashTable<u32>,
+    texts: HashTable<(u64, u32)>,
     /// The [`Lowerer::text_id`] of each pickled string seen in a frame (by
     /// heap string id; [`UNSEEN`] for none).
     text_ids: Vec<u32>,
@@ -424,14 +424,15 @@ impl Lowerer {
             return id;
         }
         let text = heap.str(h);
-        let id = *self
+        let hash = FxBuildHasher.hash_one(text);
+        let (_, id) = *self
             .texts
             .entry(
-                FxBuildHasher.hash_one(text),
-                |&other| same_text(heap.str(other), text),
-                |&other| FxBuildHasher.hash_one(heap.str(other)),
+                hash,
+                |&(_, other)| same_text(heap.str(other), text),
+                |&(hash, _)| hash,
             )
-            .or_insert(h)
+            .or_insert((hash, h))
             .get();
         if h as usize >= self.text_ids.len() {
             self.text_ids.resize(h as usize + 1, UNSEEN);

@@ -19,7 +19,6 @@ use std::borrow::Cow;
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
-use rustc_hash::FxBuildHasher;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{FrameId, StackId};
@@ -284,6 +283,7 @@ pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
         lower: Lowerer::for_input(data.len()),
         frame_run: Vec::new(),
         stacks_by_gets: HashTable::new(),
+        gets_hasher: hashbrown::DefaultHashBuilder::default(),
         protocol: 0,
     };
     let top = m.execute()?;
@@ -305,6 +305,9 @@ struct Machine<'a> {
     /// The stacks of frame lists read so far, by the position and length of
     /// their memo gets in `data`.
     stacks_by_gets: HashTable<(usize, usize, StackId)>,
+    /// Hashes the get bytes for `stacks_by_gets`: foldhash (hashbrown's
+    /// default) reads long byte strings several times faster than FxHash.
+    gets_hasher: hashbrown::DefaultHashBuilder,
     protocol: u8,
 }
 
@@ -1080,7 +1083,8 @@ impl<'a> Machine<'a> {
             return;
         }
         let gets = &data[start..end];
-        let hash = FxBuildHasher.hash_one(gets);
+        let hasher = &self.gets_hasher;
+        let hash = hasher.hash_one(gets);
         let known = self
             .stacks_by_gets
             .find(hash, |&(at, len, _)| &data[at..at + len] == gets);
@@ -1102,7 +1106,7 @@ impl<'a> Machine<'a> {
                 self.stacks_by_gets.insert_unique(
                     hash,
                     (start, gets.len(), stack),
-                    |&(at, len, _)| FxBuildHasher.hash_one(&data[at..at + len]),
+                    |&(at, len, _)| hasher.hash_one(&data[at..at + len]),
                 );
                 stack
             }
