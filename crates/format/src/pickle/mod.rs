@@ -337,6 +337,36 @@ mod tests {
             self.op(b"e");
             self.op(b"u");
         }
+
+        /// The key `device_traces`, a list of devices, and the opening of the
+        /// first device's event list; events may follow.
+        fn traces_start(&mut self) {
+            self.str("device_traces");
+            self.op(b"]");
+            self.put();
+            self.op(b"(]");
+            self.put();
+            self.op(b"(");
+        }
+
+        /// Closes the event list and the device list of `traces_start`.
+        fn traces_end(&mut self) {
+            self.op(b"e"); // the events
+            self.op(b"e"); // the device list
+        }
+    }
+
+    /// Each event's stack of the first device, as (name, line) pairs.
+    fn event_stacks(snap: &Snapshot) -> Vec<Vec<(&str, u32)>> {
+        snap.traces[0]
+            .events
+            .iter()
+            .map(|ev| {
+                snap.stack_frames(ev.stack)
+                    .map(|f| (f.name.as_str(), f.line))
+                    .collect()
+            })
+            .collect()
     }
 
     /// Frame lists made of memo gets take a fast path in the machine; these
@@ -346,12 +376,7 @@ mod tests {
     fn frame_lists_read_the_same_whichever_way_they_are_written() {
         let mut p = Cpp::default();
         p.snapshot_start();
-        p.str("device_traces");
-        p.op(b"]");
-        p.put();
-        p.op(b"(]");
-        p.put();
-        p.op(b"(");
+        p.traces_start();
         let (mut a, mut b) = (0, 0);
         p.event(|p| {
             a = p.frame("a", 1);
@@ -365,8 +390,7 @@ mod tests {
             p.frame("c", 3);
             p.get(a);
         });
-        p.op(b"e"); // the events
-        p.op(b"e"); // the device list
+        p.traces_end();
         p.str("mixed");
         p.op(b"]");
         p.put();
@@ -378,17 +402,8 @@ mod tests {
         p.op(b"u.");
 
         let snap = read(&p.out, None).unwrap();
-        let stacks: Vec<Vec<(&str, u32)>> = snap.traces[0]
-            .events
-            .iter()
-            .map(|ev| {
-                snap.stack_frames(ev.stack)
-                    .map(|f| (f.name.as_str(), f.line))
-                    .collect()
-            })
-            .collect();
         assert_eq!(
-            stacks,
+            event_stacks(&snap),
             [
                 vec![("a", 1), ("b", 2)],
                 vec![("a", 1), ("b", 2)],
@@ -416,12 +431,7 @@ mod tests {
     fn a_rewritten_memo_slot_changes_a_frame_list_read_before() {
         let mut p = Cpp::default();
         p.snapshot_start();
-        p.str("device_traces");
-        p.op(b"]");
-        p.put();
-        p.op(b"(]");
-        p.put();
-        p.op(b"(");
+        p.traces_start();
         let (mut a, mut b) = (0, 0);
         p.event(|p| {
             a = p.frame("a", 1);
@@ -436,21 +446,18 @@ mod tests {
         p.event(|p| {
             p.get(a).get(b);
         });
-        p.op(b"e"); // the events
-        p.op(b"e"); // the device list
+        p.traces_end();
         p.op(b"u.");
 
         let snap = read(&p.out, None).unwrap();
-        let stacks: Vec<Vec<&str>> = snap.traces[0]
-            .events
-            .iter()
-            .map(|ev| {
-                snap.stack_frames(ev.stack)
-                    .map(|f| f.name.as_str())
-                    .collect()
-            })
-            .collect();
-        assert_eq!(stacks, [vec!["a", "b"], vec!["a", "b"], vec!["c", "b"]]);
+        assert_eq!(
+            event_stacks(&snap),
+            [
+                vec![("a", 1), ("b", 2)],
+                vec![("a", 1), ("b", 2)],
+                vec![("c", 3), ("b", 2)],
+            ]
+        );
     }
 
     /// APPENDS needs its list above the innermost MARK; the frame-list fast
