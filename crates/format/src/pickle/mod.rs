@@ -349,6 +349,20 @@ mod tests {
             self.op(b"(");
         }
 
+        /// Two events with the stack a (line 1), b (line 2): the first writes
+        /// the frames, the second gets them from the memo. Returns their memo ids.
+        fn two_events_with_frames_a_b(&mut self) -> (u32, u32) {
+            let (mut a, mut b) = (0, 0);
+            self.event(|p| {
+                a = p.frame("a", 1);
+                b = p.frame("b", 2);
+            });
+            self.event(|p| {
+                p.get(a).get(b);
+            });
+            (a, b)
+        }
+
         /// Closes the event list and the device list of `traces_start`.
         fn traces_end(&mut self) {
             self.op(b"e"); // the events
@@ -377,14 +391,7 @@ mod tests {
         let mut p = Cpp::default();
         p.snapshot_start();
         p.traces_start();
-        let (mut a, mut b) = (0, 0);
-        p.event(|p| {
-            a = p.frame("a", 1);
-            b = p.frame("b", 2);
-        });
-        p.event(|p| {
-            p.get(a).get(b);
-        });
+        let (a, b) = p.two_events_with_frames_a_b();
         p.event(|p| {
             p.get(b);
             p.frame("c", 3);
@@ -432,14 +439,7 @@ mod tests {
         let mut p = Cpp::default();
         p.snapshot_start();
         p.traces_start();
-        let (mut a, mut b) = (0, 0);
-        p.event(|p| {
-            a = p.frame("a", 1);
-            b = p.frame("b", 2);
-        });
-        p.event(|p| {
-            p.get(a).get(b);
-        });
+        let (a, b) = p.two_events_with_frames_a_b();
         // Frame `c` goes into slot `a`, then off the stack.
         p.frame("c", 3);
         p.op(&[b'q', a as u8]).op(b"0");
