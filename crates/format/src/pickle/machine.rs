@@ -215,9 +215,9 @@ impl<'a> Heap<'a> {
         id
     }
 
+    /// Adds container `c`, built by the caller (the rarer opcodes).
     fn push(&mut self, c: Container) -> Val {
-        self.containers.push(c);
-        Val::Obj(self.containers.len() as u32 - 1)
+        Val::Obj(self.push_with(|| c))
     }
 }
 
