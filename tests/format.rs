@@ -67,6 +67,56 @@ fn check_totals_match_cpython(path: &Path) {
         "{}: frames per block",
         path.display()
     );
+    // Every block and event has the frames, in order, that CPython reads.
+    let blocks = snap.segments.iter().flat_map(|s| &s.blocks);
+    let events = snap.traces.iter().flat_map(|t| &t.events);
+    for (field, stacks) in [
+        (
+            "block_stacks",
+            stacks_as_cpython(&snap, blocks.map(|b| b.stack)),
+        ),
+        (
+            "event_stacks",
+            stacks_as_cpython(&snap, events.map(|e| e.stack)),
+        ),
+    ] {
+        assert!(
+            stacks == expected[field],
+            "{}: {field} differ from CPython's",
+            path.display()
+        );
+    }
+}
+
+/// The frames of each stack in `stacks`, in the form `torch_totals.py`
+/// prints: distinct frames as `[name, filename, line]`, distinct stacks as
+/// frame indices, and each stack's index (all in first-seen order).
+fn stacks_as_cpython(
+    snap: &Snapshot,
+    stacks: impl Iterator<Item = Option<u32>>,
+) -> serde_json::Value {
+    use std::collections::HashMap;
+    let (mut frames, mut distinct, mut which) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut frame_ids, mut stack_ids) = (HashMap::new(), HashMap::new());
+    for stack in stacks {
+        let ids: Vec<usize> = snap
+            .stack_frames(stack)
+            .map(|f| {
+                let key = (f.name.as_str(), f.file.as_str(), f.line);
+                *frame_ids.entry(key).or_insert_with(|| {
+                    frames.push(serde_json::json!([f.name, f.file, f.line]));
+                    frames.len() - 1
+                })
+            })
+            .collect();
+        let next = distinct.len();
+        let id = *stack_ids.entry(ids.clone()).or_insert(next);
+        if id == next {
+            distinct.push(ids);
+        }
+        which.push(id);
+    }
+    serde_json::json!({"frames": frames, "stacks": distinct, "which": which})
 }
 
 #[test]

@@ -21,6 +21,30 @@ def load(path):
         return pickle.load(f)
 
 
+def block_frames(b):
+    return b.get("frames") or (b.get("history") or [{}])[0].get("frames", [])
+
+
+def stacks(frame_lists):
+    """Each frame list as an index into a table of distinct stacks, each
+    stack as indices into a table of distinct (name, filename, line)."""
+    frames, stacks, frame_ids, stack_ids, which = [], [], {}, {}, []
+    for frame_list in frame_lists:
+        stack = []
+        for f in frame_list:
+            key = (f["name"], f["filename"], f["line"])
+            if key not in frame_ids:
+                frame_ids[key] = len(frames)
+                frames.append(list(key))
+            stack.append(frame_ids[key])
+        stack = tuple(stack)
+        if stack not in stack_ids:
+            stack_ids[stack] = len(stacks)
+            stacks.append(list(stack))
+        which.append(stack_ids[stack])
+    return {"frames": frames, "stacks": stacks, "which": which}
+
+
 def main(path):
     data = load(path)
     if isinstance(data, list):
@@ -37,7 +61,9 @@ def main(path):
         "requested_bytes": sum(b.get("requested_size", b["size"]) for b in active),
         "trace_events": len(events),
         "actions": dict(collections.Counter(e["action"] for e in events)),
-        "frames_per_block": [len(b.get("frames") or (b.get("history") or [{}])[0].get("frames", [])) for b in blocks],
+        "frames_per_block": [len(block_frames(b)) for b in blocks],
+        "block_stacks": stacks(block_frames(b) for b in blocks),
+        "event_stacks": stacks(e.get("frames") or [] for e in events),
     }))
 
 

@@ -25,6 +25,9 @@ use crate::value::Value;
 /// No text id yet, in [`Lowerer::text_ids`].
 const UNSEEN: u32 = u32::MAX;
 
+/// How many frames the frame index is reserved for, at most.
+const MAX_RESERVED_FRAMES: usize = 4096;
+
 /// How deep generic values (settings, unknown keys) may nest.
 const MAX_DEPTH: usize = 64;
 
@@ -323,11 +326,17 @@ impl Lowerer {
         Lowerer {
             // A trace event takes at least 48 pickled bytes and a distinct
             // frame at least 32; reserving for that many costs address space,
-            // not memory, and saves copying the tables as they grow. (Not so
-            // for a hash table: its inserts land all over it, touching every
-            // page, so the frame index grows as it fills.)
+            // not memory, and saves copying the tables as they grow.
             events: Vec::with_capacity(len / 48),
             frames: Vec::with_capacity(len / 32),
+            // Not so for a hash table: its inserts land all over it, touching
+            // every page. The frame index is reserved only up to a few
+            // thousand frames (128 KiB), which saves rehashing it as it grows
+            // in files that write thousands of distinct frames.
+            plain_frame_ids: FxHashMap::with_capacity_and_hasher(
+                (len / 32).min(MAX_RESERVED_FRAMES),
+                FxBuildHasher,
+            ),
             value_budget: len + (1 << 20),
             ..Lowerer::default()
         }
@@ -387,33 +396,40 @@ impl Lowerer {
         let name = name.ok_or_else(|| missing("name"))?;
         let file = file.ok_or_else(|| missing("filename"))?;
         let line = line.ok_or_else(|| missing("line"))?;
+        if extra.is_empty() {
+            return Ok(self.plain_frame(heap, name, file, line));
+        }
         let new_id = self.frames.len() as FrameId;
-        let make = || Frame {
+        let frame = Frame {
             name: heap.str(name).to_owned(),
             file: heap.str(file).to_owned(),
             line,
-            extra: Vec::new(),
+            extra,
         };
-        if extra.is_empty() {
-            let key = (self.text_id(heap, name), self.text_id(heap, file), line);
-            let id = *self.plain_frame_ids.entry(key).or_insert(new_id);
-            if id == new_id {
-                // Filled in place, for the reason given at `BLANK_EVENT`.
-                self.frames.extend(std::iter::once_with(|| BLANK_FRAME));
-                let frame = self.frames.last_mut().expect("just added");
-                frame.name = heap.str(name).to_owned();
-                frame.file = heap.str(file).to_owned();
-                frame.line = line;
-            }
-            return Ok(id);
-        }
-        let frame = Frame { extra, ..make() };
         if let Some(&id) = self.other_frame_ids.get(&frame) {
             return Ok(id);
         }
         self.other_frame_ids.insert(frame.clone(), new_id);
         self.frames.push(frame);
         Ok(new_id)
+    }
+
+    /// The id of the frame with no extra keys whose name and file are
+    /// pickled strings `name` and `file`.
+    #[inline(always)]
+    pub(crate) fn plain_frame(&mut self, heap: &Heap, name: u32, file: u32, line: u32) -> FrameId {
+        let new_id = self.frames.len() as FrameId;
+        let key = (self.text_id(heap, name), self.text_id(heap, file), line);
+        let id = *self.plain_frame_ids.entry(key).or_insert(new_id);
+        if id == new_id {
+            // Filled in place, for the reason given at `BLANK_EVENT`.
+            self.frames.extend(std::iter::once_with(|| BLANK_FRAME));
+            let frame = self.frames.last_mut().expect("just added");
+            frame.name = heap.str(name).to_owned();
+            frame.file = heap.str(file).to_owned();
+            frame.line = line;
+        }
+        id
     }
 
     /// The id of pickled string `h`'s text: that of the first pickled string

@@ -240,13 +240,16 @@ mod tests {
     //! `LONG1` ints), which CPython's pickler does not write.
 
     use super::*;
+    use crate::model::Frame;
     use crate::value::Value;
 
-    /// A tiny emitter of the opcodes the C++ pickler uses.
+    /// A tiny emitter of the opcodes the C++ pickler uses; with `memoize`,
+    /// it stores values in the memo with MEMOIZE, as protocol 4 does.
     #[derive(Default)]
     struct Cpp {
         out: Vec<u8>,
         memo: u32,
+        memoize: bool,
     }
 
     impl Cpp {
@@ -257,7 +260,9 @@ mod tests {
         fn put(&mut self) -> u32 {
             let id = self.memo;
             self.memo += 1;
-            if id < 256 {
+            if self.memoize {
+                self.op(&[0x94]);
+            } else if id < 256 {
                 self.op(&[b'q', id as u8]);
             } else {
                 self.op(b"r");
@@ -293,7 +298,8 @@ mod tests {
         /// The start of a snapshot: protocol 2, the top dict, its MARK, and
         /// the key `segments` with an empty list that items may follow.
         fn snapshot_start(&mut self) {
-            self.op(&[0x80, 2]).op(b"}");
+            let protocol = if self.memoize { 4 } else { 2 };
+            self.op(&[0x80, protocol]).op(b"}");
             self.put();
             self.op(b"(");
             self.str("segments");
@@ -430,6 +436,110 @@ mod tests {
         assert_eq!(items[0].get("name"), Some(&Value::Str("a".into())));
         assert_eq!(items[1], Value::Str("text".into()));
         assert_eq!(items[2], Value::Str("text".into()));
+    }
+
+    /// Protocol 4 frame dicts whose keys and strings are all memo gets take
+    /// a fast path in the machine; whatever it does not take (new strings,
+    /// extra or repeated keys, other values) must read as it does in Python.
+    #[test]
+    fn frame_dicts_read_the_same_whichever_way_they_are_written() {
+        let mut p = Cpp {
+            memoize: true,
+            ..Cpp::default()
+        };
+        p.snapshot_start();
+        p.traces_start();
+        let (mut name, mut a, mut file, mut train, mut line) = (0, 0, 0, 0, 0);
+        p.event(|p| {
+            p.op(b"}");
+            p.put();
+            p.op(b"(");
+            name = p.str("name");
+            a = p.str("a");
+            file = p.str("filename");
+            train = p.str("train.py");
+            line = p.str("line");
+            p.int(1);
+            p.op(b"u");
+        });
+        // What each frame dict holds: its keys and values, in order.
+        let frames: [&dyn Fn(&mut Cpp); 7] = [
+            // As the first, from the memo: the fast path.
+            &|p| {
+                p.get(name).get(a).get(file).get(train).get(line).int(1);
+            },
+            // Keys in another order, a two-byte line.
+            &|p| {
+                p.get(line).int(300).get(name).get(a).get(file).get(train);
+            },
+            // A four-byte negative line, clamped to 0.
+            &|p| {
+                p.get(file).get(train).get(name).get(a).get(line).int(-5);
+            },
+            // `name` twice: the last one counts.
+            &|p| {
+                p.get(name).get(train).get(name).get(a).get(file).get(train);
+                p.get(line).int(2);
+            },
+            // An extra key.
+            &|p| {
+                p.get(name).get(a).get(file).get(train).get(line).int(1);
+                p.str("column");
+                p.int(4);
+            },
+            // A new string for the name.
+            &|p| {
+                p.get(name);
+                p.str("b");
+                p.get(file).get(train).get(line).int(1);
+            },
+            // A line written as an 8-byte LONG1.
+            &|p| {
+                p.get(name).get(a).get(file).get(train).get(line);
+                p.op(&[0x8a, 8]).op(&3i64.to_le_bytes());
+            },
+        ];
+        p.event(|p| {
+            for write in frames {
+                p.op(b"}");
+                p.put();
+                p.op(b"(");
+                write(p);
+                p.op(b"u");
+            }
+        });
+        p.traces_end();
+        p.op(b"u.");
+
+        let snap = read(&p.out, None).unwrap();
+        assert_eq!(
+            event_stacks(&snap),
+            [
+                vec![("a", 1)],
+                vec![
+                    ("a", 1),
+                    ("a", 300),
+                    ("a", 0),
+                    ("a", 2),
+                    ("a", 1),
+                    ("b", 1),
+                    ("a", 3)
+                ],
+            ]
+        );
+        let frames: Vec<&Frame> = snap.stack_frames(snap.traces[0].events[1].stack).collect();
+        assert!(frames.iter().all(|f| f.file == "train.py"), "{frames:?}");
+        assert!(frames[0].extra.is_empty());
+        assert_eq!(frames[4].extra, [("column".to_owned(), "4".to_owned())]);
+        assert_eq!(
+            snap.traces[0].events[0]
+                .stack
+                .map(|s| snap.stacks[s as usize][0]),
+            snap.traces[0].events[1]
+                .stack
+                .map(|s| snap.stacks[s as usize][0]),
+            "a frame read both ways is one frame"
+        );
     }
 
     /// The machine knows a frame list read before by its memo-get bytes; a
