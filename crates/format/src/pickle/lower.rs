@@ -416,7 +416,6 @@ impl Lowerer {
 
     /// The id of the frame with no extra keys whose name and file are
     /// pickled strings `name` and `file`.
-    #[inline(always)]
     pub(crate) fn plain_frame(&mut self, heap: &Heap, name: u32, file: u32, line: u32) -> FrameId {
         let new_id = self.frames.len() as FrameId;
         let key = (self.text_id(heap, name), self.text_id(heap, file), line);
