@@ -26,6 +26,16 @@ impl<T> Default for Interner<T> {
     }
 }
 
+impl<T> Interner<T> {
+    /// An empty table with room for `n` values.
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Interner {
+            items: Vec::with_capacity(n),
+            index: HashTable::with_capacity(n),
+        }
+    }
+}
+
 impl<T: Hash> Interner<T> {
     /// The id of the value equal to `key`, adding `make(key)` if there is none.
     pub(crate) fn intern<Q>(&mut self, key: &Q, make: impl FnOnce(&Q) -> T) -> u32
