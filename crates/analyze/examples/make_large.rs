@@ -31,8 +31,8 @@ fn frames_and_stacks() -> (Vec<Frame>, Vec<Vec<u32>>) {
                 "/home/u/train.py".into()
             };
             frames.push(Frame {
-                name: format!("fn_{s}_{d}"),
-                file,
+                name: format!("fn_{s}_{d}").into(),
+                file: file.into(),
                 line: 10 + d,
                 extra: vec![],
             });

@@ -177,8 +177,8 @@ impl CulpritRules {
     /// The culprit of a stack, innermost frame first.
     pub fn culprit<'a>(&self, frames: impl IntoIterator<Item = &'a Frame> + Clone) -> Culprit {
         let pick = |f: &Frame, kind| Culprit {
-            name: f.name.clone(),
-            file: f.file.clone(),
+            name: f.name.to_string(),
+            file: f.file.to_string(),
             line: f.line,
             kind,
         };

@@ -112,8 +112,8 @@ impl Site {
                 .iter()
                 .filter(|f| !is_noise(f))
                 .map(|f| SiteFrame {
-                    name: f.name.clone(),
-                    file: f.file.clone(),
+                    name: f.name.to_string(),
+                    file: f.file.to_string(),
                     line: f.line,
                 })
                 .collect(),

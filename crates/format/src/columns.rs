@@ -9,7 +9,7 @@
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::model::{Action, DeviceTrace, Frame, TraceEvent};
+use crate::model::{Action, CompactString, DeviceTrace, Frame, TraceEvent};
 use crate::value::Extra;
 
 /// Code of an action without a code of its own in the action column; its name
@@ -375,8 +375,8 @@ fn decode_trace(c: TraceColumns) -> Result<DeviceTrace, String> {
 
 #[derive(Serialize, Deserialize)]
 struct FrameColumns {
-    names: Vec<String>,
-    files: Vec<String>,
+    names: Vec<CompactString>,
+    files: Vec<CompactString>,
     /// Line minus the previous frame's line: small once frames are sorted
     /// (see [`Snapshot::sort_frames`](crate::Snapshot::sort_frames)).
     line_deltas: Vec<i64>,

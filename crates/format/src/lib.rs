@@ -38,8 +38,9 @@ use std::path::Path;
 
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::model::{
-    Action, Annotation, Block, BlockState, DeviceInfo, DeviceTrace, EventDetails, Frame, FrameId,
-    HistoryEntry, Meta, Pool, Segment, Snapshot, StackId, StrId, Totals, TraceEvent,
+    Action, Annotation, Block, BlockState, CompactString, DeviceInfo, DeviceTrace, EventDetails,
+    Frame, FrameId, HistoryEntry, Meta, Pool, Segment, Snapshot, StackId, StrId, Totals,
+    TraceEvent,
 };
 pub use crate::snap::{
     FORMAT_VERSION, MAGIC, read_json, read_snap, write_atomically, write_json, write_snap,

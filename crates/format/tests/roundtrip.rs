@@ -30,14 +30,14 @@ fn extra() -> impl Strategy<Value = Vec<(String, Value)>> {
 
 fn frame() -> impl Strategy<Value = Frame> {
     (
-        "[a-z_:<>]{0,12}",
-        "[a-z/.?]{0,12}",
+        "[a-z_:<>]{0,40}",
+        "[a-z/.?]{0,40}",
         any::<u32>(),
         proptest::collection::vec(("fx_[a-z]{1,4}", "[a-z]{0,5}"), 0..2),
     )
         .prop_map(|(name, file, line, extra)| Frame {
-            name,
-            file,
+            name: name.into(),
+            file: file.into(),
             line,
             extra,
         })

@@ -241,16 +241,16 @@ impl Symbolizer {
                     .filename()
                     .map_or_else(|| "??".to_owned(), |p| p.display().to_string());
                 frames.push(Frame {
-                    name,
-                    file,
+                    name: name.into(),
+                    file: file.into(),
                     line: sym.lineno().unwrap_or(0),
                     extra: vec![],
                 });
             });
             if frames.is_empty() {
                 frames.push(Frame {
-                    name: format!("0x{ip:x}"),
-                    file: "??".to_owned(),
+                    name: format!("0x{ip:x}").into(),
+                    file: "??".into(),
                     line: 0,
                     extra: vec![],
                 });

@@ -129,7 +129,7 @@ fn frame_pointers_and_unwinding_see_the_same_stack() {
         stack_of_allocate_here(capture)
             .iter()
             .take(3)
-            .map(|f| f.name.clone())
+            .map(|f| f.name.to_string())
             .collect()
     };
     assert_eq!(

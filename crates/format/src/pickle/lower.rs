@@ -17,7 +17,8 @@ use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::intern::Interner;
 use crate::model::{
-    Action, Block, BlockState, Frame, FrameId, HistoryEntry, StackId, StrId, TraceEvent,
+    Action, Block, BlockState, CompactString, Frame, FrameId, HistoryEntry, StackId, StrId,
+    TraceEvent,
 };
 use crate::pickle::machine::{Container, Heap, Key, Record, Val};
 use crate::value::Value;
@@ -98,8 +99,8 @@ const BLANK_EVENT: TraceEvent = TraceEvent {
 
 /// A frame with no fields set, for [`Lowerer::frame`] to fill in.
 const BLANK_FRAME: Frame = Frame {
-    name: String::new(),
-    file: String::new(),
+    name: CompactString::const_new(""),
+    file: CompactString::const_new(""),
     line: 0,
     extra: Vec::new(),
 };
@@ -408,8 +409,8 @@ impl Lowerer {
         }
         let new_id = self.frames.len() as FrameId;
         let frame = Frame {
-            name: heap.str(name).to_owned(),
-            file: heap.str(file).to_owned(),
+            name: heap.str(name).into(),
+            file: heap.str(file).into(),
             line,
             extra,
         };
@@ -431,8 +432,8 @@ impl Lowerer {
             // Filled in place, for the reason given at `BLANK_EVENT`.
             self.frames.extend(std::iter::once_with(|| BLANK_FRAME));
             let frame = self.frames.last_mut().expect("just added");
-            frame.name = heap.str(name).to_owned();
-            frame.file = heap.str(file).to_owned();
+            frame.name = heap.str(name).into();
+            frame.file = heap.str(file).into();
             frame.line = line;
         }
         id
@@ -951,8 +952,8 @@ fn lowered_stack(heap: &Heap, v: Val) -> Option<StackId> {
 
 fn frame_value(f: &Frame) -> Value {
     let mut m = vec![
-        ("name".to_owned(), Value::Str(f.name.clone())),
-        ("filename".to_owned(), Value::Str(f.file.clone())),
+        ("name".to_owned(), Value::Str(f.name.to_string())),
+        ("filename".to_owned(), Value::Str(f.file.to_string())),
         ("line".to_owned(), Value::Int(f.line.into())),
     ];
     m.extend(
