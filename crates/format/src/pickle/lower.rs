@@ -57,8 +57,10 @@ pub(crate) struct Lowerer {
     /// Frame ids of the stack being interned (reused to avoid allocating).
     scratch: Vec<FrameId>,
     strings: Interner<String>,
-    /// The string each event field ([`EventText`]) was given last.
-    last_event_texts: [Option<StrId>; 2],
+    /// The pickled string (heap handle) each event field ([`EventText`])
+    /// was given last, and its interned id: the same pickled string needs
+    /// no compare at all.
+    last_event_texts: [Option<(u32, StrId)>; 2],
     /// Lowered events, moved out when placed into a trace.
     events: Vec<TraceEvent>,
     /// Whether each lowered event was already moved out.
@@ -672,19 +674,22 @@ impl Lowerer {
     }
 
     /// Interns the string of an event's text `field`. Consecutive events
-    /// nearly always carry the same text (PyTorch even writes `N/A` as a new
-    /// pickled string each time), so a short compare with the field's last
-    /// string usually saves hashing it.
+    /// nearly always carry the same text, often the same pickled string, but
+    /// not always (PyTorch writes `N/A` as a new pickled string each time),
+    /// so a short compare with the field's last string usually saves
+    /// hashing it.
     fn event_text(&mut self, heap: &Heap, v: Val, field: EventText) -> Result<StrId, Failure> {
-        let text = str_of(heap, v)?;
+        let handle = str_handle(heap, v)?;
         let last = &mut self.last_event_texts[field as usize];
-        if let Some(id) = *last
-            && same_text(self.strings.get(id), text)
+        let text = heap.str(handle);
+        if let Some((last_handle, id)) = *last
+            && (last_handle == handle || same_text(self.strings.get(id), text))
         {
+            *last = Some((handle, id));
             return Ok(id);
         }
         let id = self.strings.intern(text, str::to_owned);
-        self.last_event_texts[field as usize] = Some(id);
+        self.last_event_texts[field as usize] = Some((handle, id));
         Ok(id)
     }
 
