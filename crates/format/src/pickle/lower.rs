@@ -57,10 +57,12 @@ pub(crate) struct Lowerer {
     /// Frame ids of the stack being interned (reused to avoid allocating).
     scratch: Vec<FrameId>,
     strings: Interner<String>,
-    /// The pickled string (heap handle) each event field ([`EventText`])
-    /// was given last, and its interned id: the same pickled string needs
-    /// no compare at all.
-    last_event_texts: [Option<(u32, StrId)>; 2],
+    /// The string each event field ([`EventText`]) was given last.
+    last_event_texts: [Option<StrId>; 2],
+    /// The interned id of each pickled string given to an event field (by
+    /// heap string id; [`UNSEEN`] for none): a pickled string given again,
+    /// through the memo, needs no compare at all.
+    string_ids: Vec<StrId>,
     /// Lowered events, moved out when placed into a trace.
     events: Vec<TraceEvent>,
     /// Whether each lowered event was already moved out.
@@ -673,23 +675,28 @@ impl Lowerer {
             .clone())
     }
 
-    /// Interns the string of an event's text `field`. Consecutive events
-    /// nearly always carry the same text, often the same pickled string, but
-    /// not always (PyTorch writes `N/A` as a new pickled string each time),
-    /// so a short compare with the field's last string usually saves
-    /// hashing it.
+    /// Interns the string of an event's text `field`. A pickled string seen
+    /// before is known by its handle. A new one nearly always carries the
+    /// field's last text (PyTorch writes `N/A` as a new pickled string each
+    /// time), so a short compare with it usually saves hashing it.
     fn event_text(&mut self, heap: &Heap, v: Val, field: EventText) -> Result<StrId, Failure> {
         let handle = str_handle(heap, v)?;
-        let last = &mut self.last_event_texts[field as usize];
-        let text = heap.str(handle);
-        if let Some((last_handle, id)) = *last
-            && (last_handle == handle || same_text(self.strings.get(id), text))
+        if let Some(&id) = self.string_ids.get(handle as usize)
+            && id != UNSEEN
         {
-            *last = Some((handle, id));
             return Ok(id);
         }
-        let id = self.strings.intern(text, str::to_owned);
-        self.last_event_texts[field as usize] = Some((handle, id));
+        let text = heap.str(handle);
+        let last = &mut self.last_event_texts[field as usize];
+        let id = match *last {
+            Some(id) if same_text(self.strings.get(id), text) => id,
+            _ => self.strings.intern(text, str::to_owned),
+        };
+        *last = Some(id);
+        if handle as usize >= self.string_ids.len() {
+            self.string_ids.resize(handle as usize + 1, UNSEEN);
+        }
+        self.string_ids[handle as usize] = id;
         Ok(id)
     }
 
