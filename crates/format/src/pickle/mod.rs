@@ -95,7 +95,7 @@ pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
         }
         other => return Err(not_snapshot(lower::describe(&heap, other))),
     }
-    (snap.frames, snap.stacks, snap.strings) = lower.into_tables();
+    (snap.frames, snap.stacks, snap.strings) = lower.into_tables(&heap);
     Ok(snap)
 }
 
