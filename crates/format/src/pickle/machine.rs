@@ -542,7 +542,9 @@ impl<'a> Machine<'a> {
                 b']' => {
                     let id = self.heap.new_list();
                     push_new(&mut self.stack, || Val::Obj(id));
-                    self.memoize_and_mark(id);
+                    if self.memoize_and_mark(id) {
+                        self.frame_list();
+                    }
                 }
                 b')' => {
                     let v = self.heap.push(Container::Tuple(Vec::new()));
@@ -1197,19 +1199,21 @@ impl<'a> Machine<'a> {
     /// Runs the MEMOIZE and MARK that follow new container `id` (just pushed)
     /// in protocol 4 pickles, without a trip through `execute`'s dispatch for
     /// each: a dispatch costs most when its target is hard to predict, and
-    /// this pair follows nearly every dict and list.
-    fn memoize_and_mark(&mut self, id: u32) {
+    /// this pair follows nearly every dict and list. Says whether it ran the
+    /// MARK (after which a new list may be a frame list).
+    fn memoize_and_mark(&mut self, id: u32) -> bool {
         if self.data.get(self.pos) != Some(&0x94) {
-            return;
+            return false;
         }
         self.pos += 1;
         push_new(&mut self.memo, || Val::Obj(id));
         self.last_memoized = (id, self.memo.len() - 1);
-        if self.data.get(self.pos) == Some(&b'(') {
-            self.pos += 1;
-            self.marks.push(self.stack.len());
-            self.frame_list();
+        if self.data.get(self.pos) != Some(&b'(') {
+            return false;
         }
+        self.pos += 1;
+        self.marks.push(self.stack.len());
+        true
     }
 
     /// Runs the BINGETs and LONG_BINGETs that follow, in one tight loop: they
