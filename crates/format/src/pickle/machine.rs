@@ -1104,6 +1104,10 @@ impl<'a> Machine<'a> {
         }
         let data = self.data;
         let start = self.pos;
+        if data.get(start) == Some(&b'}') {
+            self.written_frame_list(list);
+            return;
+        }
         let end = memo_gets_end(data, start);
         if end == start || data.get(end) != Some(&b'e') {
             return;
@@ -1140,6 +1144,53 @@ impl<'a> Machine<'a> {
         self.marks.pop();
         self.pos = end + 1;
         self.heap.settle(list, Record::Stack(stack));
+    }
+
+    /// Reads frame list `list` (just MARKed) when it starts with a frame dict,
+    /// as in files that write every frame out in full: frame dicts as
+    /// [`Machine::frame_dict`] reads them and memo gets of lowered frames,
+    /// then APPENDS; the frames go straight into an interned stack, never
+    /// onto the stack. At anything else it stops, leaving the frames read so
+    /// far on the stack, as `execute` would have, for it to go on from there.
+    fn written_frame_list(&mut self, list: u32) {
+        let data = self.data;
+        let mut frames = std::mem::take(&mut self.frame_run);
+        frames.clear();
+        let complete = loop {
+            match data.get(self.pos) {
+                Some(b'}') => {
+                    self.pos += 1;
+                    let Some(frame) = self.frame_dict() else {
+                        self.pos -= 1;
+                        break false;
+                    };
+                    push_new(&mut self.memo, || Val::Frame(frame));
+                    frames.push(frame);
+                }
+                Some(b'e') if !frames.is_empty() => {
+                    self.pos += 1;
+                    break true;
+                }
+                _ => match memo_get_at(data, self.pos) {
+                    Some((i, next)) => match self.memo.get(i) {
+                        Some(&Val::Frame(frame)) => {
+                            frames.push(frame);
+                            self.pos = next;
+                        }
+                        _ => break false,
+                    },
+                    None => break false,
+                },
+            }
+        };
+        if complete {
+            let stack = self.lower.intern_stack(&frames);
+            self.marks.pop();
+            self.heap.settle(list, Record::Stack(stack));
+        } else {
+            self.stack.extend(frames.iter().map(|&f| Val::Frame(f)));
+        }
+        self.frame_run = frames;
     }
 
     /// Reads a frame dict as protocol 4 pickles write one whose keys and

@@ -438,9 +438,10 @@ mod tests {
         assert_eq!(items[2], Value::Str("text".into()));
     }
 
-    /// Protocol 4 frame dicts whose keys and strings are all memo gets take
-    /// a fast path in the machine; whatever it does not take (new strings,
-    /// extra or repeated keys, other values) must read as it does in Python.
+    /// Protocol 4 frame dicts whose keys and strings are all memo gets, and
+    /// frame lists of them, take fast paths in the machine; whatever they do
+    /// not take (new strings, extra or repeated keys, other values) must
+    /// read as it does in Python, including a list left partway.
     #[test]
     fn frame_dicts_read_the_same_whichever_way_they_are_written() {
         let mut p = Cpp {
@@ -499,14 +500,27 @@ mod tests {
                 p.op(&[0x8a, 8]).op(&3i64.to_le_bytes());
             },
         ];
+        let mut first = 0;
         p.event(|p| {
-            for write in frames {
+            for (i, write) in frames.iter().enumerate() {
                 p.op(b"}");
-                p.put();
+                let id = p.put();
+                if i == 0 {
+                    first = id;
+                }
                 p.op(b"(");
                 write(p);
                 p.op(b"u");
             }
+        });
+        // A list the fast path reads whole: a frame dict, then a get.
+        p.event(|p| {
+            p.op(b"}");
+            p.put();
+            p.op(b"(");
+            p.get(name).get(a).get(file).get(train).get(line).int(5);
+            p.op(b"u");
+            p.get(first);
         });
         p.traces_end();
         p.op(b"u.");
@@ -525,6 +539,7 @@ mod tests {
                     ("b", 1),
                     ("a", 3)
                 ],
+                vec![("a", 5), ("a", 1)],
             ]
         );
         let frames: Vec<&Frame> = snap.stack_frames(snap.traces[0].events[1].stack).collect();
