@@ -61,9 +61,9 @@ pub(crate) struct Lowerer {
     strings: Interner<String>,
     /// The string each event field ([`EventText`]) was given last.
     last_event_texts: [Option<StrId>; 2],
-    /// The interned id of each pickled string given to an event field (by
-    /// heap string id; [`UNSEEN`] for none): a pickled string given again,
-    /// through the memo, needs no compare at all.
+    /// The interned id of pickled strings given to an event field with a
+    /// text other than the field's last (by heap string id; [`UNSEEN`] for
+    /// none): such a string given again, through the memo, needs no compare.
     string_ids: Vec<StrId>,
     /// Lowered events, moved out when placed into a trace.
     events: Vec<TraceEvent>,
@@ -715,7 +715,8 @@ impl Lowerer {
     /// Interns the string of an event's text `field`. A pickled string seen
     /// before is known by its handle. A new one nearly always carries the
     /// field's last text (PyTorch writes `N/A` as a new pickled string each
-    /// time), so a short compare with it usually saves hashing it.
+    /// time), so a short compare with it usually saves hashing it, and
+    /// noting its handle, which would not be seen again.
     fn event_text(&mut self, heap: &Heap, v: Val, field: EventText) -> Result<StrId, Failure> {
         let handle = str_handle(heap, v)?;
         if let Some(&id) = self.string_ids.get(handle as usize)
@@ -725,10 +726,12 @@ impl Lowerer {
         }
         let text = heap.str(handle);
         let last = &mut self.last_event_texts[field as usize];
-        let id = match *last {
-            Some(id) if same_text(self.strings.get(id), text) => id,
-            _ => self.strings.intern(text, str::to_owned),
-        };
+        if let Some(id) = *last
+            && same_text(self.strings.get(id), text)
+        {
+            return Ok(id);
+        }
+        let id = self.strings.intern(text, str::to_owned);
         *last = Some(id);
         if handle as usize >= self.string_ids.len() {
             self.string_ids.resize(handle as usize + 1, UNSEEN);
