@@ -533,11 +533,6 @@ impl<'a> Machine<'a> {
                     self.push_bytes(n, op)?;
                 }
                 b'}' => {
-                    if let Some(frame) = self.frame_dict() {
-                        push_new(&mut self.memo, || Val::Frame(frame));
-                        push_new(&mut self.stack, || Val::Frame(frame));
-                        continue;
-                    }
                     let id = self.heap.new_dict();
                     push_new(&mut self.stack, || Val::Obj(id));
                     self.memoize_and_mark(id);
@@ -1107,12 +1102,9 @@ impl<'a> Machine<'a> {
         }
         let data = self.data;
         let start = self.pos;
-        if data.get(start) == Some(&b'}') {
-            self.written_frame_list(list);
-            return;
-        }
         let end = memo_gets_end(data, start);
         if end == start || data.get(end) != Some(&b'e') {
+            self.written_frame_list(list);
             return;
         }
         let gets = &data[start..end];
@@ -1149,8 +1141,8 @@ impl<'a> Machine<'a> {
         self.heap.settle(list, Record::Stack(stack));
     }
 
-    /// Reads frame list `list` (just MARKed) when it starts with a frame dict,
-    /// as in files that write every frame out in full: frame dicts as
+    /// Reads frame list `list` (just MARKed) when it is not all memo gets,
+    /// as in files that write frames out in full: frame dicts as
     /// [`Machine::frame_dict`] reads them and memo gets of lowered frames,
     /// then APPENDS; the frames go straight into an interned stack, never
     /// onto the stack. At anything else it stops, leaving the frames read so
