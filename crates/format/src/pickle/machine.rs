@@ -1193,8 +1193,8 @@ impl<'a> Machine<'a> {
     /// EMPTY_DICT: MEMOIZE, MARK, the gets of `name`, `filename` and `line`
     /// (in any order) with a get of a string or a small integer after each,
     /// then SETITEMS. Returns the frame's id, and moves past the SETITEMS;
-    /// the caller memoizes and pushes the frame. Anything else returns `None`
-    /// with nothing consumed, for `execute` to run opcode by opcode.
+    /// the caller memoizes the frame. Anything else returns `None` with
+    /// nothing consumed, for `execute` to run opcode by opcode.
     ///
     /// Files that write each frame out in full rather than sharing it through
     /// the memo (the snapviewer sample: 3682 frame dicts in 115 KB) are mostly
