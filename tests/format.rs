@@ -293,6 +293,22 @@ fn generated_fixtures_keep_legacy_and_optional_fields() {
     );
 }
 
+/// Files of format version 1 (frame texts in full, stacks as lists; written
+/// by snapdiff before version 2) still read, to the same snapshot.
+#[test]
+fn snap_files_of_format_version_1_still_read() {
+    let v1_file = fixture("snap-v1/snapshot-p4.snap");
+    let bytes = std::fs::read(&v1_file).unwrap();
+    assert_eq!(bytes[8..12], 1u32.to_le_bytes(), "a version 1 file");
+    let mut original = read_path(fixture("torch-format/snapshot-p4.pickle")).unwrap();
+    original.sort_frames(); // as convert writes them
+    assert_eq!(read_path(&v1_file).unwrap(), original);
+    // Written again, it is version 2, and reads the same.
+    let v2 = snap_bytes(&original);
+    assert_eq!(v2[8..12], 2u32.to_le_bytes());
+    assert_eq!(read_bytes(&v2).unwrap(), original);
+}
+
 #[test]
 fn convert_writes_snap_and_json_and_refuses_to_overwrite() {
     let dir = tempdir();

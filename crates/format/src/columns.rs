@@ -1,6 +1,6 @@
-//! Column layouts for the two big tables, in binary files only.
+//! Column layouts for the big tables, in binary files only.
 //!
-//! Trace events and frames are stored column by column in `.snap` files:
+//! Trace events, frames and stacks are stored column by column in `.snap` files:
 //! all actions, then all addresses, and so on, with times stored as
 //! differences from the previous event. Values of one kind side by
 //! side compress far better than rows of mixed fields (a third smaller on
@@ -373,37 +373,77 @@ fn decode_trace(c: TraceColumns) -> Result<DeviceTrace, String> {
     })
 }
 
-#[derive(Serialize, Deserialize)]
-struct FrameColumns {
+/// The frame table as version 1 wrote it: every name and file in full.
+#[derive(Deserialize)]
+struct FrameColumnsV1 {
     names: Vec<CompactString>,
     files: Vec<CompactString>,
-    /// Line minus the previous frame's line: small once frames are sorted
-    /// (see [`Snapshot::sort_frames`](crate::Snapshot::sort_frames)).
+    /// Line minus the previous frame's line.
     line_deltas: Vec<i64>,
     extra: Vec<Vec<(String, String)>>,
+}
+
+/// The frame table since version 2: each distinct name and file once, and
+/// columns of numbers (see docs/format.md). Thousands of distinct frames
+/// share a few dozen texts in real files; read as texts, one MessagePack
+/// item at a time, they made a `.snap` slower to read than its pickle.
+#[derive(Serialize)]
+struct FrameColumns<'a> {
+    texts: Vec<&'a str>,
+    /// Per frame, the index of its name in `texts`.
+    names: serde_bytes::ByteBuf,
+    /// Per frame, the index of its file in `texts`.
+    files: serde_bytes::ByteBuf,
+    /// Per frame, its line minus the previous frame's line (small once
+    /// frames are sorted; see [`Snapshot::sort_frames`](crate::Snapshot::sort_frames)).
+    line_deltas: serde_bytes::ByteBuf,
+    /// Frame index and extra keys, for the few frames with any.
+    extra: Vec<(u32, &'a [(String, String)])>,
 }
 
 /// `#[serde(with = "frames")]` for the frame table: columns in binary files,
 /// a list of frame objects in JSON.
 pub(crate) mod frames {
+    use std::collections::HashMap;
+
+    use serde::de::{SeqAccess, Visitor};
+
     use super::*;
 
     pub(crate) fn serialize<S: Serializer>(frames: &[Frame], s: S) -> Result<S::Ok, S::Error> {
         if s.is_human_readable() {
             return frames.serialize(s);
         }
+        let mut texts: Vec<&str> = Vec::new();
+        let mut text_ids: HashMap<&str, u64> = HashMap::new();
+        let (mut names, mut files, mut lines) = (
+            ColumnWriter::default(),
+            ColumnWriter::default(),
+            ColumnWriter::default(),
+        );
+        let mut last_line = 0i64;
+        for f in frames {
+            for (text, column) in [(f.name.as_str(), &mut names), (f.file.as_str(), &mut files)] {
+                let id = *text_ids.entry(text).or_insert_with(|| {
+                    texts.push(text);
+                    texts.len() as u64 - 1
+                });
+                column.u64(id);
+            }
+            lines.i64(i64::from(f.line) - last_line);
+            last_line = i64::from(f.line);
+        }
         FrameColumns {
-            names: frames.iter().map(|f| f.name.clone()).collect(),
-            files: frames.iter().map(|f| f.file.clone()).collect(),
-            line_deltas: frames
+            texts,
+            names: names.0.into(),
+            files: files.0.into(),
+            line_deltas: lines.0.into(),
+            extra: frames
                 .iter()
-                .scan(0i64, |last, f| {
-                    let d = i64::from(f.line) - *last;
-                    *last = i64::from(f.line);
-                    Some(d)
-                })
+                .enumerate()
+                .filter(|(_, f)| !f.extra.is_empty())
+                .map(|(i, f)| (i as u32, f.extra.as_slice()))
                 .collect(),
-            extra: frames.iter().map(|f| f.extra.clone()).collect(),
         }
         .serialize(s)
     }
@@ -412,18 +452,98 @@ pub(crate) mod frames {
         if d.is_human_readable() {
             return Vec::<Frame>::deserialize(d);
         }
-        let c = FrameColumns::deserialize(d)?;
+        d.deserialize_seq(FramesVisitor)
+    }
+
+    /// Reads either layout, told apart by its number of fields (four in
+    /// version 1, five since).
+    struct FramesVisitor;
+
+    impl<'de> Visitor<'de> for FramesVisitor {
+        type Value = Vec<Frame>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a frame table")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Frame>, A::Error> {
+            let missing = || A::Error::custom("frame table has too few fields");
+            if seq.size_hint() == Some(4) {
+                let v1 = FrameColumnsV1 {
+                    names: seq.next_element()?.ok_or_else(missing)?,
+                    files: seq.next_element()?.ok_or_else(missing)?,
+                    line_deltas: seq.next_element()?.ok_or_else(missing)?,
+                    extra: seq.next_element()?.ok_or_else(missing)?,
+                };
+                return from_v1(v1).map_err(A::Error::custom);
+            }
+            let texts: Vec<CompactString> = seq.next_element()?.ok_or_else(missing)?;
+            let names: serde_bytes::ByteBuf = seq.next_element()?.ok_or_else(missing)?;
+            let files: serde_bytes::ByteBuf = seq.next_element()?.ok_or_else(missing)?;
+            let lines: serde_bytes::ByteBuf = seq.next_element()?.ok_or_else(missing)?;
+            let extra: Vec<(u32, Vec<(String, String)>)> =
+                seq.next_element()?.ok_or_else(missing)?;
+            if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                return Err(A::Error::custom("frame table has too many fields"));
+            }
+            from_columns(&texts, &names, &files, &lines, extra).map_err(A::Error::custom)
+        }
+    }
+
+    fn from_columns(
+        texts: &[CompactString],
+        names: &[u8],
+        files: &[u8],
+        lines: &[u8],
+        extra: Vec<(u32, Vec<(String, String)>)>,
+    ) -> Result<Vec<Frame>, String> {
+        let corrupt = |_| "frame column ends early or holds an overlong number".to_owned();
+        let text = |r: &mut ColumnReader| -> Result<CompactString, String> {
+            let id = r.u64().map_err(corrupt)?;
+            let text = usize::try_from(id).ok().and_then(|id| texts.get(id));
+            text.cloned()
+                .ok_or_else(|| format!("frame text {id} out of range ({} texts)", texts.len()))
+        };
+        let (mut names, mut files, mut lines) = (
+            ColumnReader::dense(names),
+            ColumnReader::dense(files),
+            ColumnReader::dense(lines),
+        );
+        let mut frames = Vec::new();
+        let mut line = 0i64;
+        while names.pos < names.bytes.len() {
+            line = line.wrapping_add(lines.i64().map_err(corrupt)?);
+            frames.push(Frame {
+                name: text(&mut names)?,
+                file: text(&mut files)?,
+                line: u32::try_from(line).map_err(|_| "frame line out of range".to_owned())?,
+                extra: Vec::new(),
+            });
+        }
+        for column in [&files, &lines] {
+            if column.pos != column.bytes.len() {
+                return Err("frame columns of different lengths".to_owned());
+            }
+        }
+        for (i, keys) in extra {
+            let frame = frames
+                .get_mut(i as usize)
+                .ok_or_else(|| format!("extra keys for frame {i}, past the table"))?;
+            frame.extra = keys;
+        }
+        Ok(frames)
+    }
+
+    fn from_v1(c: FrameColumnsV1) -> Result<Vec<Frame>, String> {
         let n = c.names.len();
         if c.files.len() != n || c.line_deltas.len() != n || c.extra.len() != n {
-            return Err(D::Error::custom("frame columns of different lengths"));
+            return Err("frame columns of different lengths".to_owned());
         }
         let mut line = 0i64;
         let mut lines = Vec::with_capacity(n);
         for d in c.line_deltas {
             line = line.wrapping_add(d);
-            lines.push(
-                u32::try_from(line).map_err(|_| D::Error::custom("frame line out of range"))?,
-            );
+            lines.push(u32::try_from(line).map_err(|_| "frame line out of range".to_owned())?);
         }
         Ok(c.names
             .into_iter()
@@ -437,5 +557,89 @@ pub(crate) mod frames {
                 extra,
             })
             .collect())
+    }
+}
+
+/// `#[serde(with = "stacks")]` for the stack table: in binary files (since
+/// version 2) one byte string of varints, the number of stacks, then each
+/// stack's length and frame ids; a list of lists in JSON (and in version 1).
+pub(crate) mod stacks {
+    use serde::de::{SeqAccess, Visitor};
+
+    use super::*;
+    use crate::model::FrameId;
+
+    pub(crate) fn serialize<S: Serializer>(
+        stacks: &[Vec<FrameId>],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            return stacks.serialize(s);
+        }
+        let mut w = ColumnWriter::default();
+        w.u64(stacks.len() as u64);
+        for stack in stacks {
+            w.u64(stack.len() as u64);
+            for &f in stack {
+                w.u64(u64::from(f));
+            }
+        }
+        s.serialize_bytes(&w.0)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<Vec<FrameId>>, D::Error> {
+        if d.is_human_readable() {
+            return Vec::<Vec<FrameId>>::deserialize(d);
+        }
+        d.deserialize_any(StacksVisitor)
+    }
+
+    struct StacksVisitor;
+
+    impl<'de> Visitor<'de> for StacksVisitor {
+        type Value = Vec<Vec<FrameId>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a stack table")
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Self::Value, E> {
+            from_bytes(bytes).map_err(E::custom)
+        }
+
+        /// Version 1: a list of lists of frame ids.
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut stacks = Vec::new();
+            while let Some(stack) = seq.next_element()? {
+                stacks.push(stack);
+            }
+            Ok(stacks)
+        }
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Vec<Vec<FrameId>>, String> {
+        let corrupt = |_| "stack table ends early or holds an overlong number".to_owned();
+        let mut r = ColumnReader::dense(bytes);
+        // Every stack and frame id takes at least a byte: a count larger than
+        // what is left is corrupt, and never reserved for.
+        let count = r.u64().map_err(corrupt)?;
+        let mut stacks = Vec::with_capacity(bytes.len().min(count as usize));
+        for _ in 0..count {
+            let len = r.u64().map_err(corrupt)?;
+            let left = bytes.len() - r.pos;
+            let mut stack = Vec::with_capacity(left.min(len as usize));
+            for _ in 0..len {
+                let id = r.u64().map_err(corrupt)?;
+                stack.push(
+                    FrameId::try_from(id).map_err(|_| format!("frame id {id} out of range"))?,
+                );
+            }
+            stacks.push(stack);
+        }
+        r.finish()
+            .map_err(|_| "stack table has extra bytes".to_owned())?;
+        Ok(stacks)
     }
 }

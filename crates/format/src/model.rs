@@ -30,6 +30,7 @@ pub struct Snapshot {
     pub frames: Vec<Frame>,
     /// Interned stacks, each a list of frames, innermost (most recent) first
     /// as PyTorch writes them; [`StackId`]s index this table.
+    #[serde(with = "crate::columns::stacks")]
     pub stacks: Vec<Vec<FrameId>>,
     /// Interned strings of trace events (compile context, user metadata);
     /// [`StrId`]s index this table.

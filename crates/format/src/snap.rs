@@ -5,7 +5,7 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic: the ASCII bytes "SNAPDIFF"
-//! 8       4     format version, u32 little-endian (currently 1)
+//! 8       4     format version, u32 little-endian (currently 2)
 //! 12      8     length of the uncompressed body, u64 little-endian
 //! 20      ...   zstd frame; uncompressed, the MessagePack encoding of a
 //!               `Snapshot`, structs as arrays in field order
@@ -26,7 +26,7 @@ use crate::model::Snapshot;
 /// The first bytes of every `.snap` file.
 pub const MAGIC: &[u8; 8] = b"SNAPDIFF";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Header length in bytes.
 const HEADER_LEN: usize = 20;
 
