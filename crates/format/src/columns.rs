@@ -404,8 +404,7 @@ struct FrameColumns<'a> {
 /// `#[serde(with = "frames")]` for the frame table: columns in binary files,
 /// a list of frame objects in JSON.
 pub(crate) mod frames {
-    use std::collections::HashMap;
-
+    use rustc_hash::FxHashMap;
     use serde::de::{SeqAccess, Visitor};
 
     use super::*;
@@ -415,7 +414,7 @@ pub(crate) mod frames {
             return frames.serialize(s);
         }
         let mut texts: Vec<&str> = Vec::new();
-        let mut text_ids: HashMap<&str, u64> = HashMap::new();
+        let mut text_ids: FxHashMap<&str, u64> = FxHashMap::default();
         let (mut names, mut files, mut lines) = (
             ColumnWriter::default(),
             ColumnWriter::default(),
@@ -641,5 +640,50 @@ pub(crate) mod stacks {
         r.finish()
             .map_err(|_| "stack table has extra bytes".to_owned())?;
         Ok(stacks)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// Serializes through [`serialize`], as the snapshot's field does.
+        struct Stacks<'a>(&'a [Vec<FrameId>]);
+
+        impl Serialize for Stacks<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                serialize(self.0, s)
+            }
+        }
+
+        /// The column `serialize` writes for `stacks`.
+        fn encode(stacks: &[Vec<FrameId>]) -> Vec<u8> {
+            let msgpack = rmp_serde::to_vec(&Stacks(stacks)).unwrap();
+            rmp_serde::from_slice::<serde_bytes::ByteBuf>(&msgpack)
+                .unwrap()
+                .into_vec()
+        }
+
+        #[test]
+        fn stacks_round_trip_through_their_column() {
+            let stacks = vec![vec![0, 1, 2], vec![], vec![300, 70_000]];
+            assert_eq!(from_bytes(&encode(&stacks)).unwrap(), stacks);
+        }
+
+        /// Counts and lengths are checked against the bytes left, so a
+        /// corrupt table is refused without reserving what it claims.
+        #[test]
+        fn absurd_counts_are_refused_without_reserving_them() {
+            let huge = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f];
+            let err = from_bytes(&huge).unwrap_err();
+            assert!(err.contains("ends early"), "{err}");
+            let mut one_huge_stack = vec![1];
+            one_huge_stack.extend(huge);
+            let err = from_bytes(&one_huge_stack).unwrap_err();
+            assert!(err.contains("ends early"), "{err}");
+            let mut extra = encode(&[vec![1]]);
+            extra.push(0);
+            let err = from_bytes(&extra).unwrap_err();
+            assert!(err.contains("extra bytes"), "{err}");
+        }
     }
 }

@@ -355,8 +355,8 @@ mod tests {
             self.op(b"(");
         }
 
-        /// Two events with the stack a (line 1), b (line 2): the first writes
-        /// the frames, the second gets them from the memo. Returns their memo ids.
+        /// Two events with the stack [`STACK_A_B`]: the first writes the
+        /// frames, the second gets them from the memo. Returns their memo ids.
         fn two_events_with_frames_a_b(&mut self) -> (u32, u32) {
             let (mut a, mut b) = (0, 0);
             self.event(|p| {
@@ -375,6 +375,9 @@ mod tests {
             self.op(b"e"); // the device list
         }
     }
+
+    /// The stack of both events of [`Cpp::two_events_with_frames_a_b`].
+    const STACK_A_B: [(&str, u32); 2] = [("a", 1), ("b", 2)];
 
     /// Each event's stack of the first device, as (name, line) pairs.
     fn event_stacks(snap: &Snapshot) -> Vec<Vec<(&str, u32)>> {
@@ -418,8 +421,8 @@ mod tests {
         assert_eq!(
             event_stacks(&snap),
             [
-                vec![("a", 1), ("b", 2)],
-                vec![("a", 1), ("b", 2)],
+                STACK_A_B.to_vec(),
+                STACK_A_B.to_vec(),
                 vec![("b", 2), ("c", 3), ("a", 1)],
             ]
         );
@@ -578,8 +581,8 @@ mod tests {
         assert_eq!(
             event_stacks(&snap),
             [
-                vec![("a", 1), ("b", 2)],
-                vec![("a", 1), ("b", 2)],
+                STACK_A_B.to_vec(),
+                STACK_A_B.to_vec(),
                 vec![("c", 3), ("b", 2)],
             ]
         );
