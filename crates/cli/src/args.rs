@@ -49,9 +49,9 @@ pub(crate) struct CaptureArgs {
     /// Dump a snapshot every N training steps.
     #[arg(long, value_name = "N", conflicts_with = "interval", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) every: Option<u64>,
-    /// Dump a snapshot every interval (e.g. 30s, 500ms, 2m).
+    /// Dump a snapshot every interval (e.g. 90s, 500ms, 2min, 1h30m).
     #[arg(long, value_name = "T", value_parser = parse_interval)]
-    pub(crate) interval: Option<String>,
+    pub(crate) interval: Option<std::time::Duration>,
     /// Events the trace ring buffer keeps (0: no trace).
     #[arg(long, value_name = "N")]
     pub(crate) max_entries: Option<usize>,
@@ -188,12 +188,10 @@ fn parse_size(text: &str) -> Result<u64, String> {
     snapdiff_format::units::parse_size(text).map_err(|e| e.to_string())
 }
 
-fn parse_interval(text: &str) -> Result<String, String> {
-    snapdiff_runtime::config::parse_interval(text)
-        .map(|_| text.to_owned())
-        .ok_or_else(|| {
-            format!("invalid interval '{text}', expected a duration such as 30s, 500ms or 2m")
-        })
+fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
+    snapdiff_runtime::config::parse_interval(text).ok_or_else(|| {
+        format!("invalid interval '{text}', expected a duration such as 90s, 500ms, 2min or 1h30m")
+    })
 }
 
 fn parse_checkpoints(text: &str) -> Result<usize, String> {

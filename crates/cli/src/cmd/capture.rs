@@ -18,8 +18,25 @@ use snapdiff_runtime::config::{
 use crate::args::CaptureArgs;
 use crate::exit::Exit;
 
-/// The Python start-up hook: records PyTorch's memory history when torch is imported.
-const SITECUSTOMIZE: &str = include_str!("capture/sitecustomize.py");
+/// The Python start-up hook, put on the command's PYTHONPATH: records
+/// PyTorch's memory history once torch is imported (see the files' own notes).
+const PYTHON_HOOK: [(&str, &str); 3] = [
+    (
+        "sitecustomize.py",
+        include_str!("capture/python/sitecustomize.py"),
+    ),
+    (
+        "snapdiff_capture.py",
+        include_str!("capture/python/snapdiff_capture.py"),
+    ),
+    (
+        "snapdiff_cpu_recorder.py",
+        include_str!("capture/python/snapdiff_cpu_recorder.py"),
+    ),
+];
+
+/// What the PyTorch hook writes beside its dumps: one JSON line per dump.
+const MANIFEST: &str = "manifest.jsonl";
 
 /// What a captured run left behind.
 pub(crate) struct Captured {
@@ -27,6 +44,16 @@ pub(crate) struct Captured {
     pub(crate) exit: Exit,
     /// Snapshot files it wrote, oldest first.
     pub(crate) snapshots: Vec<PathBuf>,
+    /// Dumps that could not be written.
+    pub(crate) failed: Vec<FailedDump>,
+}
+
+/// A dump the PyTorch hook could not write (a full disk, say).
+pub(crate) struct FailedDump {
+    /// The optimizer steps done when it was due.
+    pub(crate) step: Option<u64>,
+    /// Why it failed.
+    pub(crate) error: String,
 }
 
 /// The top-level entry point for `snapdiff capture`.
@@ -35,31 +62,69 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     let mut out = std::io::stdout().lock();
     use std::io::Write;
     report_files(&mut out, &args.output, &captured)?;
-    if !args.no_report && !captured.snapshots.is_empty() {
-        writeln!(out)?;
-        drop(out);
-        crate::cmd::trend::report(
-            &captured.snapshots,
-            &args.report,
-            &mut std::io::stdout().lock(),
+    if args.no_report || captured.snapshots.is_empty() {
+        return Ok(captured.exit);
+    }
+    // Snapshots of different processes (ranks, or a job and its children)
+    // are never mixed: each process is reported on its own.
+    let processes = by_process(&captured.snapshots);
+    if processes.len() > 1 {
+        let names: Vec<&str> = processes.iter().map(|(p, _)| p.as_str()).collect();
+        writeln!(
+            out,
+            "\nsnapshots of {} processes ({}): each is reported on its own",
+            processes.len(),
+            names.join(", ")
         )?;
+    }
+    for (process, files) in &processes {
+        writeln!(out)?;
+        if processes.len() > 1 {
+            writeln!(out, "{process}:")?;
+        }
+        crate::cmd::trend::report(files, &args.report, &mut out)?;
     }
     Ok(captured.exit)
 }
 
+/// Groups snapshot files by the process that wrote them, as their names
+/// say: `rank0-step10.pickle` and `pid123-step10.pickle` from the PyTorch
+/// hook, `snapdiff-123-dev0-0001-step.snap` from the runtime (one group per
+/// process and device). Groups keep the files' order.
+fn by_process(files: &[PathBuf]) -> Vec<(String, Vec<PathBuf>)> {
+    let mut groups: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for file in files {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let process = match name.strip_prefix("snapdiff-") {
+            Some(rest) => {
+                let mut parts = rest.splitn(3, '-');
+                let (pid, dev) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                format!("process {pid} {dev}")
+            }
+            None => name.split("-step").next().unwrap_or(&name).to_owned(),
+        };
+        match groups.iter_mut().find(|(p, _)| *p == process) {
+            Some((_, group)) => group.push(file.clone()),
+            None => groups.push((process, vec![file.clone()])),
+        }
+    }
+    groups
+}
+
 /// Runs the command of `args` under capture.
 pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
-    let dir = &args.output;
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("{}: cannot create the output folder", dir.display()))?;
-    let dir =
-        std::fs::canonicalize(dir).with_context(|| format!("{}: cannot resolve", dir.display()))?;
+    let dir = writable_folder(&args.output)?;
     let hook = tempfile::Builder::new()
         .prefix("snapdiff-hook-")
         .tempdir()
         .context("cannot create a temporary folder")?;
-    std::fs::write(hook.path().join("sitecustomize.py"), SITECUSTOMIZE)
-        .context("cannot write the Python start-up hook")?;
+    for (name, text) in PYTHON_HOOK {
+        std::fs::write(hook.path().join(name), text)
+            .context("cannot write the Python start-up hook")?;
+    }
 
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let mut cmd = Command::new(program);
@@ -67,8 +132,9 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     if let Some(n) = args.every {
         cmd.env(ENV_EVERY_STEPS, n.to_string());
     }
-    if let Some(t) = &args.interval {
-        cmd.env(ENV_INTERVAL, t);
+    if let Some(t) = args.interval {
+        // Seconds, parsed once here: the runtime and the hook read a number.
+        cmd.env(ENV_INTERVAL, t.as_secs_f64().to_string());
     }
     if let Some(n) = args.max_entries {
         cmd.env(ENV_TRACE_ENTRIES, n.to_string());
@@ -83,8 +149,11 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     }
     cmd.env("PYTHONPATH", python_path);
 
+    end_with_this_process(&mut cmd);
+
     let started = SystemTime::now();
     let before = snapshot_files(&dir);
+    let manifest_before = std::fs::metadata(dir.join(MANIFEST)).map_or(0, |m| m.len());
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
@@ -118,7 +187,59 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         }
         (None, None) => Exit::Error,
     };
-    Ok(Captured { exit, snapshots })
+    let failed = failed_dumps(&dir.join(MANIFEST), manifest_before);
+    Ok(Captured {
+        exit,
+        snapshots,
+        failed,
+    })
+}
+
+/// Creates `dir` if needed and checks that a file can be written in it, so
+/// that a job is never run for nothing.
+fn writable_folder(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{}: cannot create the output folder", dir.display()))?;
+    let dir =
+        std::fs::canonicalize(dir).with_context(|| format!("{}: cannot resolve", dir.display()))?;
+    tempfile::Builder::new()
+        .prefix(".snapdiff-probe-")
+        .tempfile_in(&dir)
+        .with_context(|| format!("{}: cannot write in the output folder", dir.display()))?;
+    Ok(dir)
+}
+
+/// The job gets SIGTERM if `snapdiff capture` dies (even by SIGKILL), so it
+/// writes its exit snapshot and ends instead of running on unwatched.
+fn end_with_this_process(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Dumps the hook could not write during this run, from the manifest lines
+/// after its first `from` bytes.
+fn failed_dumps(manifest: &Path, from: u64) -> Vec<FailedDump> {
+    let Ok(text) = std::fs::read(manifest) else {
+        return Vec::new();
+    };
+    let new = text.get(from as usize..).unwrap_or_default();
+    String::from_utf8_lossy(new)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|entry| entry["file"].is_null())
+        .map(|entry| FailedDump {
+            step: entry["step"].as_u64(),
+            error: entry["error"].as_str().unwrap_or_default().to_owned(),
+        })
+        .collect()
 }
 
 /// Snapshot files in `dir`: what the runtime and the Python hook write.
@@ -134,7 +255,8 @@ fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             (name.starts_with("snapdiff-") && name.ends_with(".snap"))
-                || (name.starts_with("torch-") && name.ends_with(".pickle"))
+                || ((name.starts_with("rank") || name.starts_with("pid"))
+                    && name.ends_with(".pickle"))
         })
         .collect()
 }
@@ -171,6 +293,23 @@ pub(crate) fn report_files(
                 writeln!(out, "  ... and {} more", n - shown)?;
             }
         }
+    }
+    if let Some(first) = captured.failed.first() {
+        let steps: Vec<String> = captured
+            .failed
+            .iter()
+            .filter_map(|f| f.step.map(|s| s.to_string()))
+            .collect();
+        writeln!(
+            out,
+            "{} dump{} could not be written (at step{} {}): {}; the report covers only the \
+             snapshots listed",
+            captured.failed.len(),
+            if captured.failed.len() == 1 { "" } else { "s" },
+            if steps.len() == 1 { "" } else { "s" },
+            steps.join(", "),
+            first.error
+        )?;
     }
     Ok(())
 }

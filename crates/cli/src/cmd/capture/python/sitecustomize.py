@@ -1,0 +1,71 @@
+# Put on PYTHONPATH by `snapdiff capture`, for that run only. Starts
+# snapdiff_capture (beside this file) once the program imports torch, so that
+# programs that never do pay nothing. Any other sitecustomize on the path
+# still runs first. Nothing here may raise into the program.
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _chain_other_sitecustomize():
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+def _start(torch):
+    try:
+        import snapdiff_capture
+
+        snapdiff_capture.start(torch)
+    except Exception as e:
+        print(
+            f"snapdiff: cannot start capture ({type(e).__name__}: {e}); "
+            "the script runs without capture",
+            file=sys.stderr,
+        )
+
+
+class _WhenTorchIsImported(importlib.abc.MetaPathFinder):
+    """Calls `_start` right after `import torch` has finished."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_start(module):
+            exec_module(module)
+            _start(module)
+
+        spec.loader.exec_module = exec_and_start
+        return spec
+
+
+def _install():
+    if not os.environ.get("SNAPDIFF_DIR"):
+        return
+    if "torch" in sys.modules:
+        _start(sys.modules["torch"])
+    elif importlib.util.find_spec("torch") is None:
+        print("snapdiff: torch is not installed; the script runs without capture", file=sys.stderr)
+    else:
+        sys.meta_path.insert(0, _WhenTorchIsImported())
+
+
+try:
+    _chain_other_sitecustomize()
+finally:
+    try:
+        _install()
+    except Exception as e:
+        print(f"snapdiff: cannot start capture ({e}); the script runs without capture", file=sys.stderr)

@@ -1,0 +1,368 @@
+"""Snapshot capture for PyTorch jobs run under `snapdiff capture`.
+
+Once torch is imported, this records memory history (PyTorch's own on CUDA,
+snapdiff's CPU recorder when torch sees no CUDA device) and dumps snapshot
+pickles into $SNAPDIFF_DIR: every N optimizer steps, every interval, on
+SIGUSR1, on CUDA out-of-memory and at exit (also on SIGTERM). Each dump is
+written under a temporary name and linked into place, never replacing a
+file, and described by one JSON line in `manifest.jsonl`.
+
+Rules it keeps so that it cannot hurt the job:
+- every feature is installed on its own; one that cannot be prints one
+  `snapdiff:` line and the others still work;
+- nothing it does raises into the program or changes its exit code;
+- signal handlers only queue a request; a dump thread serves it, so a
+  signal that lands during a dump waits for it instead of deadlocking;
+- CUDA recording starts when the process initialises CUDA itself, never
+  before, so processes that do not use CUDA are left alone;
+- DataLoader workers record and dump nothing: forked children stop at the
+  fork, and children started by multiprocessing's `spawn` start recording
+  only when they step an optimizer (as a rank of `torch.multiprocessing.spawn`
+  does, and a worker never does).
+"""
+
+import atexit
+import itertools
+import json
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+
+MANIFEST = "manifest.jsonl"
+
+
+def warn(message):
+    """One line on stderr, as every message of the hook is."""
+    try:
+        print(f"snapdiff: {message}", file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
+class Settings:
+    """What `snapdiff capture` asked for, from the environment."""
+
+    def __init__(self, environ):
+        self.dir = environ["SNAPDIFF_DIR"]
+        self.every = int(environ.get("SNAPDIFF_EVERY_STEPS") or 0)
+        self.entries = int(environ.get("SNAPDIFF_TRACE_ENTRIES") or 100000)
+        self.stacks = environ.get("SNAPDIFF_STACKS", "1") != "0"
+        self.interval = None
+        text = environ.get("SNAPDIFF_INTERVAL") or ""
+        if text:
+            try:
+                self.interval = float(text)
+            except ValueError:
+                self.interval = None
+            if self.interval is None or not self.interval > 0:
+                raise ValueError(
+                    f"SNAPDIFF_INTERVAL={text!r} is not a positive number of seconds"
+                )
+
+
+def spawned_child():
+    """Whether this process was started by multiprocessing's `spawn` (or
+    `forkserver`): a DataLoader worker or a rank of `mp.spawn`."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return "--multiprocessing-fork" in argv
+
+
+class Capture:
+    """The capture of one process."""
+
+    def __init__(self, torch, settings, deferred):
+        self.torch = torch
+        self.settings = settings
+        self.pid = os.getpid()
+        self.recording = False  # dumps are taken only while recording
+        self.deferred = deferred
+        self.cpu = None  # the CPU recorder, when torch sees no CUDA device
+        self.steps = 0
+        self.pacer = None  # the optimizer whose steps are counted
+        self.requests = queue.SimpleQueue()
+        self.dump_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.failures = 0
+        self.last_failure = None
+        self.previous_handlers = {}
+
+    # -- installing ----------------------------------------------------------
+
+    def install(self):
+        """Installs each feature on its own: one that fails is named, the
+        rest still work."""
+        features = [
+            ("the SIGUSR1 and SIGTERM handlers", self.install_signals),
+            ("the dump thread", self.install_dump_thread),
+            ("recording", self.install_recording),
+            ("the optimizer step hook", self.install_step_hook),
+            ("the interval timer", self.install_interval),
+            ("the exit dump", self.install_exit),
+            ("fork handling", self.install_fork),
+        ]
+        for what, install in features:
+            try:
+                install()
+            except Exception as e:
+                warn(f"cannot install {what} ({type(e).__name__}: {e})")
+
+    def install_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("torch was first imported off the main thread")
+        usr1 = signal.getsignal(signal.SIGUSR1)
+        self.previous_handlers[signal.SIGUSR1] = usr1
+
+        def on_usr1(signum, frame):
+            self.requests.put("signal")
+            if callable(usr1):
+                usr1(signum, frame)
+
+        signal.signal(signal.SIGUSR1, on_usr1)
+        # SIGTERM: dump, then end as the job would have. Only where the job
+        # keeps the default (which ends it without running anything).
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self.previous_handlers[signal.SIGTERM] = signal.SIG_DFL
+            signal.signal(signal.SIGTERM, lambda signum, frame: self.requests.put("sigterm"))
+
+    def install_dump_thread(self):
+        threading.Thread(target=self.serve, name="snapdiff-dumps", daemon=True).start()
+
+    def install_recording(self):
+        if self.deferred:
+            return  # started by the first optimizer step; see install_step_hook
+        self.start_recording()
+
+    def start_recording(self):
+        torch = self.torch
+        if torch.cuda.is_available():
+            # Runs now if this process already initialised CUDA, else when it does.
+            torch.cuda._lazy_call(self.guarded(self.start_cuda))
+        else:
+            import snapdiff_cpu_recorder
+
+            self.cpu = snapdiff_cpu_recorder.CpuRecorder(self.settings.entries)
+            self.cpu.start()
+            self.recording = True
+            warn("torch sees no CUDA device; recording CPU tensors with snapdiff's CPU recorder")
+
+    def start_cuda(self):
+        torch = self.torch
+        entries = self.settings.entries
+        torch.cuda.memory._record_memory_history(
+            enabled="all" if entries > 0 else "state",
+            context="all" if self.settings.stacks else None,
+            stacks="python",
+            max_entries=max(entries, 1),
+        )
+        self.recording = True
+        try:
+            torch._C._cuda_attach_out_of_memory_observer(
+                lambda device, alloc, device_alloc, device_free: self.dump("oom")
+            )
+        except Exception as e:
+            warn(f"cannot watch for CUDA out-of-memory ({type(e).__name__}: {e})")
+
+    def install_step_hook(self):
+        import torch.optim.optimizer as optimizer
+
+        if self.deferred:
+            started = []
+
+            def before_first_step(opt, args, kwargs):
+                if not started:
+                    started.append(True)
+                    self.guarded(self.start_recording)()
+
+            optimizer.register_optimizer_step_pre_hook(before_first_step)
+        optimizer.register_optimizer_step_post_hook(self.guarded(self.after_step))
+
+    def after_step(self, opt, args, kwargs):
+        if self.pacer is None:
+            self.pacer = opt
+        if opt is not self.pacer:
+            return
+        self.steps += 1
+        every = self.settings.every
+        if every > 0 and self.steps % every == 0:
+            self.dump("step")
+
+    def install_interval(self):
+        interval = self.settings.interval
+        if not interval:
+            return
+
+        def tick():
+            while not self.stopping.wait(interval):
+                self.requests.put("interval")
+
+        threading.Thread(target=tick, name="snapdiff-interval", daemon=True).start()
+
+    def install_exit(self):
+        atexit.register(self.guarded(self.at_exit))
+
+    def install_fork(self):
+        os.register_at_fork(after_in_child=self.guarded(self.forked))
+
+    # -- running -------------------------------------------------------------
+
+    def guarded(self, fn):
+        """`fn`, but an error is reported instead of raised into the job."""
+
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                warn(f"{fn.__name__} failed ({type(e).__name__}: {e})")
+
+        call.__name__ = fn.__name__
+        return call
+
+    def forked(self):
+        """In a forked child (a DataLoader worker): record and dump nothing."""
+        self.recording = False
+        self.stopping.set()
+        if self.cpu is not None:
+            self.cpu.pause()
+        for signum, handler in self.previous_handlers.items():
+            signal.signal(signum, handler)
+
+    def serve(self):
+        """The dump thread: serves requests from signals and the timer."""
+        while True:
+            reason = self.requests.get()
+            if reason is None:
+                return
+            if reason == "sigterm":
+                self.dump("exit")
+                self.report_failures()
+                os._exit(128 + signal.SIGTERM)
+            self.dump(reason)
+
+    def at_exit(self):
+        if os.getpid() != self.pid:
+            return
+        self.stopping.set()
+        self.requests.put(None)
+        self.dump("exit")
+        self.report_failures()
+
+    # -- dumping -------------------------------------------------------------
+
+    def dump(self, reason):
+        """Writes one snapshot; a failure is counted and reported, never raised."""
+        if not self.recording or os.getpid() != self.pid:
+            return
+        with self.dump_lock:
+            who, rank = self.who()
+            stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")
+            folder = self.settings.dir
+            temporary = os.path.join(folder, f".{stem}.{self.pid}.tmp")
+            try:
+                self.write(temporary)
+                name = place(temporary, folder, stem)
+            except Exception as e:
+                remove(temporary)
+                self.failed(f"{stem}.pickle", e)
+                self.note({"file": None, "error": str(e)}, rank, reason)
+                return
+            self.note({"file": name}, rank, reason)
+
+    def write(self, path):
+        if self.cpu is not None:
+            snapshot = self.cpu.snapshot()
+            with open(path, "wb") as f:
+                pickle.dump(snapshot, f, protocol=4)
+        else:
+            self.torch.cuda.memory._dump_snapshot(path)
+
+    def who(self):
+        """`rank{R}` under torchrun or a rank set in RANK, else `pid{PID}`."""
+        rank = os.environ.get("RANK")
+        if rank is None:
+            try:
+                dist = self.torch.distributed
+                if dist.is_available() and dist.is_initialized():
+                    rank = str(dist.get_rank())
+            except Exception:
+                rank = None
+        if rank is not None and rank.isdigit():
+            return f"rank{rank}", int(rank)
+        return f"pid{self.pid}", None
+
+    def note(self, entry, rank, reason):
+        """Appends the dump's line to the manifest (one write, so lines of
+        several processes never interleave)."""
+        device = "cpu"
+        if self.cpu is None:
+            try:
+                device = f"cuda:{self.torch.cuda.current_device()}"
+            except Exception:
+                device = "cuda"
+        entry.update(
+            rank=rank, pid=self.pid, device=device, step=self.steps,
+            time=round(time.time(), 6), reason=reason,
+        )
+        line = (json.dumps(entry) + "\n").encode()
+        try:
+            fd = os.open(
+                os.path.join(self.settings.dir, MANIFEST),
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644,
+            )
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self.failed(MANIFEST, e)
+
+    def failed(self, name, error):
+        """Reports the first failure in full; later ones are counted."""
+        self.failures += 1
+        self.last_failure = f"{name}: {error}"
+        if self.failures == 1:
+            warn(f"cannot write {name} ({error}); training goes on")
+
+    def report_failures(self):
+        if self.failures > 1:
+            warn(f"{self.failures} snapshot writes failed; the last: {self.last_failure}")
+
+
+def place(temporary, folder, stem):
+    """Gives the written file its name without replacing any file:
+    `stem.pickle`, else `stem-2.pickle`, ... Returns the name."""
+    for n in itertools.count(1):
+        name = f"{stem}.pickle" if n == 1 else f"{stem}-{n}.pickle"
+        final = os.path.join(folder, name)
+        try:
+            os.link(temporary, final)
+        except FileExistsError:
+            continue
+        except OSError:
+            # A file system without hard links: rename, after checking.
+            if os.path.exists(final):
+                continue
+            os.rename(temporary, final)
+            return name
+        os.unlink(temporary)
+        return name
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def start(torch):
+    """Called once torch is imported."""
+    try:
+        settings = Settings(os.environ)
+    except ValueError as e:
+        warn(f"{e}; the script runs without capture")
+        return
+    Capture(torch, settings, deferred=spawned_child()).install()
