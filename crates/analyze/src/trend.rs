@@ -100,6 +100,8 @@ pub struct Suspect {
     pub growth_per_checkpoint: u64,
     /// `growth_bytes` per second, when checkpoint times are known.
     pub growth_per_second: Option<f64>,
+    /// `growth_bytes` per training step, when checkpoint steps are known.
+    pub growth_per_step: Option<f64>,
     /// Live bytes at each checkpoint.
     pub series: Vec<u64>,
     /// Live blocks at each checkpoint.
@@ -185,6 +187,13 @@ fn analyze(
         (Some(a), Some(b)) if b > a => Some((b - a) as f64 / 1e6),
         _ => None,
     };
+    let steps = match (
+        series.points.get(warmup).and_then(|p| p.step),
+        series.points.last().and_then(|p| p.step),
+    ) {
+        (Some(a), Some(b)) if b > a => Some(b - a),
+        _ => None,
+    };
     let mut suspects = Vec::new();
     for key in keys {
         let totals: Vec<Totals> = series
@@ -202,6 +211,7 @@ fn analyze(
             growth_bytes: growth,
             growth_per_checkpoint: growth / (n - 1 - warmup) as u64,
             growth_per_second: seconds.map(|s| growth as f64 / s),
+            growth_per_step: steps.map(|s| growth as f64 / s as f64),
             series: bytes,
             blocks: totals.iter().map(|t| t.blocks).collect(),
             before_recording: series.before_recording.contains(&key),
@@ -264,7 +274,7 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
     let mut order: Vec<usize> = (0..snaps.len()).collect();
     let mut notes = Vec::new();
     if snaps.iter().all(|s| s.meta.step.is_some()) {
-        order.sort_by_key(|&i| snaps[i].meta.step);
+        order.sort_by_key(|&i| (snaps[i].meta.step, snaps[i].meta.created_us));
     } else if snaps.iter().all(|s| s.meta.created_us.is_some()) {
         order.sort_by_key(|&i| snaps[i].meta.created_us);
     } else if snaps.len() > 1 {

@@ -6,6 +6,7 @@
 mod args;
 mod cmd;
 mod exit;
+mod manifest;
 mod render;
 
 use std::process::ExitCode;

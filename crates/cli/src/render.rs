@@ -97,7 +97,9 @@ pub(crate) fn sparkline(series: &[u64]) -> String {
 
 /// A duration in seconds for people: `45 s`, `12 min`, `3.5 h`, `2.1 days`.
 pub(crate) fn duration(seconds: f64) -> String {
-    if seconds < 90.0 {
+    if seconds < 10.0 {
+        format!("{seconds:.1} s")
+    } else if seconds < 90.0 {
         format!("{seconds:.0} s")
     } else if seconds < 90.0 * 60.0 {
         format!("{:.0} min", seconds / 60.0)

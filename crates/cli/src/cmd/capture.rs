@@ -17,6 +17,7 @@ use snapdiff_runtime::config::{
 
 use crate::args::CaptureArgs;
 use crate::exit::Exit;
+use crate::manifest;
 
 /// The Python start-up hook, put on the command's PYTHONPATH: records
 /// PyTorch's memory history once torch is imported (see the files' own notes).
@@ -34,9 +35,6 @@ const PYTHON_HOOK: [(&str, &str); 3] = [
         include_str!("capture/python/snapdiff_cpu_recorder.py"),
     ),
 ];
-
-/// What the PyTorch hook writes beside its dumps: one JSON line per dump.
-const MANIFEST: &str = "manifest.jsonl";
 
 /// What a captured run left behind.
 pub(crate) struct Captured {
@@ -153,7 +151,7 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
 
     let started = SystemTime::now();
     let before = snapshot_files(&dir);
-    let manifest_before = std::fs::metadata(dir.join(MANIFEST)).map_or(0, |m| m.len());
+    let manifest_before = std::fs::metadata(dir.join(manifest::FILE_NAME)).map_or(0, |m| m.len());
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
@@ -187,7 +185,14 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         }
         (None, None) => Exit::Error,
     };
-    let failed = failed_dumps(&dir.join(MANIFEST), manifest_before);
+    let failed = manifest::entries(&dir.join(manifest::FILE_NAME), manifest_before)
+        .into_iter()
+        .filter(|entry| entry.file.is_none())
+        .map(|entry| FailedDump {
+            step: entry.step,
+            error: entry.error.unwrap_or_default(),
+        })
+        .collect();
     Ok(Captured {
         exit,
         snapshots,
@@ -224,23 +229,6 @@ fn end_with_this_process(cmd: &mut Command) {
     }
 }
 
-/// Dumps the hook could not write during this run, from the manifest lines
-/// after its first `from` bytes.
-fn failed_dumps(manifest: &Path, from: u64) -> Vec<FailedDump> {
-    let Ok(text) = std::fs::read(manifest) else {
-        return Vec::new();
-    };
-    let new = text.get(from as usize..).unwrap_or_default();
-    String::from_utf8_lossy(new)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|entry| entry["file"].is_null())
-        .map(|entry| FailedDump {
-            step: entry["step"].as_u64(),
-            error: entry["error"].as_str().unwrap_or_default().to_owned(),
-        })
-        .collect()
-}
 
 /// Snapshot files in `dir`: what the runtime and the Python hook write.
 fn snapshot_files(dir: &Path) -> Vec<PathBuf> {

@@ -80,6 +80,7 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
     if read.is_empty() {
         return Ok(None);
     }
+    crate::manifest::describe(&mut read);
     // Snapshots that record neither step nor time (PyTorch's) are ordered by
     // file name (then path), numbers compared as numbers: step-200 before
     // step-1000, whatever order the shell's glob gave.
@@ -148,11 +149,21 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         CheckpointSource::Annotations => "at the trace's annotations",
         CheckpointSource::EvenlySpaced => "evenly spaced through the trace",
     };
-    writeln!(
+    write!(
         out,
         "{} checkpoints ({source}), the first {} as warm-up",
         trend.checkpoints, trend.warmup
     )?;
+    let first = trend.points.first();
+    let last = trend.points.last();
+    if let (Some(a), Some(b)) = (first.and_then(|p| p.step), last.and_then(|p| p.step)) {
+        write!(out, "; steps {a} to {b}")?;
+    }
+    if let (Some(a), Some(b)) = (first.and_then(|p| p.time_us), last.and_then(|p| p.time_us)) {
+        write!(out, " over {}", duration((b - a).max(0) as f64 / 1e6))?;
+    }
+    writeln!(out)?;
+    let by_step = trend.suspects.iter().all(|s| s.growth_per_step.is_some());
     if trend.suspects.is_empty() {
         writeln!(
             out,
@@ -189,7 +200,7 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
             "",
             "culprit",
             "growth",
-            "per checkpoint",
+            if by_step { "per step" } else { "per checkpoint" },
             "per second",
             "live bytes",
         ]);
@@ -202,7 +213,10 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
                 (i + 1).to_string(),
                 cell,
                 size(s.growth_bytes),
-                size(s.growth_per_checkpoint),
+                match s.growth_per_step {
+                    Some(per_step) if by_step => size(per_step.round() as u64),
+                    _ => size(s.growth_per_checkpoint),
+                },
                 s.growth_per_second
                     .map_or(String::new(), |r| format!("{}/s", size(r as u64))),
                 format!(

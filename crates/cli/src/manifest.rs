@@ -1,0 +1,88 @@
+//! `manifest.jsonl`: what the PyTorch capture hook writes beside its dumps,
+//! one JSON line per dump (file, rank, pid, device, step, time, reason).
+//!
+//! PyTorch's pickles carry neither step nor time of the dump; the manifest
+//! does, so reports can order and label checkpoints by step and seconds.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use snapdiff_format::Snapshot;
+
+/// The manifest's file name.
+pub(crate) const FILE_NAME: &str = "manifest.jsonl";
+
+/// A manifest larger than this is not read (a real one has a line per dump,
+/// about 150 bytes each).
+const MAX_BYTES: u64 = 64 << 20;
+
+/// One dump, as the hook described it.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Entry {
+    /// The dump's file name in the folder; `None` for a dump that failed.
+    pub(crate) file: Option<String>,
+    pub(crate) rank: Option<u32>,
+    pub(crate) pid: Option<u32>,
+    pub(crate) step: Option<u64>,
+    /// Unix time in seconds.
+    pub(crate) time: Option<f64>,
+    /// step, interval, signal, oom or exit.
+    pub(crate) reason: Option<String>,
+    /// Why the dump failed.
+    pub(crate) error: Option<String>,
+}
+
+/// The entries of the manifest at `path` after its first `from` bytes; lines
+/// that are not entries are passed over.
+pub(crate) fn entries(path: &Path, from: u64) -> Vec<Entry> {
+    let Ok(text) = read_bounded(path) else {
+        return Vec::new();
+    };
+    let new = text.get(from as usize..).unwrap_or_default();
+    String::from_utf8_lossy(new)
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_BYTES)
+        .read_to_end(&mut text)?;
+    Ok(text)
+}
+
+/// Fills in step, time, process and label of each snapshot that a manifest
+/// beside its file describes, where the snapshot does not say them itself.
+pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) {
+    let mut by_folder: HashMap<PathBuf, HashMap<String, Entry>> = HashMap::new();
+    for (path, snap) in snapshots.iter_mut() {
+        let folder = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let described = by_folder.entry(folder).or_insert_with_key(|folder| {
+            entries(&folder.join(FILE_NAME), 0)
+                .into_iter()
+                .filter_map(|e| Some((e.file.clone()?, e)))
+                .collect()
+        });
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let Some(entry) = name.and_then(|n| described.get(&n)) else {
+            continue;
+        };
+        let meta = &mut snap.meta;
+        meta.step = meta.step.or(entry.step);
+        meta.created_us = meta
+            .created_us
+            .or(entry.time.map(|t| (t * 1e6).round() as i64));
+        meta.pid = meta.pid.or(entry.pid);
+        if meta.label.is_none() {
+            meta.label = match (entry.rank, &entry.reason) {
+                (Some(rank), Some(reason)) => Some(format!("rank {rank}, {reason}")),
+                (None, Some(reason)) => Some(reason.clone()),
+                (_, None) => None,
+            };
+        }
+    }
+}
