@@ -80,6 +80,9 @@ pub fn read_bytes(data: &[u8]) -> Result<Snapshot> {
     match FileKind::detect(data) {
         Some(FileKind::Snap) => read_snap(data),
         Some(FileKind::Json) => read_json(data),
+        Some(FileKind::Pickle) if data.starts_with(pickle::legacy_torch_save::MAGIC) => {
+            pickle::legacy_torch_save::read(data)
+        }
         Some(FileKind::Pickle) => pickle::read(data, None),
         Some(FileKind::TorchZip) => pickle::torch_zip::read(data),
         None if data.is_empty() => Err(Error::new(

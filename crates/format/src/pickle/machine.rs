@@ -287,29 +287,17 @@ const MAX_MEMO_GAP: usize = 1 << 16;
 /// Runs the pickle in `data` and returns the value it leaves, the heap behind
 /// it, the lowered records, and the protocol it declared.
 pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
-    let mut m = Machine {
-        data,
-        pos: 0,
-        stack: Vec::with_capacity(1024),
-        marks: Vec::with_capacity(64),
-        // Real snapshots memoize a container or string every 20 to 60 bytes,
-        // and make a container as often; sizing the tables up front avoids
-        // copying them as they grow (untouched capacity costs address space,
-        // not memory).
-        memo: Vec::with_capacity(data.len() / 16),
-        last_memoized: (u32::MAX, 0),
-        heap: Heap {
-            containers: Vec::with_capacity(data.len() / 16),
-            ..Heap::default()
-        },
-        lower: Lowerer::for_input(data.len()),
-        frame_run: Vec::new(),
-        stacks_by_gets: HashTable::new(),
-        gets_hasher: hashbrown::DefaultHashBuilder::default(),
-        protocol: 0,
-    };
+    let mut m = Machine::new(data);
     let top = m.execute()?;
     Ok((top, m.heap, m.lower, m.protocol))
+}
+
+/// Runs the pickle at the start of `data` and returns its length in bytes:
+/// where the next pickle of a file of several starts.
+pub(crate) fn length(data: &[u8]) -> Result<usize> {
+    let mut m = Machine::new(data);
+    m.execute()?;
+    Ok(m.pos)
 }
 
 struct Machine<'a> {
@@ -409,6 +397,30 @@ fn opcode_name(op: u8) -> &'static str {
 }
 
 impl<'a> Machine<'a> {
+    fn new(data: &'a [u8]) -> Machine<'a> {
+        Machine {
+            data,
+            pos: 0,
+            stack: Vec::with_capacity(1024),
+            marks: Vec::with_capacity(64),
+            // Real snapshots memoize a container or string every 20 to 60 bytes,
+            // and make a container as often; sizing the tables up front avoids
+            // copying them as they grow (untouched capacity costs address space,
+            // not memory).
+            memo: Vec::with_capacity(data.len() / 16),
+            last_memoized: (u32::MAX, 0),
+            heap: Heap {
+                containers: Vec::with_capacity(data.len() / 16),
+                ..Heap::default()
+            },
+            lower: Lowerer::for_input(data.len()),
+            frame_run: Vec::new(),
+            stacks_by_gets: HashTable::new(),
+            gets_hasher: hashbrown::DefaultHashBuilder::default(),
+            protocol: 0,
+        }
+    }
+
     fn execute(&mut self) -> Result<Val> {
         let data = self.data;
         loop {

@@ -2,10 +2,12 @@
 //!
 //! Handles what `torch.cuda.memory._dump_snapshot()` writes (protocol 4, or 5
 //! on Python 3.14), the C++ `_memory_snapshot_pickled()` (protocol 2), a bare
-//! list of segments (`memory_snapshot()`), and `torch.save` zip files holding
-//! those. The layout and its variations across PyTorch versions are described
+//! list of segments (`memory_snapshot()`), and `torch.save` files holding
+//! those (zip, and the legacy format of sequential pickles). The layout and
+//! its variations across PyTorch versions are described
 //! in `reference/pytorch-snapshot.md` and `docs/format.md`.
 
+pub(crate) mod legacy_torch_save;
 mod lower;
 mod machine;
 pub(crate) mod torch_zip;
