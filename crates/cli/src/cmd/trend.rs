@@ -81,6 +81,24 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
         return Ok(None);
     }
     crate::manifest::describe(&mut read);
+    let mut notes = Vec::new();
+    // An exit dump is taken after the program freed its own variables, so
+    // what leaked into them is gone: among enough other dumps it would hide
+    // every leak.
+    let is_exit = |path: &PathBuf| {
+        path.file_stem()
+            .is_some_and(|s| s.to_string_lossy().ends_with("-exit"))
+    };
+    let exits = read.iter().filter(|(p, _)| is_exit(p)).count();
+    if exits > 0 && read.len() - exits >= 3 {
+        read.retain(|(p, _)| !is_exit(p));
+        notes.push(format!(
+            "{exits} exit snapshot{} left out: taken after the program freed its variables, \
+             {} would hide what leaked into them",
+            if exits == 1 { "" } else { "s" },
+            if exits == 1 { "it" } else { "they" },
+        ));
+    }
     // Snapshots that record neither step nor time (PyTorch's) are ordered by
     // file name (then path), numbers compared as numbers: step-200 before
     // step-1000, whatever order the shell's glob gave.
@@ -95,10 +113,11 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
             (natural_key(&name), natural_key(&path.to_string_lossy()))
         });
     }
+    let first = read[0].0.clone();
     let snaps: Vec<_> = read.into_iter().map(|(_, s)| s).collect();
-    let trend = if files.len() == 1 {
+    let trend = if snaps.len() == 1 {
         trend_trace(&snaps[0], options)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", files[0].display()))?
+            .map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
     } else {
         let mut trend = trend_snapshots(&snaps, options);
         if unordered {
@@ -112,6 +131,8 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
         }
         trend
     };
+    let mut trend = trend;
+    trend.notes.extend(notes);
     render::release(snaps);
     Ok(Some((trend, errored)))
 }

@@ -256,6 +256,8 @@ class Capture:
         """Writes one snapshot; a failure is counted and reported, never raised."""
         if not self.recording or os.getpid() != self.pid:
             return
+        if self.cpu is not None and self.cpu.storages_seen == 0:
+            return  # a launcher of ranks, say: it made no tensor
         with self.dump_lock:
             who, rank = self.who()
             stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")

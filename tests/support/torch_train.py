@@ -1,0 +1,116 @@
+"""A real PyTorch training job on the CPU, run under `snapdiff capture` by
+tests/torch_capture.rs: a small network trained with AdamW or SGD, each of
+the design's leaks on request, and the ways jobs are run (DataLoader
+workers, ranks, signals, crashes).
+
+Each leak's line carries a `leaks with --leak KIND` marker; the tests look
+it up and expect the report to name that line.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 8)
+
+    def forward(self, x):
+        features = torch.relu(self.fc1(x))
+        return features, self.fc2(features)
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--leak", choices=["hidden-state", "loss-list", "cache-dict"])
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--start-method", choices=["fork", "spawn"], default="fork")
+    p.add_argument("--ranks", type=int, default=0)
+    p.add_argument("--raise-at", type=int, default=0)
+    p.add_argument("--step-seconds", type=float, default=0.0)
+    p.add_argument("--accounting", help="write the model's own storage accounting here")
+    return p.parse_args()
+
+
+def batches(args):
+    data = TensorDataset(torch.randn(256, 32), torch.randint(0, 8, (256,)))
+    if args.workers == 0:
+        loader = DataLoader(data, batch_size=32, shuffle=True)
+    else:
+        loader = DataLoader(
+            data, batch_size=32, shuffle=True, num_workers=args.workers,
+            multiprocessing_context=args.start_method,
+        )
+    while True:
+        yield from loader
+
+
+def train(args):
+    torch.manual_seed(0)
+    model = Net()
+    if args.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    state = torch.ones(64)
+    losses, cache = [], {}
+    data = batches(args)
+    for step in range(1, args.steps + 1):
+        x, y = next(data)
+        features, logits = model(x)
+        loss = F.cross_entropy(logits, y)  # leaks with --leak loss-list
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if args.leak == "hidden-state":
+            state = state * torch.sigmoid(features.mean(0))  # leaks with --leak hidden-state
+        elif args.leak == "loss-list":
+            losses.append(loss)
+        elif args.leak == "cache-dict":
+            cache[step] = features.detach().clone()  # leaks with --leak cache-dict
+        if step == args.raise_at:
+            raise RuntimeError(f"failing on purpose at step {step}")
+        time.sleep(args.step_seconds)
+    if args.accounting:
+        account(model, opt, args.accounting)
+
+
+def account(model, opt, path):
+    """PyTorch's own view of the storages that must be live at the end:
+    parameters, gradients and optimizer state, by data pointer."""
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters()]
+    for state in opt.state.values():
+        tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    with open(path, "w") as f:
+        json.dump({str(k): v for k, v in storages.items()}, f)
+
+
+def run_rank(rank, args):
+    os.environ["RANK"] = str(rank)
+    train(args)
+
+
+def main():
+    args = parse()
+    if args.ranks:
+        torch.multiprocessing.spawn(run_rank, args=(args,), nprocs=args.ranks)
+    else:
+        train(args)
+    print("trained", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
