@@ -1,5 +1,6 @@
 //! `snapdiff capture` and `snapdiff demo`: the training workload under
-//! capture, signals, crashes, and PyTorch scripts through the start-up hook.
+//! capture, signals, crashes, intervals, output folders; plain Python scripts
+//! (PyTorch programs are in torch_capture.rs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -292,128 +293,8 @@ fn a_crashed_command_is_reported_and_its_snapshots_kept() {
     );
 }
 
-/// Runs a Python script under capture with the stand-in `torch` on the path.
-fn capture_python(
-    dir: &Path,
-    script: &str,
-    extra_env: &[(&str, &str)],
-    capture_flags: &[&str],
-) -> (crate::util::Run, PathBuf) {
-    let work = dir.join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let script_path = work.join("script.py");
-    std::fs::write(&script_path, script).unwrap();
-    let log = work.join("torch-calls.jsonl");
-    let out = dir.join("snapshots");
-    let mut args: Vec<String> = vec![
-        "capture".into(),
-        "-o".into(),
-        out.to_string_lossy().into_owned(),
-    ];
-    args.extend(capture_flags.iter().map(|s| s.to_string()));
-    args.extend([
-        "--".into(),
-        "python3".into(),
-        script_path.to_string_lossy().into_owned(),
-    ]);
-    let mut cmd = Command::new(SNAPDIFF);
-    cmd.args(&args)
-        .env("PYTHONPATH", root().join("tests/support/fake_torch"))
-        .env("FAKE_TORCH_LOG", &log);
-    for (k, v) in extra_env {
-        cmd.env(k, v);
-    }
-    let output = cmd.output().unwrap();
-    (crate::util::Run { args, output }, log)
-}
-
 #[test]
-fn pytorch_scripts_are_captured_through_the_start_up_hook() {
-    let dir = tempdir();
-    let script = "import os, signal, torch\n\
-                  opt = torch.optim.SGD()\n\
-                  for _ in range(20):\n    opt.step()\n\
-                  os.kill(os.getpid(), signal.SIGUSR1)\n\
-                  print('done')\n";
-    let (run, log) = capture_python(
-        dir.path(),
-        script,
-        &[],
-        &["--every", "5", "--max-entries", "1234"],
-    );
-    let stdout = run.expect_code(0).stdout();
-    assert!(stdout.contains("done"), "{stdout}");
-    // The hook's calls into (stand-in) torch.
-    let calls: Vec<Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let record = calls
-        .iter()
-        .find(|c| c["call"] == "_record_memory_history")
-        .expect("recording started");
-    assert_eq!(record["max_entries"], 1234);
-    assert!(
-        calls
-            .iter()
-            .any(|c| c["call"] == "register_optimizer_step_post_hook")
-    );
-    assert!(
-        calls
-            .iter()
-            .any(|c| c["call"] == "_cuda_attach_out_of_memory_observer")
-    );
-    let names: Vec<String> = snapshots_in(&dir.path().join("snapshots"))
-        .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
-    for reason in [
-        "step-000005",
-        "step-000010",
-        "step-000015",
-        "step-000020",
-        "signal",
-        "exit",
-    ] {
-        assert!(
-            names
-                .iter()
-                .any(|n| n.contains(reason) && n.ends_with(".pickle")),
-            "{reason}: {names:?}"
-        );
-    }
-    // The pickles are read and the (stand-in) leak is found.
-    assert!(stdout.contains("6 snapshots in"), "{stdout}");
-    assert!(
-        stdout.contains("train_step  /home/user/train.py:42"),
-        "{stdout}"
-    );
-}
-
-#[test]
-fn scripts_without_torch_or_cuda_run_unchanged() {
-    // CUDA not available to torch: one warning, nothing recorded.
-    let dir = tempdir();
-    let (run, _) = capture_python(
-        dir.path(),
-        "import torch\nprint('ok')\n",
-        &[("FAKE_TORCH_CUDA", "0")],
-        &[],
-    );
-    run.expect_code(0);
-    assert_eq!(run.stdout().lines().next(), Some("ok"));
-    let warnings: Vec<String> = run
-        .stderr()
-        .lines()
-        .filter(|l| l.starts_with("snapdiff:"))
-        .map(str::to_owned)
-        .collect();
-    assert_eq!(
-        warnings,
-        ["snapdiff: CUDA is not available to torch; the script runs without capture"]
-    );
-
+fn scripts_that_never_import_torch_run_unchanged() {
     // A plain script, with a sitecustomize of its own that must still run.
     let dir = tempdir();
     let own = dir.path().join("own");
@@ -466,7 +347,7 @@ fn scripts_without_torch_or_cuda_run_unchanged() {
         .status
         .success();
     if torch_installed {
-        assert!(hook_lines.len() <= 1, "at most one warning line: {stderr}");
+        assert_eq!(hook_lines, Vec::<&str>::new(), "{stderr}");
     } else {
         assert_eq!(
             hook_lines,
@@ -474,6 +355,66 @@ fn scripts_without_torch_or_cuda_run_unchanged() {
             "{stderr}"
         );
     }
+}
+
+#[test]
+fn intervals_reach_the_job_in_seconds() {
+    for (given, seconds) in [
+        ("1h30m", "5400"),
+        ("2min", "120"),
+        ("90s", "90"),
+        ("500ms", "0.5"),
+    ] {
+        let dir = tempdir();
+        let run = snapdiff([
+            "capture",
+            "-o",
+            dir.path().to_str().unwrap(),
+            "--no-report",
+            "--interval",
+            given,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$SNAPDIFF_INTERVAL\"",
+        ]);
+        assert_eq!(
+            run.expect_code(0).stdout().lines().next(),
+            Some(seconds),
+            "{given}"
+        );
+    }
+    let run = snapdiff(["capture", "--interval", "soon", "--", "true"]);
+    run.expect_code(2);
+    assert!(
+        run.stderr().contains("invalid interval 'soon'"),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn a_folder_that_cannot_be_written_is_refused_before_the_job_runs() {
+    let dir = tempdir();
+    let marker = dir.path().join("ran");
+    // /proc/1 is a folder in which not even root can create a file.
+    let run = snapdiff([
+        "capture",
+        "-o",
+        "/proc/1",
+        "--",
+        "touch",
+        marker.to_str().unwrap(),
+    ]);
+    run.expect_code(2);
+    assert!(
+        run.stderr()
+            .starts_with("snapdiff: /proc/1: cannot write in the output folder"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(run.stderr().lines().count(), 1, "{}", run.stderr());
+    assert!(!marker.exists(), "the job must not run");
 }
 
 #[test]

@@ -11,8 +11,11 @@ mod format;
 // compare, trend and summary on real snapshots with injected leaks.
 mod analyze;
 
-// capture, demo and the Python start-up hook.
+// capture and demo.
 mod capture;
+
+// capture of real PyTorch programs through the start-up hook.
+mod torch_capture;
 
 // The snapdiff library: leak assertions, from a user's point of view.
 mod library;

@@ -73,6 +73,8 @@ pub enum CheckpointSource {
     StepMarks,
     /// The boundaries of PyTorch's external annotations.
     Annotations,
+    /// At the trace's recurring low points: the ends of its iterations.
+    Troughs,
     /// Evenly spaced through the trace.
     EvenlySpaced,
 }
@@ -319,7 +321,8 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
 }
 
 /// Chooses where to cut a trace: after each step mark, else after each
-/// `snapshot` marker, else at annotation times, else evenly.
+/// `snapshot` marker, else at annotation times, else at the low points its
+/// memory keeps coming back to, else evenly.
 fn cuts_for(
     snap: &Snapshot,
     trace_index: usize,
@@ -368,9 +371,82 @@ fn cuts_for(
         }
     }
     let n = options.checkpoints.max(1);
+    if let Some(cuts) = iteration_troughs(events, n) {
+        return (CheckpointSource::Troughs, cuts);
+    }
     let mut cuts: Vec<usize> = (1..=n).map(|k| k * len / n).collect();
     cuts.dedup();
     (CheckpointSource::EvenlySpaced, cuts)
+}
+
+/// Cuts after the low points a trace's live memory keeps falling back to:
+/// the ends of its iterations, where one step's working set is freed and
+/// only what persists (weights, optimizer state, and leaks) stays live.
+///
+/// An iteration is a swing: memory rises from the last low to a peak, falls
+/// back by at least half of that rise, and rises again by half of it. Swings
+/// are measured from each one's own low, so a leak that lifts the whole
+/// curve does not hide them; swings under an eighth of the trace's range are
+/// noise. At most `n` cuts, spread over the iterations, and one at the end;
+/// `None` when memory falls back fewer than 3 times (one forward pass, say):
+/// such a trace has no repeated steps to compare.
+fn iteration_troughs(events: &[snapdiff_format::TraceEvent], n: usize) -> Option<Vec<usize>> {
+    let mut live = 0i64;
+    let curve: Vec<i64> = events
+        .iter()
+        .map(|e| {
+            match e.action {
+                Action::Alloc => live += e.size as i64,
+                Action::FreeCompleted => live -= e.size as i64,
+                _ => {}
+            }
+            live
+        })
+        .collect();
+    let (lo, hi) = (*curve.iter().min()?, *curve.iter().max()?);
+    let noise = (hi - lo) / 8;
+    if noise == 0 {
+        return None;
+    }
+    let mut troughs = Vec::new();
+    let (mut last_low, mut peak) = (curve[0], curve[0]);
+    // While falling: the lowest point so far, where, and the swing's rise.
+    let mut falling: Option<(i64, usize, i64)> = None;
+    for (i, &v) in curve.iter().enumerate() {
+        match falling {
+            None => {
+                peak = peak.max(v);
+                let rise = peak - last_low;
+                if rise > noise && v <= peak - rise / 2 {
+                    falling = Some((v, i, rise));
+                }
+            }
+            Some((low, _, rise)) if v < low => falling = Some((v, i, rise)),
+            Some((low, at, rise)) if v >= low + rise / 2 => {
+                troughs.push(at + 1);
+                last_low = low;
+                peak = v;
+                falling = None;
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some((_, at, _)) = falling {
+        troughs.push(at + 1);
+    }
+    if troughs.len() < 3 {
+        return None;
+    }
+    let mut cuts: Vec<usize> = if troughs.len() > n {
+        (1..=n)
+            .map(|k| troughs[k * troughs.len() / n - 1])
+            .collect()
+    } else {
+        troughs
+    };
+    cuts.push(events.len());
+    cuts.dedup();
+    Some(cuts)
 }
 
 /// The trend within one snapshot's trace, cut into checkpoints.
@@ -444,6 +520,20 @@ pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, Str
         series.before_recording.extend(replayed.before_recording);
     }
     let mut trend = analyze(series, source, options, snap);
+    if source == CheckpointSource::EvenlySpaced {
+        // Evenly spaced cuts fall at different phases of different steps, so
+        // a working set that is still being built looks like growth.
+        trend.suspects.clear();
+        trend.suspected_bytes = 0;
+        trend.growth_per_second = Some(0.0).filter(|_| trend.growth_per_second.is_some());
+        trend.seconds_to_full = None;
+        notes.push(
+            "no verdict: the trace has no step or snapshot markers and its memory never falls \
+             back between iterations, so growth within it cannot be told from one step's working \
+             set; dump snapshots at several steps (snapdiff capture --every N) or mark steps"
+                .to_owned(),
+        );
+    }
     trend.notes.splice(0..0, notes);
     Ok(trend)
 }

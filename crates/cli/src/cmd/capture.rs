@@ -229,7 +229,6 @@ fn end_with_this_process(cmd: &mut Command) {
     }
 }
 
-
 /// Snapshot files in `dir`: what the runtime and the Python hook write.
 fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {

@@ -116,8 +116,7 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
     let first = read[0].0.clone();
     let snaps: Vec<_> = read.into_iter().map(|(_, s)| s).collect();
     let trend = if snaps.len() == 1 {
-        trend_trace(&snaps[0], options)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
+        trend_trace(&snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
     } else {
         let mut trend = trend_snapshots(&snaps, options);
         if unordered {
@@ -168,6 +167,7 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         CheckpointSource::SnapshotMarkers => "at the trace's snapshot markers",
         CheckpointSource::StepMarks => "at the trace's step marks",
         CheckpointSource::Annotations => "at the trace's annotations",
+        CheckpointSource::Troughs => "at the low points between the trace's iterations",
         CheckpointSource::EvenlySpaced => "evenly spaced through the trace",
     };
     write!(
@@ -181,11 +181,13 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         write!(out, "; steps {a} to {b}")?;
     }
     if let (Some(a), Some(b)) = (first.and_then(|p| p.time_us), last.and_then(|p| p.time_us)) {
-        write!(out, " over {}", duration((b - a).max(0) as f64 / 1e6))?;
+        write!(out, "; spanning {}", duration((b - a).max(0) as f64 / 1e6))?;
     }
     writeln!(out)?;
     let by_step = trend.suspects.iter().all(|s| s.growth_per_step.is_some());
-    if trend.suspects.is_empty() {
+    if trend.checkpoint_source == CheckpointSource::EvenlySpaced {
+        writeln!(out, "no verdict: see the note below")?;
+    } else if trend.suspects.is_empty() {
         writeln!(
             out,
             "no site's memory keeps growing: nothing here looks like a leak"
@@ -221,7 +223,11 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
             "",
             "culprit",
             "growth",
-            if by_step { "per step" } else { "per checkpoint" },
+            if by_step {
+                "per step"
+            } else {
+                "per checkpoint"
+            },
             "per second",
             "live bytes",
         ]);

@@ -1,0 +1,517 @@
+//! `snapdiff capture` of real PyTorch programs: `tests/support/torch_train.py`
+//! trained on the CPU with the real `torch` from PyPI, recorded by the CPU
+//! recorder, with DataLoader workers, ranks, signals and crashes; the CUDA
+//! path of the hook through `tests/support/cuda_standin`, which stands in for
+//! the CUDA calls only.
+//!
+//! Without torch these tests skip with one line, unless
+//! `SNAPDIFF_REQUIRE_TORCH=1` (set by `.ci/run`) makes them fail.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::{Run, root, shared_torch, snapdiff, tempdir};
+
+const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
+
+/// Whether `python3` imports the real torch; asked once.
+fn torch_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    let ready = *READY.get_or_init(|| {
+        Command::new("python3")
+            .args(["-c", "import torch, numpy"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !ready {
+        assert!(
+            std::env::var_os("SNAPDIFF_REQUIRE_TORCH").is_none(),
+            "python3 cannot import torch and numpy, and SNAPDIFF_REQUIRE_TORCH says it must"
+        );
+        eprintln!("skipping: python3 cannot import torch (pip install torch numpy)");
+    }
+    ready
+}
+
+fn script() -> PathBuf {
+    root().join("tests/support/torch_train.py")
+}
+
+/// The line of the training script marked `leaks with --leak KIND`.
+fn leak_line(kind: &str) -> u64 {
+    let marker = format!("leaks with --leak {kind}");
+    let text = std::fs::read_to_string(script()).unwrap();
+    text.lines().position(|l| l.ends_with(&marker)).unwrap() as u64 + 1
+}
+
+/// The `snapdiff capture` command line for the training script.
+fn capture_args(out: &Path, flags: &[&str], script_args: &[&str]) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["capture".into(), "-o".into(), out.into()];
+    args.extend(flags.iter().map(Into::into));
+    args.extend(["--".into(), "python3".into(), script().into()]);
+    args.extend(script_args.iter().map(Into::into));
+    args
+}
+
+/// Captures the training script to completion.
+fn capture(out: &Path, flags: &[&str], script_args: &[&str]) -> Run {
+    snapdiff(capture_args(out, flags, script_args))
+}
+
+/// Starts the capture of the training script without waiting for it.
+fn start_capture(out: &Path, flags: &[&str], script_args: &[&str]) -> Child {
+    Command::new(SNAPDIFF)
+        .args(capture_args(out, flags, script_args))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Snapshot pickles in `dir`, by name.
+fn pickles(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "pickle"));
+    files.sort();
+    files
+}
+
+fn names(files: &[PathBuf]) -> Vec<String> {
+    files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn manifest(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("manifest.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn trend_json(files: &[PathBuf]) -> Value {
+    let mut args: Vec<OsString> = vec!["trend".into(), "--json".into()];
+    args.extend(files.iter().map(|f| f.clone().into_os_string()));
+    snapdiff(args).expect_code(0).json()
+}
+
+/// Waits until `dir` holds a pickle (the job is past its first dump).
+fn wait_for_first_dump(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pickles(dir).is_empty() {
+        assert!(Instant::now() < deadline, "no snapshot within a minute");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for `child`, failing (and killing it) if it takes over two minutes:
+/// a hung job is what some of these tests are about.
+fn wait_bounded(mut child: Child) -> std::process::Output {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the captured job hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn each_leak_in_real_torch_is_named_at_its_line_with_its_growth_per_step() {
+    if !torch_ready() {
+        return;
+    }
+    // Growth per step, from the tensors each leak keeps: two 64-float
+    // tensors of the running state's graph, one float loss, a 32x64 copy.
+    let cases = [
+        ("hidden-state", 512.0),
+        ("loss-list", 4.0),
+        ("cache-dict", 8192.0),
+    ];
+    for (kind, per_step) in cases {
+        let dir = tempdir();
+        let out = dir.path().join("out");
+        let run = capture(&out, &["--every", "5", "--no-report"], &["--leak", kind]);
+        run.expect_code(0);
+        assert!(
+            run.stderr()
+                .contains("torch sees no CUDA device; recording CPU tensors"),
+            "{}",
+            run.stderr()
+        );
+        let files = pickles(&out);
+        let step_dumps: Vec<String> = (1..=6).map(|i| format!("step{}.pickle", i * 5)).collect();
+        for name in &step_dumps {
+            assert!(
+                names(&files)
+                    .iter()
+                    .any(|n| n.ends_with(&format!("-{name}"))),
+                "{kind}: {name} in {files:?}"
+            );
+        }
+        let report = trend_json(&files);
+        let suspects = report["suspects"].as_array().unwrap();
+        assert_eq!(suspects.len(), 1, "{kind}: {report:#}");
+        let culprit = &suspects[0]["culprit"];
+        assert!(
+            culprit["file"]
+                .as_str()
+                .unwrap()
+                .ends_with("torch_train.py"),
+            "{kind}: {culprit}"
+        );
+        assert_eq!(culprit["line"], leak_line(kind), "{kind}: {culprit}");
+        assert_eq!(suspects[0]["growth_per_step"], per_step, "{kind}");
+        let first = &report["points"][0];
+        assert_eq!(first["step"], 5, "ordered by the manifest's steps");
+    }
+
+    // The same job without a leak, with SGD this time: nothing reported.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let run = capture(&out, &["--every", "5"], &["--optimizer", "sgd"]);
+    assert!(
+        run.expect_code(0)
+            .stdout()
+            .contains("no site's memory keeps growing"),
+        "{}",
+        run.stdout()
+    );
+    assert_eq!(
+        trend_json(&pickles(&out))["suspects"],
+        serde_json::json!([])
+    );
+}
+
+#[test]
+fn cpu_recorder_files_agree_with_pytorchs_reader_and_accounting() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let accounting = dir.path().join("accounting.json");
+    capture(
+        &out,
+        &["--every", "10", "--no-report"],
+        &[
+            "--steps",
+            "20",
+            "--accounting",
+            accounting.to_str().unwrap(),
+        ],
+    )
+    .expect_code(0);
+    // PyTorch's own reader of snapshots accepts every file, and the last
+    // step's snapshot holds each parameter, gradient and optimizer state
+    // storage at its address with PyTorch's own size for it.
+    let check = r#"
+import json, pickle, sys
+from torch.cuda import _memory_viz as viz
+files, accounting = sys.argv[1:-1], json.load(open(sys.argv[-1]))
+for f in files:
+    d = pickle.load(open(f, "rb"))
+    viz.segsum(d); viz.trace(d); viz.trace_plot(d)
+last = pickle.load(open([f for f in files if f.endswith("-step20.pickle")][0], "rb"))
+blocks = {b["address"]: b["size"] for s in last["segments"] for b in s["blocks"]}
+wrong = {a: (n, blocks.get(int(a))) for a, n in accounting.items() if blocks.get(int(a)) != n}
+print(json.dumps({"storages": len(accounting), "wrong": wrong}))
+"#;
+    let output = Command::new("python3")
+        .args(["-c", check])
+        .args(pickles(&out))
+        .arg(&accounting)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // 4 parameters, 4 gradients, AdamW's step, exp_avg and exp_avg_sq of each.
+    assert_eq!(result["storages"], 20, "{result}");
+    assert_eq!(result["wrong"], serde_json::json!({}), "{result}");
+}
+
+#[test]
+fn dataloader_workers_record_nothing_under_fork_and_spawn() {
+    if !torch_ready() {
+        return;
+    }
+    for start_method in ["fork", "spawn"] {
+        let dir = tempdir();
+        let out = dir.path().join("out");
+        let run = capture(
+            &out,
+            &["--every", "5"],
+            &[
+                "--workers",
+                "2",
+                "--start-method",
+                start_method,
+                "--leak",
+                "cache-dict",
+            ],
+        );
+        run.expect_code(0);
+        let pids: std::collections::BTreeSet<u64> = manifest(&out)
+            .iter()
+            .map(|e| e["pid"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            pids.len(),
+            1,
+            "{start_method}: only the job dumps: {pids:?}"
+        );
+        assert_eq!(pickles(&out).len(), 7, "{start_method}: 6 steps and exit");
+        let line = format!("torch_train.py:{}", leak_line("cache-dict"));
+        assert!(run.stdout().contains(&line), "{}", run.stdout());
+    }
+}
+
+#[test]
+fn ranks_dump_under_their_own_names_and_are_reported_apart() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let run = capture(
+        &out,
+        &["--every", "5"],
+        &["--ranks", "2", "--leak", "hidden-state"],
+    );
+    let stdout = run.expect_code(0).stdout();
+    let files = names(&pickles(&out));
+    for rank in ["rank0", "rank1"] {
+        assert_eq!(
+            files.iter().filter(|n| n.starts_with(rank)).count(),
+            7,
+            "{rank}: {files:?}"
+        );
+    }
+    assert_eq!(files.len(), 14, "the launcher made no tensor: {files:?}");
+    assert!(
+        stdout.contains("snapshots of 2 processes (rank0, rank1)"),
+        "{stdout}"
+    );
+    let line = format!("torch_train.py:{}", leak_line("hidden-state"));
+    assert_eq!(stdout.matches(&line).count(), 2, "{stdout}");
+}
+
+#[test]
+fn sigusr1_during_dumps_neither_hangs_nor_breaks_a_file() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let child = start_capture(
+        &out,
+        &["--every", "5", "--no-report"],
+        &[
+            "--steps",
+            "40",
+            "--step-seconds",
+            "0.1",
+            "--leak",
+            "cache-dict",
+        ],
+    );
+    wait_for_first_dump(&out);
+    for _ in 0..20 {
+        // SAFETY: signals our own child, which passes SIGUSR1 on to the job.
+        unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_millis(130));
+    }
+    let output = wait_bounded(child);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let files = pickles(&out);
+    let signalled = names(&files)
+        .iter()
+        .filter(|n| n.contains("-signal"))
+        .count();
+    assert!(signalled >= 10, "{files:?}");
+    for f in &files {
+        snapdiff([OsString::from("summary"), f.into()]).expect_code(0);
+    }
+    let leftovers: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert_eq!(leftovers, Vec::<String>::new());
+}
+
+#[test]
+fn sigterm_and_a_killed_monitor_end_the_job_with_an_exit_dump() {
+    if !torch_ready() {
+        return;
+    }
+    let long_job = ["--steps", "100000", "--step-seconds", "0.05"];
+    // SIGTERM to capture: passed on, the job dumps and ends as SIGTERM would.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let child = start_capture(&out, &["--every", "5", "--no-report"], &long_job);
+    wait_for_first_dump(&out);
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let output = wait_bounded(child);
+    assert_eq!(output.status.code(), Some(128 + 15));
+    assert!(
+        names(&pickles(&out))
+            .iter()
+            .any(|n| n.ends_with("-exit.pickle"))
+    );
+
+    // SIGKILL to capture: the job is not left running unwatched.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let mut child = start_capture(&out, &["--every", "5", "--no-report"], &long_job);
+    wait_for_first_dump(&out);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let job = manifest(&out)[0]["pid"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Path::new(&format!("/proc/{job}/cmdline")).exists()
+        && std::fs::read(format!("/proc/{job}/cmdline")).is_ok_and(|c| !c.is_empty())
+    {
+        assert!(Instant::now() < deadline, "the job outlived its monitor");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        names(&pickles(&out))
+            .iter()
+            .any(|n| n.ends_with("-exit.pickle"))
+    );
+}
+
+#[test]
+fn a_job_that_raises_keeps_its_exit_code_and_its_dumps() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let run = capture(&out, &["--every", "5"], &["--raise-at", "12"]);
+    run.expect_code(1);
+    assert!(run.stderr().contains("failing on purpose at step 12"));
+    assert!(run.stderr().contains("python3 exited with code 1"));
+    let files = names(&pickles(&out));
+    for end in ["-step5.pickle", "-step10.pickle", "-step12-exit.pickle"] {
+        assert!(files.iter().any(|n| n.ends_with(end)), "{end}: {files:?}");
+    }
+}
+
+#[test]
+fn the_cuda_path_records_and_dumps_when_torch_was_imported_first() {
+    if !torch_ready() {
+        return;
+    }
+    let Some(real) = shared_torch("snapviewer-memory.pickle") else {
+        return;
+    };
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let log = dir.path().join("cuda-calls.jsonl");
+    let args = capture_args(
+        &out,
+        &["--every", "5", "--max-entries", "1234", "--no-report"],
+        // SGD: AdamW's step asks the (absent) device about graph capture
+        // once torch.cuda.is_available() says yes.
+        &["--steps", "10", "--optimizer", "sgd"],
+    );
+    let output = Command::new(SNAPDIFF)
+        .args(&args)
+        .env("PYTHONPATH", root().join("tests/support/cuda_standin"))
+        .env("CUDA_STANDIN_LOG", &log)
+        .env("CUDA_STANDIN_SNAPSHOT", &real)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("Error in sitecustomize"), "{stderr}");
+    let calls: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let record = calls
+        .iter()
+        .find(|c| c["call"] == "_record_memory_history")
+        .expect("recording started");
+    assert_eq!(record["max_entries"], 1234);
+    assert_eq!(record["stacks"], "python");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c["call"] == "_cuda_attach_out_of_memory_observer")
+    );
+    let files = names(&pickles(&out));
+    for end in ["-step5.pickle", "-step10.pickle", "-step10-exit.pickle"] {
+        assert!(files.iter().any(|n| n.ends_with(end)), "{end}: {files:?}");
+    }
+    assert!(
+        manifest(&out).iter().all(|e| e["device"] == "cuda:0"),
+        "{:?}",
+        manifest(&out)
+    );
+    // The dumps are PyTorch's own file, read as such.
+    let summary = snapdiff([OsString::from("summary"), out.join(&files[0]).into()]);
+    summary.expect_code(0);
+}
+
+#[test]
+fn legacy_torch_save_files_read_like_the_pickle_inside() {
+    if !torch_ready() {
+        return;
+    }
+    let Some(real) = shared_torch("snapviewer-memory.pickle") else {
+        return;
+    };
+    let dir = tempdir();
+    let legacy = dir.path().join("legacy.pt");
+    let save = "import pickle, sys, torch\n\
+                d = pickle.load(open(sys.argv[1], 'rb'))\n\
+                torch.save(d, sys.argv[2], _use_new_zipfile_serialization=False)\n";
+    let status = Command::new("python3")
+        .args(["-c", save])
+        .arg(&real)
+        .arg(&legacy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let totals = |path: &Path| {
+        let v = snapdiff([OsString::from("summary"), "--json".into(), path.into()])
+            .expect_code(0)
+            .json();
+        [
+            "segments",
+            "blocks",
+            "allocated_bytes",
+            "trace_events",
+            "actions",
+        ]
+        .map(|k| v[k].clone())
+    };
+    assert_eq!(totals(&legacy), totals(&real));
+    assert!(totals(&legacy)[2].as_u64().unwrap() > 0);
+}
