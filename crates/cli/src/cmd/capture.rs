@@ -88,7 +88,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
 /// Groups snapshot files by the process that wrote them, as their names
 /// say: `rank0-step10.pickle` and `pid123-step10.pickle` from the PyTorch
 /// hook, `snapdiff-123-dev0-0001-step.snap` from the runtime (one group per
-/// process and device). Groups keep the files' order.
+/// process and device). Groups are sorted by name and keep the files' order.
 fn by_process(files: &[PathBuf]) -> Vec<(String, Vec<PathBuf>)> {
     let mut groups: Vec<(String, Vec<PathBuf>)> = Vec::new();
     for file in files {
@@ -109,6 +109,7 @@ fn by_process(files: &[PathBuf]) -> Vec<(String, Vec<PathBuf>)> {
             None => groups.push((process, vec![file.clone()])),
         }
     }
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
     groups
 }
 
