@@ -210,6 +210,26 @@ fn trend_finds_no_leak_in_the_real_traces() {
         .unwrap();
     let report = trend_json(std::slice::from_ref(training));
     assert_eq!(report["checkpoint_source"], "annotations");
+
+    // Without markers: repeated forward passes are cut between iterations;
+    // a notebook fine-tune whose memory never falls back gets no verdict.
+    let by_name = |name: &str| files.iter().find(|f| f.ends_with(name)).unwrap();
+    for name in [
+        "cs336-medium-128-inference.pickle",
+        "maph-llama-inference.pickle",
+    ] {
+        let report = trend_json(std::slice::from_ref(by_name(name)));
+        assert_eq!(report["checkpoint_source"], "troughs", "{name}");
+    }
+    let report = trend_json(std::slice::from_ref(by_name("ftcourse-finetune.pickle")));
+    assert_eq!(report["checkpoint_source"], "evenly_spaced");
+    assert!(
+        report["notes"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("no verdict"),
+        "{report:#}"
+    );
 }
 
 /// Bytes of the allocations inserted before each checkpoint's cut.

@@ -39,6 +39,20 @@ fn torch_ready() -> bool {
     ready
 }
 
+/// A snapshot PyTorch wrote on a GPU, when torch and `../shared` are both there.
+fn torch_and_a_real_snapshot() -> Option<PathBuf> {
+    torch_ready()
+        .then(|| shared_torch("snapviewer-memory.pickle"))
+        .flatten()
+}
+
+/// Asserts that, for each of `ends`, some dump's name ends with it.
+fn assert_dumped(files: &[String], ends: &[&str]) {
+    for end in ends {
+        assert!(files.iter().any(|n| n.ends_with(end)), "{end}: {files:?}");
+    }
+}
+
 fn script() -> PathBuf {
     root().join("tests/support/torch_train.py")
 }
@@ -416,17 +430,15 @@ fn a_job_that_raises_keeps_its_exit_code_and_its_dumps() {
     assert!(run.stderr().contains("failing on purpose at step 12"));
     assert!(run.stderr().contains("python3 exited with code 1"));
     let files = names(&pickles(&out));
-    for end in ["-step5.pickle", "-step10.pickle", "-step12-exit.pickle"] {
-        assert!(files.iter().any(|n| n.ends_with(end)), "{end}: {files:?}");
-    }
+    assert_dumped(
+        &files,
+        &["-step5.pickle", "-step10.pickle", "-step12-exit.pickle"],
+    );
 }
 
 #[test]
 fn the_cuda_path_records_and_dumps_when_torch_was_imported_first() {
-    if !torch_ready() {
-        return;
-    }
-    let Some(real) = shared_torch("snapviewer-memory.pickle") else {
+    let Some(real) = torch_and_a_real_snapshot() else {
         return;
     };
     let dir = tempdir();
@@ -466,9 +478,10 @@ fn the_cuda_path_records_and_dumps_when_torch_was_imported_first() {
             .any(|c| c["call"] == "_cuda_attach_out_of_memory_observer")
     );
     let files = names(&pickles(&out));
-    for end in ["-step5.pickle", "-step10.pickle", "-step10-exit.pickle"] {
-        assert!(files.iter().any(|n| n.ends_with(end)), "{end}: {files:?}");
-    }
+    assert_dumped(
+        &files,
+        &["-step5.pickle", "-step10.pickle", "-step10-exit.pickle"],
+    );
     assert!(
         manifest(&out).iter().all(|e| e["device"] == "cuda:0"),
         "{:?}",
@@ -481,10 +494,7 @@ fn the_cuda_path_records_and_dumps_when_torch_was_imported_first() {
 
 #[test]
 fn legacy_torch_save_files_read_like_the_pickle_inside() {
-    if !torch_ready() {
-        return;
-    }
-    let Some(real) = shared_torch("snapviewer-memory.pickle") else {
+    let Some(real) = torch_and_a_real_snapshot() else {
         return;
     };
     let dir = tempdir();

@@ -525,7 +525,7 @@ pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, Str
         // a working set that is still being built looks like growth.
         trend.suspects.clear();
         trend.suspected_bytes = 0;
-        trend.growth_per_second = Some(0.0).filter(|_| trend.growth_per_second.is_some());
+        trend.growth_per_second = trend.growth_per_second.map(|_| 0.0);
         trend.seconds_to_full = None;
         notes.push(
             "no verdict: the trace has no step or snapshot markers and its memory never falls \

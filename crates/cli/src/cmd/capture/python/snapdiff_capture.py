@@ -65,8 +65,8 @@ class Settings:
 
 
 def spawned_child():
-    """Whether this process was started by multiprocessing's `spawn` (or
-    `forkserver`): a DataLoader worker or a rank of `mp.spawn`."""
+    """Whether this process was started by multiprocessing's `spawn`: a
+    DataLoader worker or a rank of `mp.spawn`."""
     argv = getattr(sys, "orig_argv", sys.argv)
     return "--multiprocessing-fork" in argv
 

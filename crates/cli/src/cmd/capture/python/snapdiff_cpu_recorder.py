@@ -112,6 +112,9 @@ class CpuRecorder(TorchDispatchMode):
         frames = self._stack()
         now = _now_us()
         with self._lock:
+            # Looked up again under the lock: a dump's sweep may have released
+            # the storage that lived here since.
+            known = self._live.get(address)
             if known is not None:
                 # The storage that lived here is gone and its address reused.
                 self._release(known, now)
@@ -130,6 +133,7 @@ class CpuRecorder(TorchDispatchMode):
                 self._release(s, now)
 
     def _release(self, storage, now):
+        """Notes that `storage` is gone. Holds the lock."""
         del self._live[storage.address]
         for action in ("free_requested", "free_completed", "segment_free"):
             self._event(action, storage.address, storage.size, now, storage.frames)
