@@ -8,6 +8,9 @@ mod util;
 // Reading every kind of file; fidelity against CPython; bad input.
 mod format;
 
+// Hostile and odd input: memory bombs, shared records, escapes, races.
+mod hostile;
+
 // compare, trend and summary on real snapshots with injected leaks.
 mod analyze;
 

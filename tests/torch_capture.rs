@@ -437,6 +437,69 @@ fn a_job_that_raises_keeps_its_exit_code_and_its_dumps() {
 }
 
 #[test]
+fn dumps_that_cannot_be_written_are_counted_and_fail_over_withholds_a_verdict() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    // Files may grow to 100 kB, as on a disk that fills up: the first five
+    // dumps (23 to 94 kB) fit, the later ones fail with EFBIG (Python
+    // ignores SIGXFSZ, so the write fails instead of killing the job).
+    let limited = |flags: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(SNAPDIFF);
+        cmd.args(capture_args(
+            &out,
+            flags,
+            &["--steps", "30", "--leak", "cache-dict"],
+        ));
+        // SAFETY: setrlimit is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 100_000,
+                    rlim_max: 100_000,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.output().unwrap()
+    };
+    let output = limited(&["--every", "3", "--fail-over", "1GiB"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("6 dumps could not be written (at steps 18, 21, 24, 27, 30, 30 (exit))")
+            && stdout.contains("File too large")
+            && stdout.contains("the report covers only the snapshots listed"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("File too large").count(), 1, "{stdout}");
+    assert!(stdout.contains("steps 3 to 15"), "{stdout}");
+    assert!(
+        stderr.contains("6 of 11 dumps failed, so the evidence is incomplete"),
+        "{stderr}"
+    );
+    // What was kept is whole, and no temporary file is left.
+    let kept = pickles(&out);
+    assert_eq!(kept.len(), 5, "{:?}", names(&kept));
+    trend_json(&kept);
+    let stray: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+}
+
+#[test]
 fn the_cuda_path_records_and_dumps_when_torch_was_imported_first() {
     let Some(real) = torch_and_a_real_snapshot() else {
         return;

@@ -154,7 +154,22 @@ fn trace_snapshot() -> Snapshot {
 fn main() {
     let dir = std::path::PathBuf::from(std::env::args().nth(1).expect("usage: make_large DIR"));
     std::fs::create_dir_all(&dir).unwrap();
-    snapdiff_format::write_path(dir.join("blocks-before.snap"), &blocks_snapshot(false)).unwrap();
-    snapdiff_format::write_path(dir.join("blocks-after.snap"), &blocks_snapshot(true)).unwrap();
-    snapdiff_format::write_path(dir.join("trace-10m.snap"), &trace_snapshot()).unwrap();
+    snapdiff_format::write_path(
+        dir.join("blocks-before.snap"),
+        &blocks_snapshot(false),
+        snapdiff_format::Existing::Replace,
+    )
+    .unwrap();
+    snapdiff_format::write_path(
+        dir.join("blocks-after.snap"),
+        &blocks_snapshot(true),
+        snapdiff_format::Existing::Replace,
+    )
+    .unwrap();
+    snapdiff_format::write_path(
+        dir.join("trace-10m.snap"),
+        &trace_snapshot(),
+        snapdiff_format::Existing::Replace,
+    )
+    .unwrap();
 }

@@ -63,6 +63,11 @@ pub(crate) struct CaptureArgs {
     pub(crate) no_report: bool,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
+    /// Exit with code 1 when suspected growth in any process exceeds SIZE,
+    /// and with 2 when dumps failed so the evidence is incomplete (the
+    /// command's own failure comes first).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, conflicts_with = "no_report")]
+    pub(crate) fail_over: Option<u64>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub(crate) command: Vec<std::ffi::OsString>,

@@ -39,7 +39,7 @@ fn main() -> ExitCode {
             if broken_pipe {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("snapdiff: {err:#}");
+            eprintln!("snapdiff: {}", render::escape_controls(&format!("{err:#}")));
             exit::Exit::Error.into()
         }
     }

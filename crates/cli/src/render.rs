@@ -137,3 +137,141 @@ pub(crate) fn release(snapshots: impl IntoIterator<Item = snapdiff_format::Snaps
         std::mem::forget(snap);
     }
 }
+
+/// Standard output for text reports, with control characters escaped; see
+/// [`TerminalText`]. (`--json` output goes to plain stdout: JSON escapes
+/// them itself and must stay exact.)
+pub(crate) fn text_out() -> TerminalText<std::io::StdoutLock<'static>> {
+    TerminalText::new(std::io::stdout().lock())
+}
+
+/// `text` with control characters escaped, for messages on stderr that
+/// quote a file (see [`TerminalText`]).
+pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(is_escaped) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if is_escaped(c) {
+            out.push_str(&format!("\\x{:02x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
+}
+
+/// Whether `c` is a control character that text output must not pass to a
+/// terminal raw: C0 controls other than newline and tab, DEL, and the C1
+/// controls (which some terminals obey too).
+fn is_escaped(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t'
+}
+
+/// A writer that passes text on with control characters escaped as `\xNN`.
+///
+/// Frame names, file names and markers come from the files users read, and
+/// a file can hold `ESC ] 0 ;` (retitle the terminal), colour codes, or a
+/// carriage return that overwrites a line of the report with fake output.
+/// snapdiff's own text has no control characters but newlines, so escaping
+/// at the sink covers every table, note and header at once. Input is UTF-8
+/// (Rust strings); a C1 control's two bytes may arrive in two writes.
+pub(crate) struct TerminalText<W: Write> {
+    inner: W,
+    /// A 0xC2 byte that ended the last write: the first half of a C1 control
+    /// or of another character.
+    pending_c2: bool,
+}
+
+impl<W: Write> TerminalText<W> {
+    pub(crate) fn new(inner: W) -> TerminalText<W> {
+        TerminalText {
+            inner,
+            pending_c2: false,
+        }
+    }
+}
+
+impl<W: Write> Write for TerminalText<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut plain_from = 0;
+        let mut i = 0;
+        if std::mem::take(&mut self.pending_c2) {
+            match buf.first() {
+                Some(&b @ 0x80..=0x9f) => {
+                    write!(self.inner, "\\x{b:02x}")?;
+                    (plain_from, i) = (1, 1);
+                }
+                Some(_) => self.inner.write_all(&[0xc2])?,
+                None => {
+                    self.pending_c2 = true;
+                    return Ok(0);
+                }
+            }
+        }
+        while i < buf.len() {
+            let b = buf[i];
+            let escape = match b {
+                b'\n' | b'\t' => None,
+                0x00..=0x1f | 0x7f => Some((b, 1)),
+                0xc2 => match buf.get(i + 1) {
+                    Some(&c1 @ 0x80..=0x9f) => Some((c1, 2)),
+                    Some(_) => None,
+                    None => {
+                        self.inner.write_all(&buf[plain_from..i])?;
+                        self.pending_c2 = true;
+                        return Ok(buf.len());
+                    }
+                },
+                _ => None,
+            };
+            match escape {
+                Some((code, len)) => {
+                    self.inner.write_all(&buf[plain_from..i])?;
+                    write!(self.inner, "\\x{code:02x}")?;
+                    i += len;
+                    plain_from = i;
+                }
+                None => i += 1,
+            }
+        }
+        self.inner.write_all(&buf[plain_from..])?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if std::mem::take(&mut self.pending_c2) {
+            self.inner.write_all(&[0xc2])?;
+        }
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn through_terminal_text(pieces: &[&[u8]]) -> String {
+        let mut out = TerminalText::new(Vec::new());
+        for p in pieces {
+            out.write_all(p).unwrap();
+        }
+        out.flush().unwrap();
+        String::from_utf8(out.inner).unwrap()
+    }
+
+    #[test]
+    fn control_characters_are_escaped_and_text_is_kept() {
+        let hostile = "a\u{1b}]0;pwned\u{7}b\r\nc\td\u{9b}31m é ü\u{7f}";
+        let expected = "a\\x1b]0;pwned\\x07b\\x0d\nc\td\\x9b31m é ü\\x7f";
+        assert_eq!(through_terminal_text(&[hostile.as_bytes()]), expected);
+        assert_eq!(escape_controls(hostile), expected);
+        // Split at every byte, so a C1 control arrives in two writes.
+        let bytes = hostile.as_bytes();
+        for cut in 0..bytes.len() {
+            let (a, b) = bytes.split_at(cut);
+            assert_eq!(through_terminal_text(&[a, b]), expected, "cut at {cut}");
+        }
+    }
+}

@@ -43,7 +43,7 @@ pub use crate::model::{
     TraceEvent,
 };
 pub use crate::snap::{
-    FORMAT_VERSION, MAGIC, read_json, read_snap, write_atomically, write_json, write_snap,
+    Existing, FORMAT_VERSION, MAGIC, read_json, read_snap, write_atomically, write_json, write_snap,
 };
 pub use crate::value::{Extra, Value};
 
@@ -67,11 +67,26 @@ impl FileKind {
             [b'S', b'N', b'A', b'P', b'D', b'I', b'F', b'F', ..] => Some(FileKind::Snap),
             [0x80, 2..=5, ..] => Some(FileKind::Pickle),
             [b'P', b'K', 3, 4, ..] => Some(FileKind::TorchZip),
-            _ if data.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') => {
+            _ if snap::without_bom(data)
+                .iter()
+                .find(|b| !b.is_ascii_whitespace())
+                == Some(&b'{') =>
+            {
                 Some(FileKind::Json)
             }
             _ => None,
         }
+    }
+}
+
+impl std::fmt::Display for FileKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FileKind::Snap => ".snap",
+            FileKind::Json => "JSON",
+            FileKind::Pickle => "pickle",
+            FileKind::TorchZip => "zip",
+        })
     }
 }
 
@@ -118,12 +133,13 @@ pub fn read_path(path: impl AsRef<Path>) -> Result<Snapshot> {
 }
 
 /// Writes `snap` to `path` atomically, as JSON if the name ends in `.json` and
-/// as `.snap` if it ends in `.snap`.
-pub fn write_path(path: impl AsRef<Path>, snap: &Snapshot) -> Result<()> {
+/// as `.snap` if it ends in `.snap`; `existing` says whether a file already
+/// there may be replaced.
+pub fn write_path(path: impl AsRef<Path>, snap: &Snapshot, existing: Existing) -> Result<()> {
     let path = path.as_ref();
     match path.extension().and_then(|e| e.to_str()) {
-        Some("json") => write_atomically(path, |w| write_json(snap, w)),
-        Some("snap") => write_atomically(path, |w| write_snap(snap, w)),
+        Some("json") => write_atomically(path, existing, |w| write_json(snap, w)),
+        Some("snap") => write_atomically(path, existing, |w| write_snap(snap, w)),
         _ => Err(Error::new(
             ErrorKind::Io,
             "cannot tell the output format: name it .snap or .json",

@@ -15,7 +15,7 @@
 //! `docs/format.md`. Any change to the model's fields bumps the version;
 //! readers refuse versions newer than they know.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -34,7 +34,9 @@ const HEADER_LEN: usize = 20;
 /// slower levels on this data (see docs/performance.md).
 const ZSTD_LEVEL: i32 = 3;
 /// A body claiming to expand more than this many times is refused as corrupt.
-const MAX_EXPANSION: u64 = 1024;
+/// Real bodies compress 8 to 16 times (docs/format.md); this bounds the
+/// memory a small hostile file can make a reader take.
+const MAX_EXPANSION: u64 = 128;
 
 /// Encodes `snap` as a `.snap` file into `out`.
 pub fn write_snap<W: Write>(snap: &Snapshot, mut out: W) -> Result<()> {
@@ -71,7 +73,25 @@ pub fn read_snap(data: &[u8]) -> Result<Snapshot> {
     let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
     check_version(version, ".snap")?;
     let body_len = u64::from_le_bytes(data[12..20].try_into().unwrap());
-    let compressed = &data[HEADER_LEN..];
+    let body = decompress_body(&data[HEADER_LEN..], body_len)?;
+    let snap: Snapshot = rmp_serde::from_slice(&body)
+        .map_err(|e| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {e}")))?;
+    snap.check_references()
+        .map_err(|m| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {m}")))?;
+    Ok(snap)
+}
+
+/// The body of a `.snap` file from its zstd frame `compressed`, which must
+/// expand to exactly `body_len` bytes.
+///
+/// The body must be one zstd frame, as [`write_snap`] writes it: no skippable
+/// frames or further frames before or after, whose sizes no header bounds.
+/// Decompression writes into a buffer of `body_len` bytes and stops there, so
+/// no stream can expand past what the header declared, and the header may
+/// declare at most [`MAX_EXPANSION`] times the frame's size.
+fn decompress_body(compressed: &[u8], body_len: u64) -> Result<Vec<u8>> {
+    let corrupt =
+        |what: String| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {what}"));
     if body_len > (compressed.len() as u64).saturating_mul(MAX_EXPANSION) {
         return Err(Error::new(
             ErrorKind::Malformed,
@@ -81,31 +101,41 @@ pub fn read_snap(data: &[u8]) -> Result<Snapshot> {
             ),
         ));
     }
+    const ZSTD_MAGIC: [u8; 4] = 0xFD2F_B528u32.to_le_bytes();
+    if compressed.get(..4) != Some(&ZSTD_MAGIC[..]) {
+        return Err(corrupt("it does not start with a zstd frame".to_owned()));
+    }
+    let frame_len = zstd::zstd_safe::find_frame_compressed_size(compressed).map_err(|_| {
+        Error::new(
+            ErrorKind::Truncated,
+            "truncated or corrupt .snap body: its zstd frame is incomplete",
+        )
+    })?;
+    if frame_len != compressed.len() {
+        return Err(corrupt(format!(
+            "{} bytes follow its zstd frame",
+            compressed.len() - frame_len
+        )));
+    }
+    if let Ok(Some(declared)) = zstd::zstd_safe::get_frame_content_size(compressed)
+        && declared != body_len
+    {
+        return Err(corrupt(format!(
+            "its zstd frame holds {declared} bytes, the header says {body_len}"
+        )));
+    }
+    // Within the bound checked above, so it fits in memory and in a usize.
     let mut body = Vec::with_capacity(body_len as usize);
-    let decoder = zstd::stream::read::Decoder::with_buffer(compressed)
-        .map_err(|e| Error::io("cannot start decompression", e))?;
-    decoder
-        .take(body_len + 1)
-        .read_to_end(&mut body)
-        .map_err(|e| {
-            let kind = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                ErrorKind::Truncated
-            } else {
-                ErrorKind::Malformed
-            };
-            Error::new(kind, format!("corrupt or truncated .snap body: {e}"))
-        })?;
+    zstd::bulk::Decompressor::new()
+        .and_then(|mut d| d.decompress_to_buffer(compressed, &mut body))
+        .map_err(|e| corrupt(e.to_string()))?;
     if body.len() as u64 != body_len {
         return Err(Error::new(
             ErrorKind::Truncated,
             format!("truncated .snap body: {} of {body_len} bytes", body.len()),
         ));
     }
-    let snap: Snapshot = rmp_serde::from_slice(&body)
-        .map_err(|e| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {e}")))?;
-    snap.check_references()
-        .map_err(|m| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {m}")))?;
-    Ok(snap)
+    Ok(body)
 }
 
 fn check_version(version: u32, what: &str) -> Result<()> {
@@ -157,7 +187,14 @@ pub fn write_json<W: Write>(snap: &Snapshot, out: W) -> Result<()> {
     .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write JSON: {e}")))
 }
 
-/// Decodes a `.json` document held in `data`.
+/// `data` without the UTF-8 byte-order mark some Windows editors save JSON
+/// with (JSON itself forbids it; serde_json refuses it).
+pub(crate) fn without_bom(data: &[u8]) -> &[u8] {
+    data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data)
+}
+
+/// Decodes a `.json` document held in `data`, with or without a byte-order
+/// mark.
 pub fn read_json(data: &[u8]) -> Result<Snapshot> {
     let bad = |e: serde_json::Error| {
         let kind = if e.is_eof() {
@@ -167,6 +204,7 @@ pub fn read_json(data: &[u8]) -> Result<Snapshot> {
         };
         Error::new(kind, format!("invalid snapdiff JSON: {e}"))
     };
+    let data = without_bom(data);
     // Check the version before trusting the shape of the rest.
     let head: JsonIn = serde_json::from_slice(data).map_err(bad)?;
     let _ = head.snapshot;
@@ -178,11 +216,23 @@ pub fn read_json(data: &[u8]) -> Result<Snapshot> {
     Ok(body.snapshot)
 }
 
+/// Whether a write may replace a file already at its path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Replace it.
+    Replace,
+    /// Fail with an [`ErrorKind::Io`] error of kind `AlreadyExists`, decided
+    /// at the moment the file is put in place, so that of two writers racing
+    /// to one path, one fails rather than both succeeding.
+    Keep,
+}
+
 /// Writes `bytes` produced by `encode` to `path` atomically: into a temporary
-/// file in the same folder, then renamed over `path`, so a reader never sees
+/// file in the same folder, then renamed to `path`, so a reader never sees
 /// half a file and a failed write leaves any old file intact.
 pub fn write_atomically(
     path: &Path,
+    existing: Existing,
     encode: impl FnOnce(&mut dyn Write) -> Result<()>,
 ) -> Result<()> {
     let dir = match path.parent() {
@@ -208,7 +258,17 @@ pub fn write_atomically(
         encode(&mut w).map_err(|e| e.with_path(path))?;
         w.flush().map_err(|e| err("cannot write", e))?;
     }
-    tmp.persist(path)
-        .map_err(|e| err("cannot rename the temporary file into place", e.error))?;
+    match existing {
+        Existing::Replace => tmp
+            .persist(path)
+            .map_err(|e| err("cannot rename the temporary file into place", e.error))?,
+        Existing::Keep => tmp.persist_noclobber(path).map_err(|e| {
+            if e.error.kind() == std::io::ErrorKind::AlreadyExists {
+                err("already exists", e.error)
+            } else {
+                err("cannot rename the temporary file into place", e.error)
+            }
+        })?,
+    };
     Ok(())
 }

@@ -41,6 +41,21 @@ pub enum Value {
 }
 
 impl Value {
+    /// About how many bytes of memory the value takes, its own size included.
+    pub fn approx_size(&self) -> usize {
+        std::mem::size_of::<Value>()
+            + match self {
+                Value::Str(s) => s.len(),
+                Value::Bytes(b) => b.len(),
+                Value::List(items) => items.iter().map(Value::approx_size).sum(),
+                Value::Map(entries) => entries
+                    .iter()
+                    .map(|(k, v)| std::mem::size_of::<String>() + k.len() + v.approx_size())
+                    .sum(),
+                _ => 0,
+            }
+    }
+
     /// The value as an integer, if it is one.
     pub fn as_int(&self) -> Option<i128> {
         match *self {

@@ -391,7 +391,7 @@ impl Allocator {
     /// When the file cannot be written; the allocator keeps working.
     pub fn dump(&self, path: impl AsRef<Path>) -> Result<(), DumpError> {
         let snap = self.snapshot();
-        snapdiff_format::write_path(path, &snap)?;
+        snapdiff_format::write_path(path, &snap, snapdiff_format::Existing::Replace)?;
         Ok(())
     }
 }

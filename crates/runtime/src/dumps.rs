@@ -67,7 +67,7 @@ pub(crate) fn auto_dump(inner: &Inner, reason: &str, enabled: bool) {
     );
     let path: PathBuf = dir.join(name);
     let snap = inner.snapshot();
-    if let Err(e) = snapdiff_format::write_path(&path, &snap) {
+    if let Err(e) = snapdiff_format::write_path(&path, &snap, snapdiff_format::Existing::Keep) {
         eprintln!("snapdiff-runtime: cannot write snapshot: {e}");
     }
 }

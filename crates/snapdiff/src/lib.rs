@@ -72,7 +72,7 @@ pub use snapdiff_runtime::{
 /// # let dir = std::env::temp_dir().join(format!("snapdiff-doc-read-{}", std::process::id()));
 /// # std::fs::create_dir_all(&dir).unwrap();
 /// let path = dir.join("empty.snap");
-/// snapdiff::format::write_path(&path, &snapdiff::Snapshot::default())?;
+/// snapdiff::format::write_path(&path, &snapdiff::Snapshot::default(), snapdiff::format::Existing::Replace)?;
 /// let snap = snapdiff::read(&path)?;
 /// assert_eq!(snap.totals().allocated_bytes, 0);
 /// # Ok::<(), snapdiff::Error>(())

@@ -374,8 +374,8 @@ fn assert_clean(report: LeakReport) {
 /// ```
 /// # let dir = std::env::temp_dir().join(format!("snapdiff-doc-between-{}", std::process::id()));
 /// # std::fs::create_dir_all(&dir).unwrap();
-/// # snapdiff::format::write_path(dir.join("a.snap"), &snapdiff::Snapshot::default()).unwrap();
-/// # snapdiff::format::write_path(dir.join("b.snap"), &snapdiff::Snapshot::default()).unwrap();
+/// # snapdiff::format::write_path(dir.join("a.snap"), &snapdiff::Snapshot::default(), snapdiff::format::Existing::Replace).unwrap();
+/// # snapdiff::format::write_path(dir.join("b.snap"), &snapdiff::Snapshot::default(), snapdiff::format::Existing::Replace).unwrap();
 /// use snapdiff::testing::{LeakOptions, assert_no_leaks_between};
 /// assert_no_leaks_between(dir.join("a.snap"), dir.join("b.snap"), &LeakOptions::new());
 /// ```
@@ -582,8 +582,8 @@ mod check {
         ));
         std::fs::create_dir_all(&dir).ok()?;
         let (b, a) = (dir.join("before.snap"), dir.join("after.snap"));
-        snapdiff_format::write_path(&b, before).ok()?;
-        snapdiff_format::write_path(&a, after).ok()?;
+        snapdiff_format::write_path(&b, before, snapdiff_format::Existing::Replace).ok()?;
+        snapdiff_format::write_path(&a, after, snapdiff_format::Existing::Replace).ok()?;
         Some((b, a))
     }
 }

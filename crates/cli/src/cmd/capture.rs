@@ -18,6 +18,7 @@ use snapdiff_runtime::config::{
 use crate::args::CaptureArgs;
 use crate::exit::Exit;
 use crate::manifest;
+use crate::render;
 
 /// The Python start-up hook, put on the command's PYTHONPATH: records
 /// PyTorch's memory history once torch is imported (see the files' own notes).
@@ -50,6 +51,8 @@ pub(crate) struct Captured {
 pub(crate) struct FailedDump {
     /// The optimizer steps done when it was due.
     pub(crate) step: Option<u64>,
+    /// Why it was due: step, interval, signal, oom or exit.
+    pub(crate) reason: Option<String>,
     /// Why it failed.
     pub(crate) error: String,
 }
@@ -57,11 +60,22 @@ pub(crate) struct FailedDump {
 /// The top-level entry point for `snapdiff capture`.
 pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     let captured = capture(&args)?;
-    let mut out = std::io::stdout().lock();
+    // JSON escapes control characters itself, and must stay exact.
+    let mut out: Box<dyn std::io::Write> = if args.report.json {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(crate::render::text_out())
+    };
     use std::io::Write;
     report_files(&mut out, &args.output, &captured)?;
     if args.no_report || captured.snapshots.is_empty() {
-        return Ok(captured.exit);
+        return Ok(match args.fail_over {
+            Some(_) if captured.exit == Exit::Clean => {
+                eprintln!("snapdiff: no snapshot to judge, so no verdict (--fail-over)");
+                Exit::Error
+            }
+            _ => captured.exit,
+        });
     }
     // Snapshots of different processes (ranks, or a job and its children)
     // are never mixed: each process is reported on its own.
@@ -75,14 +89,44 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
             names.join(", ")
         )?;
     }
+    let mut over = Vec::new();
     for (process, files) in &processes {
         writeln!(out)?;
         if processes.len() > 1 {
             writeln!(out, "{process}:")?;
         }
-        crate::cmd::trend::report(files, &args.report, &mut out)?;
+        let suspected = crate::cmd::trend::report(files, &args.report, &mut out)?;
+        if let (Some(bytes), Some(limit)) = (suspected, args.fail_over)
+            && bytes > limit
+        {
+            over.push(format!("{process}: {}", render::size(bytes)));
+        }
     }
-    Ok(captured.exit)
+    out.flush()?;
+    if captured.exit != Exit::Clean {
+        return Ok(captured.exit);
+    }
+    let Some(limit) = args.fail_over else {
+        return Ok(Exit::Clean);
+    };
+    if !over.is_empty() {
+        eprintln!(
+            "snapdiff: suspected growth over the {} limit (--fail-over) in {}",
+            render::size(limit),
+            over.join("; ")
+        );
+        return Ok(Exit::OverThreshold);
+    }
+    if !captured.failed.is_empty() {
+        eprintln!(
+            "snapdiff: {} of {} dumps failed, so the evidence is incomplete: no verdict \
+             (--fail-over)",
+            captured.failed.len(),
+            captured.failed.len() + captured.snapshots.len()
+        );
+        return Ok(Exit::Error);
+    }
+    Ok(Exit::Clean)
 }
 
 /// Groups snapshot files by the process that wrote them, as their names
@@ -191,6 +235,7 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         .filter(|entry| entry.file.is_none())
         .map(|entry| FailedDump {
             step: entry.step,
+            reason: entry.reason,
             error: entry.error.unwrap_or_default(),
         })
         .collect();
@@ -286,7 +331,11 @@ pub(crate) fn report_files(
         let steps: Vec<String> = captured
             .failed
             .iter()
-            .filter_map(|f| f.step.map(|s| s.to_string()))
+            .filter_map(|f| match (f.step, f.reason.as_deref()) {
+                (Some(step), Some("step") | None) => Some(step.to_string()),
+                (Some(step), Some(reason)) => Some(format!("{step} ({reason})")),
+                (None, _) => None,
+            })
             .collect();
         writeln!(
             out,

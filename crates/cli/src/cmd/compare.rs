@@ -30,7 +30,7 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         return Ok(exit);
     }
 
-    let mut out = std::io::stdout().lock();
+    let mut out = render::text_out();
     writeln!(out, "{} -> {}", args.before.display(), args.after.display())?;
     writeln!(
         out,

@@ -1,6 +1,7 @@
 //! `snapdiff convert IN OUT`.
 
 use anyhow::bail;
+use snapdiff_format::Existing;
 
 use crate::args::ConvertArgs;
 use crate::exit::Exit;
@@ -23,6 +24,13 @@ pub(crate) fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
     let mut snap = crate::render::read(&args.input)?;
     // Readers keep frames in first-seen order; sorted, they compress far better.
     snap.sort_frames();
-    snapdiff_format::write_path(&args.output, &snap)?;
+    // Checked again as the file is put in place: two runs racing to one
+    // output cannot both succeed without --force.
+    let existing = if args.force {
+        Existing::Replace
+    } else {
+        Existing::Keep
+    };
+    snapdiff_format::write_path(&args.output, &snap, existing)?;
     Ok(Exit::Clean)
 }

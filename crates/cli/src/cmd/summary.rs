@@ -19,7 +19,7 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
         print_json(&summary)?;
         return Ok(Exit::Clean);
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = render::text_out();
     let t = &summary.totals;
     writeln!(out, "{}", args.file.display())?;
     if let Some(source) = &source {

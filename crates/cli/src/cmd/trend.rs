@@ -28,28 +28,31 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     if args.report.json {
         print_json(&trend)?;
     } else {
-        print_table(&trend, &args.report, &mut std::io::stdout().lock())?;
+        print_table(&trend, &args.report, &mut render::text_out())?;
     }
     Ok(exit)
 }
 
-/// The trend report of `files` with default options, as `capture` and `demo` show it.
+/// The trend report of `files` with default options, as `capture` and `demo`
+/// show it. Returns the suspected growth in bytes, or `None` when no file
+/// could be read.
 pub(crate) fn report(
     files: &[PathBuf],
     report: &ReportArgs,
     out: &mut dyn Write,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<u64>> {
     let mut options = TrendOptions::default();
     options.rules = render::rules(report)?;
-    if let Some((trend, _)) = analyze(files, &options)? {
-        if report.json {
-            serde_json::to_writer_pretty(&mut *out, &trend)?;
-            writeln!(out)?;
-        } else {
-            print_table(&trend, report, out)?;
-        }
+    let Some((trend, _)) = analyze(files, &options)? else {
+        return Ok(None);
+    };
+    if report.json {
+        serde_json::to_writer_pretty(&mut *out, &trend)?;
+        writeln!(out)?;
+    } else {
+        print_table(&trend, report, out)?;
     }
-    Ok(())
+    Ok(Some(trend.suspected_bytes))
 }
 
 /// Reads `files` in parallel and analyses them: one file by its trace,
@@ -72,7 +75,7 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
         match r {
             Ok(s) => read.push((path, s)),
             Err(e) => {
-                eprintln!("snapdiff: {e}");
+                eprintln!("snapdiff: {}", render::escape_controls(&e.to_string()));
                 errored = true;
             }
         }

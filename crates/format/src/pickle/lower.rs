@@ -69,12 +69,18 @@ pub(crate) struct Lowerer {
     events: Vec<TraceEvent>,
     /// Whether each lowered event was already moved out.
     event_taken: Vec<bool>,
+    /// Whether each lowered event was already put into a list; see
+    /// [`Lowerer::place`].
+    event_placed: Vec<bool>,
     /// The action each pickled string names, once looked up (by heap string id).
     heap_actions: Vec<Option<Action>>,
     /// Lowered blocks and whether their dict had an `address`.
     pub(crate) blocks: Vec<Option<(Block, bool)>>,
-    /// Generic values still allowed to be produced: bounds the expansion of
-    /// a pickle that shares one container many times over.
+    /// Whether each lowered block was already put into a list.
+    block_placed: Vec<bool>,
+    /// Bytes of generic values still allowed to be produced: bounds the
+    /// expansion of a pickle that shares one container or string many times
+    /// over, to a small multiple of the file's size.
     value_budget: usize,
 }
 
@@ -344,6 +350,7 @@ impl Lowerer {
             // not memory, and saves copying the tables as they grow.
             events: Vec::with_capacity(len / 48),
             event_taken: Vec::with_capacity(len / 48),
+            event_placed: Vec::with_capacity(len / 48),
             frames: Vec::with_capacity(len / 32),
             pending_frames: Vec::with_capacity(len / 32),
             // Not so for a hash table: its inserts land all over it, touching
@@ -356,7 +363,7 @@ impl Lowerer {
                 FxBuildHasher,
             ),
             stacks: Interner::with_capacity((len / 128).min(MAX_RESERVED_INDEX)),
-            value_budget: len + (1 << 20),
+            value_budget: 8 * len + (4 << 20),
             ..Lowerer::default()
         }
     }
@@ -385,11 +392,13 @@ impl Lowerer {
             Shape::Event => {
                 self.add_event(heap, entries).ok()?;
                 self.event_taken.push(false);
+                self.event_placed.push(false);
                 Some(Record::Event(self.events.len() as u32 - 1))
             }
             Shape::Block => {
                 let block = self.block(heap, entries).ok()?;
                 self.blocks.push(Some(block));
+                self.block_placed.push(false);
                 Some(Record::Block(self.blocks.len() as u32 - 1))
             }
             Shape::Other => None,
@@ -537,6 +546,28 @@ impl Lowerer {
             }
         }
         Some(self.intern_scratch_stack())
+    }
+
+    /// Notes that `items` are being put into a list, and fails if one of them
+    /// is a trace event or block dict already put into one: each appears once
+    /// in a snapshot, and a file that refers to one many times through the
+    /// memo is refused as it is read, before the references pile up.
+    pub(crate) fn place(&mut self, heap: &Heap, items: &[Val]) -> Result<(), &'static str> {
+        for &item in items {
+            let Val::Obj(c) = item else { continue };
+            let placed = match heap.containers[c as usize] {
+                Container::Event(i) => &mut self.event_placed[i as usize],
+                Container::Block(i) => &mut self.block_placed[i as usize],
+                _ => continue,
+            };
+            if std::mem::replace(placed, true) {
+                return Err(match heap.containers[c as usize] {
+                    Container::Event(_) => "trace event",
+                    _ => "block",
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Fills empty list `id` with `items`, as a stack when they are frames:
@@ -844,11 +875,16 @@ impl Lowerer {
         match v {
             Val::Obj(id) => match &heap.containers[id as usize] {
                 Container::Event(i) => {
+                    // An event moved out with a whole tail of events is past
+                    // the end of `event_taken`: taken too.
                     let i = *i as usize;
-                    if std::mem::replace(&mut self.event_taken[i], true) {
-                        return Err(": the same trace event dict appears twice".to_owned());
+                    match self.event_taken.get_mut(i) {
+                        Some(taken) if !*taken => {
+                            *taken = true;
+                            Ok(std::mem::take(&mut self.events[i]))
+                        }
+                        _ => Err(": the same trace event dict appears twice".to_owned()),
                     }
-                    Ok(std::mem::take(&mut self.events[i]))
                 }
                 Container::Dict(entries) => {
                     self.add_event(heap, entries)?;
@@ -900,19 +936,22 @@ impl Lowerer {
             return Err(format!(": values nested deeper than {MAX_DEPTH} levels"));
         }
         self.build_frames(heap);
-        self.value_budget = self.value_budget.checked_sub(1).ok_or_else(|| {
-            ": the pickle expands to far more values than its size allows (shared containers?)"
-                .to_owned()
-        })?;
-        Ok(match v {
+        self.charge(std::mem::size_of::<Value>())?;
+        let value = match v {
             Val::Unset | Val::None => Value::None,
             Val::Bool(b) => Value::Bool(b),
             Val::Int(i) => Value::Int(i.into()),
             Val::Big(b) => Value::Int(heap.bigs[b as usize]),
             Val::Float(f) => Value::Float(f),
-            Val::Str(id) => Value::Str(heap.str(id).to_owned()),
-            Val::Bytes(id) => Value::Bytes(heap.bytes[id as usize].to_vec()),
-            Val::Frame(f) => frame_value(&self.frames[f as usize]),
+            Val::Str(id) => {
+                self.charge(heap.str(id).len())?;
+                Value::Str(heap.str(id).to_owned())
+            }
+            Val::Bytes(id) => {
+                self.charge(heap.bytes[id as usize].len())?;
+                Value::Bytes(heap.bytes[id as usize].to_vec())
+            }
+            Val::Frame(f) => self.charged(frame_value(&self.frames[f as usize]))?,
             Val::Obj(id) => match &heap.containers[id as usize] {
                 Container::List(items) | Container::Tuple(items) | Container::Set(items) => {
                     let mut out = Vec::with_capacity(items.len());
@@ -925,23 +964,43 @@ impl Lowerer {
                     let mut out = Vec::with_capacity(entries.len());
                     for &[k, item] in entries {
                         let key = key_text(heap, k);
+                        self.charge(std::mem::size_of::<String>() + key.len())?;
                         let value = self.value(heap, item, depth + 1).map_err(|f| at(&key, f))?;
                         out.push((key, value));
                     }
                     Value::Map(out)
                 }
-                Container::Frame(f) => frame_value(&self.frames[*f as usize]),
-                Container::Stack(s) => self.stack_value(Some(*s)),
+                Container::Frame(f) => self.charged(frame_value(&self.frames[*f as usize]))?,
+                Container::Stack(s) => self.charged(self.stack_value(Some(*s)))?,
                 Container::Event(i) => match self.event_taken.get(*i as usize) {
-                    Some(false) => self.event_value(&self.events[*i as usize]),
+                    Some(false) => self.charged(self.event_value(&self.events[*i as usize]))?,
                     _ => return Err(": the same trace event dict appears twice".to_owned()),
                 },
                 Container::Block(i) => match &self.blocks[*i as usize] {
-                    Some((b, _)) => self.block_value(b),
+                    Some((b, _)) => self.charged(self.block_value(b))?,
                     None => return Err(": the same block dict appears twice".to_owned()),
                 },
             },
-        })
+        };
+        Ok(value)
+    }
+
+    /// Takes `bytes` from the budget of generic values; see
+    /// [`Lowerer::value_budget`].
+    fn charge(&mut self, bytes: usize) -> Result<(), Failure> {
+        self.value_budget = self.value_budget.checked_sub(bytes).ok_or_else(|| {
+            ": the pickle expands to far more values than its size allows (shared containers?)"
+                .to_owned()
+        })?;
+        Ok(())
+    }
+
+    /// `value`, a record converted back to a generic value, once its size
+    /// is taken from the budget. (One record's value is small; it is a record
+    /// shared a million times over that the budget stops.)
+    fn charged(&mut self, value: Value) -> Result<Value, Failure> {
+        self.charge(value.approx_size() - std::mem::size_of::<Value>())?;
+        Ok(value)
     }
 
     fn stack_value(&self, stack: Option<StackId>) -> Value {

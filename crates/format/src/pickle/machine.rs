@@ -280,9 +280,20 @@ fn memo_gets_end(data: &[u8], pos: usize) -> usize {
     }
 }
 
-/// Memo indices may skip ahead (BINPUT writes any index); this bounds how far,
-/// so that a hostile index cannot make the memo table huge.
-const MAX_MEMO_GAP: usize = 1 << 16;
+/// How many never-written slots the dense memo table may hold beyond one per
+/// written slot. Memo indices may skip ahead (PUT writes any index); a slot
+/// that would take the table past this goes to [`Machine::far_memo`], so the
+/// memo costs memory in proportion to the slots actually written, whatever
+/// the indices.
+const MEMO_SLACK: usize = 1 << 12;
+
+/// The deepest value stack and the most open MARKs a file may build. PyTorch's
+/// pickler writes lists and dicts in batches of 1000 items and snapshots nest
+/// a few levels deep, so real files stay in the low thousands; these caps stop
+/// a file of repeated pushes (EMPTY_LIST, memo gets, MARK) from growing the
+/// stack with every byte before it is refused.
+const MAX_STACK: usize = 1 << 20;
+const MAX_MARKS: usize = 1 << 12;
 
 /// Runs the pickle in `data` and returns the value it leaves, the heap behind
 /// it, the lowered records, and the protocol it declared.
@@ -306,6 +317,12 @@ struct Machine<'a> {
     stack: Vec<Val>,
     marks: Vec<usize>,
     memo: Vec<Val>,
+    /// How many slots of `memo` are [`Val::Unset`] gaps left by PUTs that
+    /// skipped ahead.
+    memo_gaps: usize,
+    /// Memo slots written too far past the dense table to extend it; never
+    /// used by files a pickler wrote, which number their slots in order.
+    far_memo: rustc_hash::FxHashMap<usize, Val>,
     /// The container most recently stored in the memo, and its slot.
     last_memoized: (u32, usize),
     heap: Heap<'a>,
@@ -408,6 +425,8 @@ impl<'a> Machine<'a> {
             // copying them as they grow (untouched capacity costs address space,
             // not memory).
             memo: Vec::with_capacity(data.len() / 16),
+            memo_gaps: 0,
+            far_memo: rustc_hash::FxHashMap::default(),
             last_memoized: (u32::MAX, 0),
             heap: Heap {
                 containers: Vec::with_capacity(data.len() / 16),
@@ -425,6 +444,9 @@ impl<'a> Machine<'a> {
         let data = self.data;
         loop {
             let at = self.pos;
+            if self.stack.len() > MAX_STACK || self.marks.len() > MAX_MARKS {
+                return Err(self.too_deep(at));
+            }
             let op = *data.get(at).ok_or_else(|| {
                 self.error_at(
                     ErrorKind::Truncated,
@@ -566,6 +588,7 @@ impl<'a> Machine<'a> {
                 }
                 b'l' | b't' | 0x91 => {
                     let mark = self.pop_mark(op, at)?;
+                    self.place(mark, at)?;
                     let items = self.stack.split_off(mark);
                     let c = match op {
                         b'l' => Container::List(items),
@@ -601,6 +624,7 @@ impl<'a> Machine<'a> {
                     self.lower_top();
                 }
                 b'a' => {
+                    self.place(self.stack.len().saturating_sub(1), at)?;
                     let item = self.pop(op, at)?;
                     let target = self.top_container(op, at)?;
                     self.extend(target, std::iter::once(item), op, at)?;
@@ -616,6 +640,7 @@ impl<'a> Machine<'a> {
                         self.stack.truncate(mark);
                         continue;
                     }
+                    self.place(mark, at)?;
                     self.lower.unlower_list(&mut self.heap, target);
                     match &mut self.heap.containers[target as usize] {
                         Container::List(v) | Container::Set(v) => {
@@ -749,6 +774,17 @@ impl<'a> Machine<'a> {
     #[cold]
     fn error_at(&self, kind: ErrorKind, msg: impl Into<String>) -> Error {
         Error::new(kind, msg)
+    }
+
+    #[cold]
+    fn too_deep(&self, at: usize) -> Error {
+        self.error_at(
+            ErrorKind::TooLarge,
+            format!(
+                "pickle stack over {MAX_STACK} values or {MAX_MARKS} marks deep at byte {at}; \
+                 real snapshots stay in the thousands"
+            ),
+        )
     }
 
     #[cold]
@@ -1041,10 +1077,25 @@ impl<'a> Machine<'a> {
                 .last_mut()
                 .expect("the container is on the stack") = Val::Frame(f);
             let (memoized, slot) = self.last_memoized;
-            if memoized == id && self.memo[slot] == Val::Obj(id) {
-                self.memo[slot] = Val::Frame(f);
+            if memoized == id {
+                match self.memo.get_mut(slot) {
+                    Some(v) if *v == Val::Obj(id) => *v = Val::Frame(f),
+                    _ => {}
+                }
             }
         }
+    }
+
+    /// Notes that the values from `from` up the stack are being put into a
+    /// list; see [`Lowerer::place`].
+    fn place(&mut self, from: usize, at: usize) -> Result<()> {
+        let items = &self.stack[from.min(self.stack.len())..];
+        self.lower.place(&self.heap, items).map_err(|what| {
+            self.error_at(
+                ErrorKind::Malformed,
+                format!("the same {what} dict appears twice (at byte {at})"),
+            )
+        })
     }
 
     fn put(&mut self, i: usize, op: u8, at: usize) -> Result<()> {
@@ -1057,30 +1108,36 @@ impl<'a> Machine<'a> {
             // (A new table, not `clear`, which would cost the table's whole
             // capacity on every such PUT.)
             self.stacks_by_gets = HashTable::new();
+            if self.memo[i] == Val::Unset {
+                self.memo_gaps -= 1;
+            }
             self.memo[i] = top;
-        } else if i - self.memo.len() <= MAX_MEMO_GAP {
+            return Ok(());
+        }
+        let gap = i - self.memo.len();
+        let written = self.memo.len() - self.memo_gaps;
+        if self.memo_gaps + gap <= written + MEMO_SLACK {
             self.memo.resize(i, Val::Unset);
             self.memo.push(top);
+            self.memo_gaps += gap;
         } else {
-            return Err(self.error_at(
-                ErrorKind::Malformed,
-                format!(
-                    "{} at byte {at} writes memo slot {i}, far past the {} in use",
-                    opcode_name(op),
-                    self.memo.len()
-                ),
-            ));
+            self.stacks_by_gets = HashTable::new();
+            self.far_memo.insert(i, top);
         }
         Ok(())
     }
 
     fn get(&mut self, i: usize, at: usize) -> Result<()> {
-        match self.memo.get(i) {
-            Some(&v) if !matches!(v, Val::Unset) => {
+        let v = match self.memo.get(i) {
+            Some(&Val::Unset) | None => self.far_memo.get(&i).copied(),
+            Some(&v) => Some(v),
+        };
+        match v {
+            Some(v) => {
                 self.stack.push(v);
                 Ok(())
             }
-            _ => Err(self.error_at(
+            None => Err(self.error_at(
                 ErrorKind::Malformed,
                 format!("memo slot {i} read at byte {at} was never written"),
             )),
@@ -1316,7 +1373,9 @@ impl<'a> Machine<'a> {
         // Locals, so that the loop keeps them in registers.
         let memo = self.memo.as_slice();
         let stack = &mut self.stack;
-        while let Some((i, next)) = memo_get_at(data, pos) {
+        while stack.len() <= MAX_STACK
+            && let Some((i, next)) = memo_get_at(data, pos)
+        {
             match memo.get(i) {
                 Some(&v) if !matches!(v, Val::Unset) => stack.push(v),
                 _ => break,

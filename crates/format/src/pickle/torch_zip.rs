@@ -51,6 +51,12 @@ pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
             format!("broken zip file: data.pkl: {e}"),
         )
     })?;
+    if let Some(kind) = crate::FileKind::detect(&pickle).filter(|&k| k != crate::FileKind::Pickle) {
+        return Err(Error::new(
+            ErrorKind::NotASnapshot,
+            format!("data.pkl holds a {kind} file, not a pickle"),
+        ));
+    }
     crate::pickle::read(&pickle, Some("torch.save zip")).map_err(|e| {
         let message = format!("data.pkl: {}", e.message());
         Error::new(e.kind(), message)

@@ -1,0 +1,503 @@
+//! A fuzz test of the three readers (pickle, `.snap`, JSON) on stable Rust.
+//!
+//! Inputs are the real snapshots, mutated byte by byte and by structure:
+//! pickle opcodes deleted, duplicated, moved and rewritten (memo slots, stack
+//! and mark opcodes, strings and keys, huge lengths); `.snap` bodies re-framed
+//! (skippable and extra zstd frames, wrong declared sizes) around mutated
+//! MessagePack; JSON documents with elements and keys duplicated, deleted and
+//! replaced. Every input must give a snapshot or a one-line error, never a
+//! panic, and the reader's heap must stay within [`memory_bound`] of the
+//! input's size (counted by this binary's allocator, per thread).
+//!
+//! The seed is fixed, so a run is repeatable; `SNAPDIFF_FUZZ_ROUNDS` sets the
+//! number of rounds (the default takes about a minute on two cores; longer
+//! runs and their figures are in `docs/testing.md`).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use snapdiff_format::{Snapshot, read_bytes, write_json, write_snap};
+
+/// Counts the live heap bytes of each thread, and their peak.
+struct CountingAllocator;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn count(delta: isize) {
+    // `try_with`: a thread being torn down has no counters left.
+    let _ = LIVE.try_with(|live| {
+        let now = live.get() + delta;
+        live.set(now);
+        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+    });
+}
+
+// SAFETY: every call is passed to `System` unchanged; only counters change.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        count(-(layout.size() as isize));
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            count(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// The most heap a reader may take for an input of `len` bytes: a fixed
+/// multiple of the input, plus room for small files. (CPython's unpickler
+/// takes 6 to 12 times a real snapshot's size.)
+fn memory_bound(len: usize) -> usize {
+    40 * len + (16 << 20)
+}
+
+/// Reads `input` as a user's file would be read, and checks the outcome:
+/// no panic, a one-line error, memory within the bound. Returns whether it
+/// read as a snapshot.
+fn check(input: &[u8], what: &str) -> bool {
+    let base = LIVE.with(Cell::get);
+    PEAK.with(|p| p.set(base));
+    let result = std::panic::catch_unwind(|| read_bytes(input).map(drop));
+    let peak = (PEAK.with(Cell::get) - base) as usize;
+    let keep = || {
+        let path = std::env::temp_dir().join("snapdiff-fuzz-failure.bin");
+        std::fs::write(&path, input).unwrap();
+        path
+    };
+    let result = result.unwrap_or_else(|_| {
+        panic!(
+            "{what}: the reader panicked; input saved to {}",
+            keep().display()
+        )
+    });
+    if peak > memory_bound(input.len()) {
+        panic!(
+            "{what}: {peak} bytes of heap for a {}-byte input; input saved to {}",
+            input.len(),
+            keep().display()
+        );
+    }
+    match result {
+        Ok(()) => true,
+        Err(e) => {
+            let message = e.to_string();
+            assert!(
+                !message.is_empty() && !message.contains('\n'),
+                "{what}: not a one-line error: {message:?}"
+            );
+            false
+        }
+    }
+}
+
+/// The project's own fixtures, and the smaller real PyTorch snapshots when
+/// `../shared` is present (the large ones cost seconds per mutation).
+fn seed_files() -> Vec<(PathBuf, Vec<u8>)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths: Vec<PathBuf> = ["torch-format", "snap-v1"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root.join("fixtures").join(d)).unwrap())
+        .map(|e| e.unwrap().path())
+        .collect();
+    let shared = root.join("../shared/fixtures/torch");
+    for name in [
+        "snapviewer-memory.pickle",
+        "cs336-medium-128-inference.pickle",
+    ] {
+        if shared.join(name).exists() {
+            paths.push(shared.join(name));
+        }
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let data = std::fs::read(&p).unwrap();
+            (p, data)
+        })
+        .collect()
+}
+
+fn rounds(default: usize) -> usize {
+    std::env::var("SNAPDIFF_FUZZ_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+// ---- byte-level mutations, for every format ----
+
+/// Values that break lengths, counts and signs.
+const INTERESTING: [u8; 8] = [0x00, 0x01, 0x7f, 0x80, 0xfe, 0xff, b'(', b']'];
+
+fn mutate_bytes(rng: &mut fastrand::Rng, data: &mut Vec<u8>, donor: &[u8]) {
+    if data.is_empty() {
+        data.push(rng.u8(..));
+        return;
+    }
+    let at = rng.usize(..data.len());
+    match rng.u8(..8) {
+        0 => data[at] ^= 1 << rng.u8(..8),
+        1 => data[at] = INTERESTING[rng.usize(..INTERESTING.len())],
+        2 => data.truncate(at),
+        3 => {
+            // A huge little-endian length or index.
+            let word = [0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0];
+            let end = (at + 4).min(data.len());
+            data[at..end].copy_from_slice(&word[..end - at]);
+        }
+        4 => {
+            let len = rng.usize(1..=64.min(data.len() - at));
+            let chunk = data[at..at + len].to_vec();
+            let times = rng.usize(1..64);
+            for _ in 0..times {
+                data.splice(at..at, chunk.iter().copied());
+            }
+        }
+        5 => {
+            let len = rng.usize(..=256.min(data.len() - at));
+            data.drain(at..at + len);
+        }
+        6 if !donor.is_empty() => {
+            // Splice in a piece of another file.
+            let from = rng.usize(..donor.len());
+            let len = rng.usize(..=512.min(donor.len() - from));
+            data.splice(at..at, donor[from..from + len].iter().copied());
+        }
+        _ => {
+            let len = rng.usize(1..16);
+            data.splice(at..at, std::iter::repeat_with(|| rng.u8(..)).take(len));
+        }
+    }
+}
+
+// ---- pickle opcodes ----
+
+/// The length of the opcode at `pos` with its argument, for the opcodes of
+/// protocols 2 to 5 (the text opcodes of protocols 0 and 1 end the walk).
+fn opcode_len(data: &[u8], pos: usize) -> Option<usize> {
+    let arg = |width: usize| -> Option<usize> {
+        let b = data.get(pos + 1..pos + 1 + width)?;
+        let mut word = [0u8; 8];
+        word[..width].copy_from_slice(b);
+        usize::try_from(u64::from_le_bytes(word)).ok()
+    };
+    let len = match *data.get(pos)? {
+        b'(' | b'.' | b'0' | b'1' | b'2' | b'N' | b'}' | b']' | b')' | b'l' | b't' | b'd'
+        | b'a' | b'e' | b's' | b'u' | b'R' | b'b' | b'o' => 1,
+        0x81 | 0x85..=0x89 | 0x8f..=0x94 | 0x97 | 0x98 => 1,
+        b'K' | b'h' | b'q' | 0x80 | 0x82 => 2,
+        b'M' | 0x83 => 3,
+        b'J' | b'j' | b'r' | 0x84 => 5,
+        b'G' | 0x95 => 9,
+        b'C' | 0x8c | 0x8a => 2 + arg(1)?,
+        b'X' | b'B' | 0x8b => 5usize.checked_add(arg(4)?)?,
+        0x8d | 0x8e | 0x96 => 9usize.checked_add(arg(8)?)?,
+        _ => return None,
+    };
+    (pos + len <= data.len()).then_some(len)
+}
+
+/// The start of each opcode of the pickle in `data`, as far as it parses.
+fn opcodes(data: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while let Some(len) = opcode_len(data, pos) {
+        out.push((pos, len));
+        pos += len;
+        if data[pos - len] == b'.' {
+            break;
+        }
+    }
+    out
+}
+
+/// Mutates a pickle by its opcodes: the kinds of damage and hostility a
+/// byte flip rarely produces.
+fn mutate_pickle(rng: &mut fastrand::Rng, data: &mut Vec<u8>) {
+    let ops = opcodes(data);
+    if ops.len() < 4 {
+        return;
+    }
+    let (at, len) = ops[rng.usize(1..ops.len() - 1)];
+    let op = data[at..at + len].to_vec();
+    match rng.u8(..10) {
+        // Delete, duplicate or move one opcode, or a run of them.
+        0 => {
+            data.drain(at..at + len);
+        }
+        1 => {
+            let times = rng.usize(1..4);
+            for _ in 0..times {
+                data.splice(at..at, op.iter().copied());
+            }
+        }
+        2 => {
+            let (to, _) = ops[rng.usize(1..ops.len() - 1)];
+            data.drain(at..at + len);
+            let to = to.min(data.len());
+            data.splice(to..to, op.iter().copied());
+        }
+        3 => {
+            // A run of opcodes, duplicated: repeated elements and keys.
+            let i = ops.iter().position(|&(p, _)| p == at).unwrap();
+            let n = rng.usize(1..64).min(ops.len() - 1 - i);
+            let end = ops[i + n - 1].0 + ops[i + n - 1].1;
+            let run = data[at..end].to_vec();
+            data.splice(end..end, run);
+        }
+        // Memo gets of another slot: a value shared where it must not be.
+        4 => {
+            let slot = rng.u32(..4096);
+            let get = [&[b'j'][..], &slot.to_le_bytes()].concat();
+            data.splice(at..at, get);
+        }
+        // A PUT to a far, sparse slot.
+        5 => {
+            let slot = rng.u32(..) | 0x10000;
+            let put = [&[b'r'][..], &slot.to_le_bytes()].concat();
+            data.splice(at..at, put);
+        }
+        // Runs of stack and mark opcodes.
+        6 => {
+            let fill = [b'(', b']', b'}', b'N', b'2', b'0', b'1'][rng.usize(..7)];
+            let n = rng.usize(1..100_000);
+            data.splice(at..at, std::iter::repeat_n(fill, n));
+        }
+        7 => {
+            // One memo get repeated many times (references to one dict).
+            let get = [b'h', rng.u8(..)];
+            let n = rng.usize(1..50_000);
+            data.splice(at..at, get.iter().copied().cycle().take(2 * n));
+        }
+        8 => {
+            // A string replaced by another of the file's strings: keys
+            // renamed, values of the wrong kind.
+            let strings: Vec<_> = ops
+                .iter()
+                .filter(|&&(p, _)| data[p] == 0x8c)
+                .copied()
+                .collect();
+            if let Some(&(p, l)) = strings.get(rng.usize(..strings.len().max(1))) {
+                let s = data[p..p + l].to_vec();
+                data.splice(at..at + len, s);
+            }
+        }
+        _ => {
+            // An integer made huge or negative.
+            let v = [0x8a, 8, 0, 0, 0, 0, 0, 0, 0, 0x80];
+            data.splice(at..at + len, v);
+        }
+    }
+}
+
+// ---- .snap and JSON ----
+
+/// The `.snap` file of `snap`, with its MessagePack body passed through
+/// `mutate_body` and its zstd frames rearranged by `framing`.
+fn snap_file(body: &[u8], declared: u64, framing: u8, rng: &mut fastrand::Rng) -> Vec<u8> {
+    let frame = zstd::bulk::compress(body, 1).unwrap();
+    let skippable = |n: u32| {
+        let mut s = 0x184D_2A50u32.to_le_bytes().to_vec();
+        s.extend_from_slice(&n.to_le_bytes());
+        s.resize(8 + n as usize, 0);
+        s
+    };
+    let mut zeros = || zstd::bulk::compress(&vec![0u8; rng.usize(1..4 << 20)], 1).unwrap();
+    let compressed = match framing {
+        0 => [skippable(16), frame].concat(),
+        1 => [frame, skippable(16)].concat(),
+        2 => [frame, zeros()].concat(),
+        3 => [zeros(), frame].concat(),
+        _ => frame,
+    };
+    let mut out = snapdiff_format::MAGIC.to_vec();
+    out.extend_from_slice(&snapdiff_format::FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&declared.to_le_bytes());
+    out.extend_from_slice(&compressed);
+    out
+}
+
+/// Duplicates, deletes or replaces an element or key somewhere in `v`.
+fn mutate_json(rng: &mut fastrand::Rng, v: &mut serde_json::Value, depth: usize) {
+    use serde_json::Value;
+    let descend = depth < 12 && rng.u8(..4) != 0;
+    match v {
+        Value::Array(items) if !items.is_empty() => {
+            let i = rng.usize(..items.len());
+            if descend {
+                return mutate_json(rng, &mut items[i], depth + 1);
+            }
+            match rng.u8(..4) {
+                0 => {
+                    let dup = items[i].clone();
+                    let n = rng.usize(1..1000);
+                    items.splice(i..i, std::iter::repeat_n(dup, n));
+                }
+                1 => {
+                    items.remove(i);
+                }
+                2 => items[i] = Value::from(u64::MAX),
+                _ => items[i] = Value::from(-1),
+            }
+        }
+        Value::Object(map) if !map.is_empty() => {
+            let keys: Vec<String> = map.keys().cloned().collect();
+            let key = &keys[rng.usize(..keys.len())];
+            if descend {
+                return mutate_json(rng, map.get_mut(key).unwrap(), depth + 1);
+            }
+            match rng.u8(..4) {
+                0 => {
+                    let value = map.remove(key).unwrap();
+                    map.insert(format!("{key}_"), value);
+                }
+                1 => {
+                    map.remove(key);
+                }
+                2 => {
+                    map.insert(key.clone(), Value::from("\u{1b}]0;x\u{7}"));
+                }
+                _ => {
+                    map.insert(key.clone(), Value::Array(vec![Value::Null; 3]));
+                }
+            }
+        }
+        Value::Number(_) => *v = Value::from(i64::MIN),
+        Value::String(s) => s.push('\u{0}'),
+        _ => *v = Value::Bool(true),
+    }
+}
+
+/// Readable snapshots of the seeds, for the `.snap` and JSON rounds: those
+/// under a megabyte, which this test's unoptimized code mutates quickly.
+fn seed_snapshots() -> Vec<Snapshot> {
+    seed_files()
+        .into_iter()
+        .filter(|(_, data)| data.len() < 1 << 20)
+        .filter_map(|(_, data)| read_bytes(&data).ok())
+        .collect()
+}
+
+#[test]
+fn pickles_never_panic_or_blow_up() {
+    let seeds: Vec<_> = seed_files()
+        .into_iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "pickle" || e == "pt"))
+        .collect();
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0001);
+    let started = Instant::now();
+    let (mut tried, mut read) = (0, 0);
+    for round in 0..rounds(20_000) {
+        let (path, seed) = &seeds[round % seeds.len()];
+        let donor = &seeds[rng.usize(..seeds.len())].1;
+        let mut data = seed.clone();
+        for _ in 0..rng.usize(1..4) {
+            if rng.bool() && path.extension().is_some_and(|e| e == "pickle") {
+                mutate_pickle(&mut rng, &mut data);
+            } else {
+                mutate_bytes(&mut rng, &mut data, donor);
+            }
+        }
+        read += usize::from(check(
+            &data,
+            &format!("round {round} of {}", path.display()),
+        ));
+        tried += 1;
+    }
+    eprintln!(
+        "fuzz: {tried} mutated pickles in {:.1?}, {read} still read as snapshots",
+        started.elapsed()
+    );
+    assert!(
+        read > 0 && read < tried,
+        "the mutations did nothing, or broke everything"
+    );
+}
+
+#[test]
+fn snap_and_json_never_panic_or_blow_up() {
+    // Each seed's MessagePack body and JSON document, made once.
+    let seeds: Vec<(Vec<u8>, serde_json::Value)> = seed_snapshots()
+        .iter()
+        .map(|snap| {
+            let mut json = Vec::new();
+            write_json(snap, &mut json).unwrap();
+            (rmp_body(snap), serde_json::from_slice(&json).unwrap())
+        })
+        .collect();
+    assert!(!seeds.is_empty());
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0002);
+    let started = Instant::now();
+    let (mut tried, mut read) = (0, 0);
+    for round in 0..rounds(3000) {
+        let (body, doc) = &seeds[round % seeds.len()];
+        let input = if round % 2 == 0 {
+            let mut body = body.clone();
+            let declared = match rng.u8(..4) {
+                0 => body.len() as u64 * rng.u64(2..2000),
+                _ => body.len() as u64,
+            };
+            if rng.bool() {
+                mutate_bytes(&mut rng, &mut body, &[]);
+            }
+            let mut file = snap_file(&body, declared, rng.u8(..8), &mut rng);
+            if rng.u8(..4) == 0 {
+                mutate_bytes(&mut rng, &mut file, &[]);
+            }
+            file
+        } else {
+            let mut doc = doc.clone();
+            for _ in 0..rng.usize(1..4) {
+                mutate_json(&mut rng, &mut doc, 0);
+            }
+            let mut text = serde_json::to_vec(&doc).unwrap();
+            if rng.u8(..4) == 0 {
+                mutate_bytes(&mut rng, &mut text, &[]);
+            }
+            text
+        };
+        read += usize::from(check(&input, &format!("round {round}")));
+        tried += 1;
+    }
+    eprintln!(
+        "fuzz: {tried} mutated .snap and JSON files in {:.1?}, {read} still read as snapshots",
+        started.elapsed()
+    );
+    assert!(
+        read > 0 && read < tried,
+        "the mutations did nothing, or broke everything"
+    );
+}
+
+/// The MessagePack body of `snap`'s `.snap` file.
+fn rmp_body(snap: &Snapshot) -> Vec<u8> {
+    let mut file = Vec::new();
+    write_snap(snap, &mut file).unwrap();
+    zstd::bulk::decompress(&file[20..], 1 << 30).unwrap()
+}

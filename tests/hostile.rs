@@ -1,0 +1,412 @@
+//! Hostile and odd input, one test per class of attack or accident: each is
+//! refused with one line and exit code 2 (or read, where it is legitimate),
+//! quickly and within a small memory bound, and nothing a file holds reaches
+//! the terminal raw. The random search over such inputs is `tests/fuzz.rs`.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use crate::util::{Run, fixture, tempdir};
+
+/// Runs `snapdiff` with `args` and returns the run and the peak resident
+/// memory of that process, in bytes.
+///
+/// The run goes through a small Python parent, which reads its child's peak
+/// from `getrusage`: Linux carries the peak of the process that spawns a
+/// command over into the command's own, so measured straight from this test
+/// process (hundreds of MB, with the other tests' buffers) it would say
+/// nothing about snapdiff.
+fn snapdiff_with_peak(args: &[&std::ffi::OsStr]) -> (Run, u64) {
+    const PARENT: &str = "import resource, subprocess, sys\n\
+        code = subprocess.call(sys.argv[2:])\n\
+        open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n\
+        sys.exit(code if code >= 0 else 128 - code)\n";
+    let peak_file = tempfile::NamedTempFile::new().unwrap();
+    let output = Command::new("python3")
+        .args(["-c", PARENT])
+        .arg(peak_file.path())
+        .arg(env!("CARGO_BIN_EXE_snapdiff"))
+        .args(args)
+        .output()
+        .expect("run python3 and snapdiff");
+    let peak_kib: u64 = std::fs::read_to_string(peak_file.path())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let run = Run {
+        args: args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        output,
+    };
+    (run, peak_kib * 1024)
+}
+
+/// Writes `bytes` to `dir/name`, runs `summary` on it, and checks that it is
+/// refused with one line containing `expect`, within `max_memory` bytes.
+fn refused_within(dir: &Path, name: &str, bytes: &[u8], expect: &str, max_memory: u64) {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let (run, peak) = snapdiff_with_peak(&["summary".as_ref(), path.as_os_str()]);
+    run.expect_code(2);
+    let err = run.stderr();
+    assert_eq!(err.lines().count(), 1, "{name}: {err}");
+    assert!(err.contains(expect), "{name}: expected {expect:?} in {err}");
+    assert!(
+        peak <= max_memory,
+        "{name}: {} MiB for a {} KiB file",
+        peak >> 20,
+        bytes.len() >> 10
+    );
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A protocol 4 pickle of `body`.
+fn pickle4(body: &[u8]) -> Vec<u8> {
+    [&[0x80, 4][..], body].concat()
+}
+
+/// The opcodes of a short string.
+fn s(text: &str) -> Vec<u8> {
+    [&[0x8c, text.len() as u8][..], text.as_bytes()].concat()
+}
+
+/// A trace event dict, memoized in slot `slot` (BINPUT right after its
+/// EMPTY_DICT, as pickles write it).
+fn event_dict(slot: u8) -> Vec<u8> {
+    [
+        &[b'}', b'q', slot, b'('][..],
+        &s("action"),
+        &s("alloc"),
+        &s("addr"),
+        b"K\x01",
+        &s("size"),
+        b"M\x00\x02",
+        &s("stream"),
+        b"K\x00",
+        b"u",
+    ]
+    .concat()
+}
+
+#[test]
+fn sparse_memo_indices_cost_memory_by_the_slots_written() {
+    // 20 KB of PUTs to slots k * 65536: the memo once grew to the largest.
+    let mut body = Vec::new();
+    for k in 1..=3000u32 {
+        body.push(b'N');
+        body.push(b'r');
+        body.extend_from_slice(&(k * 65536).to_le_bytes());
+        body.push(b'0');
+    }
+    // And a get of the last, which must still find it.
+    body.extend_from_slice(b"j");
+    body.extend_from_slice(&(3000u32 * 65536).to_le_bytes());
+    body.push(b'.');
+    let dir = tempdir();
+    refused_within(
+        dir.path(),
+        "sparse-memo.pickle",
+        &pickle4(&body),
+        "holds None, not a memory snapshot",
+        64 * MIB,
+    );
+}
+
+#[test]
+fn an_event_dict_in_two_device_traces_is_refused_not_a_panic() {
+    // {'segments': [], 'device_traces': [[e], [e]]} with e shared, as
+    // CPython's pickler writes one object referred to twice.
+    let dir = tempdir();
+    let path = dir.path().join("shared-event.pickle");
+    let script = "import pickle, sys\n\
+        e = {'action': 'alloc', 'addr': 1, 'size': 512, 'stream': 0, 'frames': []}\n\
+        pickle.dump({'segments': [], 'device_traces': [[e], [e]]}, open(sys.argv[1], 'wb'), protocol=4)\n";
+    let ok = Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let bytes = std::fs::read(&path).unwrap();
+    refused_within(
+        dir.path(),
+        "shared-event.pickle",
+        &bytes,
+        "the same trace event dict appears twice",
+        64 * MIB,
+    );
+}
+
+#[test]
+fn runs_of_stack_opcodes_are_refused_early() {
+    let dir = tempdir();
+    // 20 MB of EMPTY_LIST took 1.54 GB before refusal (CPython: 1.3 GB).
+    let mut lists = vec![b']'; 20 << 20];
+    lists.push(b'.');
+    refused_within(
+        dir.path(),
+        "empty-lists.pickle",
+        &pickle4(&lists),
+        "pickle stack over 1048576 values",
+        200 * MIB,
+    );
+    // 40 MB of memo references to one event dict took 936 MB before refusal
+    // (CPython: 483 MB); the second reference is refused as it is read.
+    let mut refs = [
+        b"}(".as_slice(),
+        &s("segments"),
+        b"]",
+        &s("device_traces"),
+        b"](](",
+    ]
+    .concat();
+    refs.extend(event_dict(9));
+    for _ in 0..20_000 {
+        refs.extend(std::iter::repeat_n([b'h', 9], 999).flatten());
+        refs.extend(b"e(");
+    }
+    refs.extend(b"eeu.");
+    refused_within(
+        dir.path(),
+        "event-refs.pickle",
+        &pickle4(&refs),
+        "the same trace event dict appears twice (at byte",
+        64 * MIB,
+    );
+}
+
+/// A zstd frame of `n` zero bytes, made without holding them in memory.
+fn zeros_frame(n: usize) -> Vec<u8> {
+    let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    for _ in 0..n / chunk.len() {
+        std::io::Write::write_all(&mut enc, &chunk).unwrap();
+    }
+    enc.finish().unwrap()
+}
+
+/// A `.snap` file: header declaring `body_len` bytes, then `compressed`.
+fn snap_file(body_len: u64, compressed: &[u8]) -> Vec<u8> {
+    let mut out = snapdiff_format::MAGIC.to_vec();
+    out.extend_from_slice(&snapdiff_format::FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&body_len.to_le_bytes());
+    out.extend_from_slice(compressed);
+    out
+}
+
+#[test]
+fn snap_decompression_bombs_are_refused_before_they_expand() {
+    let dir = tempdir();
+    let d = dir.path();
+    let mut real = Vec::new();
+    let snap = snapdiff_format::read_path(fixture("torch-format/snapshot-p4.pickle")).unwrap();
+    snapdiff_format::write_snap(&snap, &mut real).unwrap();
+    let body_len = u64::from_le_bytes(real[12..20].try_into().unwrap());
+    let frame = &real[20..];
+    let bomb = zeros_frame(1 << 30);
+    let mut skippable = 0x184D_2A50u32.to_le_bytes().to_vec();
+    skippable.extend_from_slice(&8u32.to_le_bytes());
+    skippable.extend_from_slice(&[0; 8]);
+
+    let cases: [(&str, Vec<u8>, &str); 5] = [
+        (
+            "skippable-first.snap",
+            snap_file(1 << 30, &[&skippable[..], &bomb].concat()),
+            "cannot expand",
+        ),
+        (
+            "skippable-then-real.snap",
+            snap_file(body_len, &[&skippable[..], frame].concat()),
+            "does not start with a zstd frame",
+        ),
+        (
+            "bomb-after-real.snap",
+            snap_file(body_len, &[frame, &bomb[..]].concat()),
+            "bytes follow its zstd frame",
+        ),
+        (
+            "skippable-after-real.snap",
+            snap_file(body_len, &[frame, &skippable[..]].concat()),
+            "bytes follow its zstd frame",
+        ),
+        (
+            "wrong-declared-size.snap",
+            snap_file(body_len * 4, frame),
+            "the header says",
+        ),
+    ];
+    for (name, bytes, expect) in cases {
+        refused_within(d, name, &bytes, expect, 64 * MIB);
+    }
+}
+
+#[test]
+fn json_with_a_byte_order_mark_reads() {
+    let dir = tempdir();
+    let plain = dir.path().join("plain.json");
+    crate::util::snapdiff([
+        "convert".as_ref(),
+        fixture("torch-format/snapshot-p4.pickle").as_os_str(),
+        plain.as_os_str(),
+    ])
+    .expect_code(0);
+    let with_bom = dir.path().join("bom.json");
+    let text = std::fs::read(&plain).unwrap();
+    std::fs::write(&with_bom, [b"\xEF\xBB\xBF".as_slice(), &text].concat()).unwrap();
+    let a = crate::util::snapdiff(["summary".as_ref(), plain.as_os_str(), "--json".as_ref()]);
+    let b = crate::util::snapdiff(["summary".as_ref(), with_bom.as_os_str(), "--json".as_ref()]);
+    b.expect_code(0);
+    assert_eq!(a.json()["totals"], b.json()["totals"]);
+}
+
+#[test]
+fn a_zip_inside_data_pkl_is_named_as_such() {
+    let dir = tempdir();
+    let path = dir.path().join("nested.pt");
+    let script = "import io, sys, zipfile\n\
+        inner = io.BytesIO()\n\
+        with zipfile.ZipFile(inner, 'w') as z: z.writestr('x', b'y')\n\
+        with zipfile.ZipFile(sys.argv[1], 'w') as z: z.writestr('nested/data.pkl', inner.getvalue())\n";
+    let ok = Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let bytes = std::fs::read(&path).unwrap();
+    refused_within(
+        dir.path(),
+        "nested.pt",
+        &bytes,
+        "data.pkl holds a zip file, not a pickle",
+        64 * MIB,
+    );
+}
+
+#[test]
+fn racing_converts_to_one_output_replace_nothing() {
+    let dir = tempdir();
+    let out = dir.path().join("out.snap");
+    let input = fixture("torch-format/snapshot-p4.pickle");
+    let runs: Vec<_> = (0..6)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_snapdiff"))
+                .args(["convert".as_ref(), input.as_os_str(), out.as_os_str()])
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outcomes: Vec<Output> = runs
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let won = outcomes.iter().filter(|o| o.status.success()).count();
+    assert_eq!(won, 1, "exactly one convert may write the file");
+    for o in outcomes.iter().filter(|o| !o.status.success()) {
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("already exists"), "{err}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "out.snap")
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// Control characters that must never reach a terminal from a file, as a
+/// Python string literal: retitle the terminal, turn text red, go back to
+/// the start of the line, and a C1 control sequence introducer.
+const HOSTILE_PY: &str = r"\x1b]0;pwned\x07\x1b[31m\r\x9b";
+
+/// Whether `text` holds a control character other than newline.
+fn has_raw_controls(text: &str) -> bool {
+    text.chars().any(|c| c.is_control() && c != '\n')
+}
+
+#[test]
+fn frame_names_with_control_characters_are_escaped_in_every_report() {
+    let dir = tempdir();
+    let d = dir.path();
+    // Two snapshots written by CPython's pickler from the real-format
+    // fixture, with hostile text in frame names and file names; the second
+    // holds one more block of the hostile site, so compare shows it.
+    let script = format!(
+        "import copy, pickle, sys\n\
+         hostile = '{HOSTILE_PY}'\n\
+         snap = pickle.load(open(sys.argv[1], 'rb'))\n\
+         for seg in snap['segments']:\n\
+         \x20   for b in seg['blocks']:\n\
+         \x20       for f in b.get('frames', []):\n\
+         \x20           if f['filename'].endswith('util.py'):\n\
+         \x20               f['name'] = 'helper' + hostile\n\
+         \x20               f['filename'] = '/home/user/' + hostile + '.py'\n\
+         for trace in snap['device_traces']:\n\
+         \x20   for e in trace:\n\
+         \x20       for f in e.get('frames', []):\n\
+         \x20           f['name'] = f['name'] + hostile\n\
+         pickle.dump(snap, open(sys.argv[2], 'wb'), protocol=4)\n\
+         seg = snap['segments'][0]\n\
+         seg['blocks'].append(copy.deepcopy(next(b for s in snap['segments'] for b in s['blocks'] if b['state'] == 'active_allocated')))\n\
+         pickle.dump(snap, open(sys.argv[3], 'wb'), protocol=4)\n"
+    );
+    let (a, b) = (d.join("a.pickle"), d.join("b.pickle"));
+    let ok = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .arg(fixture("torch-format/snapshot-p4.pickle"))
+        .args([&a, &b])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+
+    let runs = [
+        vec!["summary".as_ref(), a.as_os_str()],
+        vec!["compare".as_ref(), a.as_os_str(), b.as_os_str()],
+        vec!["trend".as_ref(), a.as_os_str()],
+        vec![
+            "trend".as_ref(),
+            a.as_os_str(),
+            b.as_os_str(),
+            a.as_os_str(),
+        ],
+    ];
+    let mut escaped_seen = false;
+    for args in runs {
+        let (run, _) = snapdiff_with_peak(&args);
+        let (out, err) = (run.stdout(), run.stderr());
+        assert!(
+            !has_raw_controls(&out) && !has_raw_controls(&err),
+            "snapdiff {:?} printed raw control characters:\n{out}\n{err}",
+            run.args
+        );
+        escaped_seen |= out.contains("\\x1b]0;pwned\\x07");
+    }
+    assert!(escaped_seen, "no report showed the hostile name, escaped");
+
+    // JSON output keeps the text exact.
+    let run = crate::util::snapdiff(["summary".as_ref(), a.as_os_str(), "--json".as_ref()]);
+    assert!(
+        run.stdout().contains("\\u001b]0;pwned\\u0007"),
+        "{}",
+        run.stdout()
+    );
+
+    // An error that names a global from the file escapes it too.
+    let global = b"\x80\x02c\x1b]0;pwned\x07\nsystem\n.";
+    let path = d.join("global.pickle");
+    std::fs::write(&path, global).unwrap();
+    let run = crate::util::snapdiff(["summary".as_ref(), path.as_os_str()]);
+    run.expect_code(2);
+    assert!(!has_raw_controls(&run.stderr()), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("\\x1b]0;pwned\\x07.system"),
+        "{}",
+        run.stderr()
+    );
+}
