@@ -419,6 +419,45 @@ fn sigterm_and_a_killed_monitor_end_the_job_with_an_exit_dump() {
 }
 
 #[test]
+fn a_job_killed_mid_dump_leaves_only_whole_files() {
+    if !torch_ready() {
+        return;
+    }
+    // A dump every step, and the job killed with SIGKILL at two moments
+    // after its first: each time, every file left reads, and a half-written
+    // dump (if the kill landed in one) is removed.
+    for delay_ms in [0, 170] {
+        let dir = tempdir();
+        let out = dir.path().join("out");
+        let child = start_capture(
+            &out,
+            &["--every", "1", "--no-report"],
+            &["--steps", "100000", "--leak", "cache-dict"],
+        );
+        wait_for_first_dump(&out);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let job = manifest(&out)[0]["pid"].as_i64().unwrap() as i32;
+        // SAFETY: signals the job capture started, which is still running.
+        unsafe { libc::kill(job, libc::SIGKILL) };
+        let output = wait_bounded(child);
+        assert_eq!(output.status.code(), Some(128 + 9));
+        let left: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            left.iter().all(|n| !n.starts_with('.')),
+            "temporary files left: {left:?}"
+        );
+        let kept = pickles(&out);
+        assert!(!kept.is_empty());
+        for file in &kept {
+            snapdiff(["summary".as_ref(), file.as_os_str()]).expect_code(0);
+        }
+    }
+}
+
+#[test]
 fn a_job_that_raises_keeps_its_exit_code_and_its_dumps() {
     if !torch_ready() {
         return;

@@ -45,6 +45,8 @@ pub(crate) struct Captured {
     pub(crate) snapshots: Vec<PathBuf>,
     /// Dumps that could not be written.
     pub(crate) failed: Vec<FailedDump>,
+    /// Half-written dumps of killed processes, removed.
+    pub(crate) abandoned: usize,
 }
 
 /// A dump the PyTorch hook could not write (a full disk, say).
@@ -203,6 +205,7 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     let forwarder = signals::forward_to(child.id());
     let status = child.wait().context("cannot wait for the command")?;
     forwarder.stop();
+    let abandoned = remove_abandoned_dumps(&dir);
 
     let mut snapshots: Vec<PathBuf> = snapshot_files(&dir)
         .into_iter()
@@ -243,6 +246,7 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         exit,
         snapshots,
         failed,
+        abandoned,
     })
 }
 
@@ -258,6 +262,37 @@ fn writable_folder(dir: &Path) -> anyhow::Result<PathBuf> {
         .tempfile_in(&dir)
         .with_context(|| format!("{}: cannot write in the output folder", dir.display()))?;
     Ok(dir)
+}
+
+/// Removes the temporary files of dumps that processes of the job were
+/// writing when they were killed (SIGKILL, the OOM killer): the PyTorch hook
+/// writes `.{stem}.{pid}.tmp` and renames it into place only when whole.
+/// Files of processes still alive are left alone. Returns how many went.
+fn remove_abandoned_dumps(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.rsplit_once('.'))
+            .and_then(|(stem, pid)| stem.contains("-step").then_some(pid))
+            .and_then(|pid| pid.parse::<i32>().ok())
+            .filter(|&pid| pid > 0)
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// The job gets SIGTERM if `snapdiff capture` dies (even by SIGKILL), so it
@@ -326,6 +361,14 @@ pub(crate) fn report_files(
                 writeln!(out, "  ... and {} more", n - shown)?;
             }
         }
+    }
+    if captured.abandoned > 0 {
+        writeln!(
+            out,
+            "removed {} half-written dump{} of a killed process",
+            captured.abandoned,
+            if captured.abandoned == 1 { "" } else { "s" }
+        )?;
     }
     if let Some(first) = captured.failed.first() {
         let steps: Vec<String> = captured
@@ -412,6 +455,35 @@ mod signals {
             11 => "SIGSEGV",
             15 => "SIGTERM",
             _ => "signal",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_written_dumps_of_dead_processes_are_removed_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut exited = Command::new("true").spawn().unwrap();
+        exited.wait().unwrap();
+        let dead = exited.id();
+        let alive = std::process::id();
+        let files = [
+            (format!(".rank0-step4.{dead}.tmp"), false),
+            (format!(".pid{dead}-step9-exit.{dead}.tmp"), false),
+            (format!(".rank1-step4.{alive}.tmp"), true),
+            (format!(".notes.{dead}.tmp"), true),
+            (format!("rank0-step4.{dead}.tmp"), true),
+            ("rank0-step3.pickle".to_owned(), true),
+        ];
+        for (name, _) in &files {
+            std::fs::write(dir.path().join(name), b"partial").unwrap();
+        }
+        assert_eq!(remove_abandoned_dumps(dir.path()), 2);
+        for (name, kept) in &files {
+            assert_eq!(dir.path().join(name).exists(), *kept, "{name}");
         }
     }
 }
