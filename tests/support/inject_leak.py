@@ -19,9 +19,19 @@ import json
 import pickle
 
 
+# Packages that are libraries wherever they sit (the maph fixture vendors
+# transformers in the job's own folder).
+LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "lightning", "peft")
+
+
 def is_user(frame):
     f = frame["filename"]
-    return f.endswith(".py") and not any(p in f for p in ("/site-packages/", "/lib/python", "/torch/"))
+    folders = f.replace("\\", "/").split("/")[:-1]
+    return (
+        f.endswith(".py")
+        and not any(p in f for p in ("/site-packages/", "/dist-packages/", "/lib/python"))
+        and not any(lib in folders for lib in LIBRARIES)
+    )
 
 
 def pick_stack(snap):

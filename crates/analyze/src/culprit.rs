@@ -11,6 +11,7 @@ use regex::Regex;
 use serde::Serialize;
 use snapdiff_format::Frame;
 
+use crate::frame_class::{classify, notebook_cell};
 use crate::stack_key::is_noise;
 
 /// How a culprit was chosen.
@@ -48,6 +49,10 @@ impl Culprit {
             CulpritKind::NoStack => "(no stack recorded)".to_owned(),
             _ => {
                 let location = match (self.file.as_str(), self.line) {
+                    (file, line) if notebook_cell(file).is_some() => {
+                        let cell = notebook_cell(file).unwrap_or_default();
+                        format!("  notebook cell {cell}, line {line}")
+                    }
                     ("" | "??", _) => String::new(),
                     (file, 0) => format!("  {file}"),
                     (file, line) => format!("  {file}:{line}"),
@@ -79,34 +84,6 @@ pub fn short_name(name: &str) -> &str {
     name
 }
 
-/// Files of frameworks, the standard libraries and installed packages.
-const FRAMEWORK_FILES: &[&str] = &[
-    "/site-packages/",
-    "/dist-packages/",
-    "/lib/python3",
-    "/lib/python2",
-    "<frozen ",
-    "/torch/",
-    "/rustc/",
-    "/.cargo/registry/",
-    "/.cargo/git/",
-    "/cargo/registry/",
-    "/usr/include/",
-];
-
-/// Function-name prefixes of the Rust standard library and of snapdiff.
-const FRAMEWORK_NAMES: &[&str] = &[
-    "std::",
-    "core::",
-    "alloc::",
-    "<std::",
-    "<core::",
-    "<alloc::",
-    "snapdiff_runtime::",
-    "snapdiff::",
-    "<snapdiff_runtime::",
-];
-
 /// Allocation plumbing: where tensors get their memory, never why.
 const PLUMBING: &[&str] = &[
     "at::detail::",
@@ -123,19 +100,12 @@ const PLUMBING: &[&str] = &[
     "c10::",
 ];
 
-/// Whether a frame's file is C or C++ source (the framework, for Python and
-/// Rust programs).
-fn is_native_source(file: &str) -> bool {
-    [".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".cu", ".cuh"]
-        .iter()
-        .any(|ext| file.ends_with(ext))
-}
-
 /// Chooses culprits. Built once from `--focus` and `--ignore`.
 #[derive(Clone, Debug, Default)]
 pub struct CulpritRules {
     focus: Option<Regex>,
     ignore: Option<Regex>,
+    library: Option<Regex>,
 }
 
 impl CulpritRules {
@@ -149,7 +119,20 @@ impl CulpritRules {
         Ok(CulpritRules {
             focus: focus.map(Regex::new).transpose()?,
             ignore: ignore.map(Regex::new).transpose()?,
+            library: None,
         })
+    }
+
+    /// These rules, with frames whose `function file:line` matches `library`
+    /// counted as a library's (a company's own framework, say), never as the
+    /// program's.
+    ///
+    /// # Errors
+    ///
+    /// When the pattern is not a valid regular expression.
+    pub fn with_library(mut self, library: Option<&str>) -> Result<CulpritRules, regex::Error> {
+        self.library = library.map(Regex::new).transpose()?;
+        Ok(self)
     }
 
     fn matches(re: &Option<Regex>, f: &Frame) -> bool {
@@ -162,16 +145,10 @@ impl CulpritRules {
         Self::matches(&self.ignore, f)
     }
 
-    /// Whether `f` is the program's own code.
+    /// Whether `f` is the program's own code (see [`classify`]), and not
+    /// left out by `--ignore` or `--library`.
     pub fn is_user(&self, f: &Frame) -> bool {
-        let file = f.file.as_str();
-        !is_noise(f)
-            && !file.is_empty()
-            && file != "??"
-            && !is_native_source(file)
-            && !FRAMEWORK_FILES.iter().any(|p| file.contains(p))
-            && !FRAMEWORK_NAMES.iter().any(|p| f.name.starts_with(p))
-            && !self.ignored(f)
+        classify(f).is_program() && !self.ignored(f) && !Self::matches(&self.library, f)
     }
 
     /// The culprit of a stack, innermost frame first.

@@ -2,6 +2,7 @@
 //! code holds the memory that keeps growing.
 //!
 //! - [`stack_key`]: stable 64-bit keys of allocation sites.
+//! - [`frame_class`]: whether a frame is the program's, a library's or native code.
 //! - [`culprit`]: the frame of user code to look at for a site.
 //! - [`compare`](mod@compare): the difference between two snapshots, site by site.
 //! - [`replay`]: the live blocks at any point of a recorded trace.
@@ -13,6 +14,7 @@
 
 pub mod compare;
 pub mod culprit;
+pub mod frame_class;
 pub mod group;
 pub mod replay;
 pub mod stack_key;
@@ -21,6 +23,7 @@ pub mod trend;
 
 pub use crate::compare::{CompareOptions, Comparison, GroupDiff, compare};
 pub use crate::culprit::{Culprit, CulpritKind, CulpritRules};
+pub use crate::frame_class::{FrameClass, classify};
 pub use crate::group::Site;
 pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::summary::{Summary, summarize};

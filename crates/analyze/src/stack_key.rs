@@ -86,7 +86,8 @@ const NOISE_NAMES: &[&str] = &[
     "as core::ops::function::FnMut",
 ];
 
-/// Function names that are noise only as a whole name.
+/// Function names that are noise only as a whole name, in native frames (a
+/// Python function may well be called `main`).
 const NOISE_EXACT_NAMES: &[&str] = &[
     "_start",
     "__clone",
@@ -122,7 +123,7 @@ pub fn is_noise(frame: &Frame) -> bool {
     let interpreter =
         (name.starts_with("Py") || name.starts_with("_Py")) && (file.is_empty() || file == "??");
     interpreter
-        || NOISE_EXACT_NAMES.contains(&name)
+        || (NOISE_EXACT_NAMES.contains(&name) && !file.ends_with(".py"))
         || NOISE_NAMES.iter().any(|n| name.contains(n))
         || NOISE_FILES.iter().any(|f| file.contains(f))
         || (base.starts_with("Register") && base.ends_with(".cpp"))

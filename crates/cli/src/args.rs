@@ -105,6 +105,7 @@ impl Default for ReportArgs {
             frames: 0,
             focus: None,
             ignore: None,
+            library: None,
         }
     }
 }
@@ -127,6 +128,10 @@ pub(crate) struct ReportArgs {
     /// Never pick as culprit a frame matching RE ("function file:line").
     #[arg(long, value_name = "RE", value_parser = parse_regex)]
     pub(crate) ignore: Option<String>,
+    /// Count frames matching RE ("function file:line") as a library's, like
+    /// torch's (e.g. your company's framework: "/mycorp_train/").
+    #[arg(long, value_name = "RE", value_parser = parse_regex)]
+    pub(crate) library: Option<String>,
 }
 
 /// Compare two snapshots: which code holds more memory in AFTER than in BEFORE.

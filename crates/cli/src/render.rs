@@ -33,12 +33,12 @@ pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The culprit rules that `--focus` and `--ignore` ask for.
+/// The culprit rules that `--focus`, `--ignore` and `--library` ask for.
 pub(crate) fn rules(report: &crate::args::ReportArgs) -> anyhow::Result<CulpritRules> {
-    Ok(CulpritRules::new(
-        report.focus.as_deref(),
-        report.ignore.as_deref(),
-    )?)
+    Ok(
+        CulpritRules::new(report.focus.as_deref(), report.ignore.as_deref())?
+            .with_library(report.library.as_deref())?,
+    )
 }
 
 /// A site for a table cell: its culprit, and `frames` more frames of its stack.

@@ -325,6 +325,9 @@ struct Machine<'a> {
     far_memo: rustc_hash::FxHashMap<usize, Val>,
     /// The container most recently stored in the memo, and its slot.
     last_memoized: (u32, usize),
+    /// How many containers there were at the last DUP: containers made since
+    /// have had one reference only, on the stack, unless memoized.
+    containers_at_last_dup: usize,
     heap: Heap<'a>,
     lower: Lowerer,
     /// Frame ids of the frame list being read by [`Machine::frame_list`].
@@ -428,6 +431,7 @@ impl<'a> Machine<'a> {
             memo_gaps: 0,
             far_memo: rustc_hash::FxHashMap::default(),
             last_memoized: (u32::MAX, 0),
+            containers_at_last_dup: 0,
             heap: Heap {
                 containers: Vec::with_capacity(data.len() / 16),
                 ..Heap::default()
@@ -482,7 +486,9 @@ impl<'a> Machine<'a> {
                     self.frame_list();
                 }
                 b'0' => {
-                    self.pop(op, at)?;
+                    if let Val::Obj(id) = self.pop(op, at)? {
+                        self.reclaim(id);
+                    }
                 }
                 b'1' => {
                     let mark = self.pop_mark(op, at)?;
@@ -491,6 +497,7 @@ impl<'a> Machine<'a> {
                 b'2' => {
                     let top = self.peek(op, at)?;
                     self.stack.push(top);
+                    self.containers_at_last_dup = self.heap.containers.len();
                 }
                 b'N' => push_new(&mut self.stack, || Val::None),
                 0x88 => push_new(&mut self.stack, || Val::Bool(true)),
@@ -1083,6 +1090,18 @@ impl<'a> Machine<'a> {
                     _ => {}
                 }
             }
+        }
+    }
+
+    /// Frees container `id`, just popped off the stack, if nothing else can
+    /// refer to it: it is the newest container, not in the memo, and no DUP
+    /// has copied it. CPython frees such a value at once; without this, a
+    /// file of EMPTY_DICT, POP pairs would grow the arena by a container per
+    /// two bytes where CPython's memory stays flat.
+    fn reclaim(&mut self, id: u32) {
+        let newest = id as usize + 1 == self.heap.containers.len();
+        if newest && self.last_memoized.0 != id && id as usize >= self.containers_at_last_dup {
+            self.heap.containers.pop();
         }
     }
 

@@ -1,0 +1,488 @@
+//! What a frame is: the program's own code, a library's, the standard
+//! library's, native code, or noise. Culprits are chosen among the program's
+//! own frames, so this decides which line a report names.
+//!
+//! Snapshots are recorded wherever people train, and paths come in every
+//! form: `/` or `\` separators, drive letters and UNC shares, `Lib` or `lib`,
+//! virtual environments of any name, conda environments and package caches,
+//! Debian's `dist-packages`, eggs and zip imports, libraries installed in
+//! editable mode from a checkout, and IPython's notebook cells. Matching is
+//! on the path's segments, separators and ASCII case folded, without
+//! allocating (it runs for every frame of every site).
+
+use serde::Serialize;
+use snapdiff_format::Frame;
+
+use crate::stack_key::is_noise;
+
+/// The kind of code a frame is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameClass {
+    /// The program's own source: a culprit.
+    User,
+    /// A cell of a Jupyter notebook (IPython names it `…/ipykernel_N/M.py`):
+    /// the program's own code too, shown as "notebook cell M".
+    NotebookCell,
+    /// An installed or known library: torch, site-packages, crates.
+    Library,
+    /// The language's standard library, or code made from a string
+    /// (`<frozen runpy>`, `<string>`).
+    StandardLibrary,
+    /// Native code without a source line: `??`, shared objects, object
+    /// files, C and C++ sources (PyTorch's and libc's).
+    Native,
+    /// The allocator, the interpreter's eval loop, the dispatcher
+    /// ([`is_noise`]): dropped from stack keys.
+    Noise,
+}
+
+impl FrameClass {
+    /// Whether frames of this class can be a culprit.
+    pub fn is_program(self) -> bool {
+        matches!(self, FrameClass::User | FrameClass::NotebookCell)
+    }
+}
+
+/// Python packages recognised by their module path wherever they are
+/// installed (an editable install sits in a checkout, not site-packages).
+/// Only distinctive names: a project folder called `models` or `datasets`
+/// must stay the user's.
+const LIBRARY_PACKAGES: &[&str] = &[
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "torchtune",
+    "torchao",
+    "functorch",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "lightning",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "peft",
+    "trl",
+    "diffusers",
+    "timm",
+    "xformers",
+    "flash_attn",
+    "apex",
+    "megatron",
+    "triton",
+    "bitsandbytes",
+    "vllm",
+    "fairscale",
+    "colossalai",
+    "safetensors",
+    "tokenizers",
+    "einops",
+    "numpy",
+    "jax",
+    "flax",
+];
+
+/// Path segments (case folded) of installed packages.
+const INSTALL_FOLDERS: &[&str] = &["site-packages", "dist-packages", ".cargo"];
+
+/// Function-name prefixes of the Rust standard library.
+const RUST_STD_NAMES: &[&str] = &[
+    "std::", "core::", "alloc::", "<std::", "<core::", "<alloc::",
+];
+
+/// Function-name prefixes of snapdiff's own crates.
+const SNAPDIFF_NAMES: &[&str] = &["snapdiff_runtime::", "snapdiff::", "<snapdiff_runtime::"];
+
+/// File suffixes of native code: object files, shared libraries, and C and
+/// C++ sources.
+const NATIVE_SUFFIXES: &[&str] = &[
+    ".so", ".o", ".a", ".dll", ".dylib", ".pyd", ".exe", ".c", ".cc", ".cpp", ".cxx", ".h", ".hpp",
+    ".cu", ".cuh", ".s",
+];
+
+/// Classifies `frame`.
+pub fn classify(frame: &Frame) -> FrameClass {
+    if is_noise(frame) {
+        return FrameClass::Noise;
+    }
+    let file = frame.file.as_str();
+    let name = frame.name.as_str();
+    if SNAPDIFF_NAMES.iter().any(|p| name.starts_with(p)) {
+        return FrameClass::Library;
+    }
+    if file.is_empty() || file == "??" || is_native_file(file) {
+        return FrameClass::Native;
+    }
+    if RUST_STD_NAMES.iter().any(|p| name.starts_with(p)) {
+        return FrameClass::StandardLibrary;
+    }
+    if file.starts_with('<') {
+        // `<frozen runpy>`, `<string>`, `<stdin>`, `<built-in>`.
+        return FrameClass::StandardLibrary;
+    }
+    if notebook_cell(file).is_some() {
+        return FrameClass::NotebookCell;
+    }
+    let segments: Vec<&str> = segments(file).collect();
+    let folded = |i: usize, s: &str| segments[i].eq_ignore_ascii_case(s);
+    for i in 0..segments.len().saturating_sub(1) {
+        let segment = segments[i];
+        if INSTALL_FOLDERS.iter().any(|f| folded(i, f))
+            || has_suffix_ci(segment, ".egg")
+            || has_suffix_ci(segment, ".zip")
+            || has_suffix_ci(segment, ".whl")
+        {
+            return FrameClass::Library;
+        }
+        // conda's package cache: `…/miniconda3/pkgs/NAME/…`.
+        if folded(i, "pkgs") && i > 0 && is_python_home(segments[i - 1]) {
+            return FrameClass::Library;
+        }
+        // Crates from a registry or git, where CARGO_HOME is not `.cargo`.
+        if folded(i, "cargo") && (folded(i + 1, "registry") || folded(i + 1, "git")) {
+            return FrameClass::Library;
+        }
+        if folded(i, "rustc") && i == 0 {
+            return FrameClass::StandardLibrary;
+        }
+        if folded(i, "include") && i > 0 && folded(i - 1, "usr") {
+            return FrameClass::Library;
+        }
+    }
+    // The standard library: `lib/python3.11/…` (`lib64`, `pypy`), or `Lib\…`
+    // right under a Python installation on Windows. (Packages under them
+    // were caught above.)
+    for i in 0..segments.len().saturating_sub(1) {
+        let lib = folded(i, "lib") || folded(i, "lib64");
+        if lib {
+            let next = segments[i + 1];
+            if starts_with_ci(next, "python") || starts_with_ci(next, "pypy") {
+                return FrameClass::StandardLibrary;
+            }
+            if i > 0 && is_python_home(segments[i - 1]) {
+                return FrameClass::StandardLibrary;
+            }
+        }
+    }
+    // A known library, wherever it lives: by its package folder.
+    let folders = &segments[..segments.len().saturating_sub(1)];
+    if folders.iter().any(|s| LIBRARY_PACKAGES.contains(s)) {
+        return FrameClass::Library;
+    }
+    FrameClass::User
+}
+
+/// The cell number of an IPython notebook cell's file: `/tmp/ipykernel_4181/3105878423.py`,
+/// or a bare `3105878423.py`.
+pub fn notebook_cell(file: &str) -> Option<&str> {
+    let base = segments(file).last()?;
+    let cell = base.strip_suffix(".py")?;
+    if cell.is_empty() || !cell.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let parent = segments(file).rev().nth(1);
+    match parent {
+        None => Some(cell),
+        Some(p) if starts_with_ci(p, "ipykernel_") => Some(cell),
+        Some(_) => None,
+    }
+}
+
+/// Whether a folder name is a Python installation or environment home:
+/// `Python311`, `python3.11`, `miniconda3`, `anaconda3`, `miniforge3`,
+/// `mambaforge`, `.venv`, `venv`.
+fn is_python_home(segment: &str) -> bool {
+    [
+        "python",
+        "miniconda",
+        "anaconda",
+        "miniforge",
+        "mambaforge",
+        "micromamba",
+        "conda",
+    ]
+    .iter()
+    .any(|p| starts_with_ci(segment, p))
+}
+
+/// Whether `file` names native code by its suffix; `libc.so.6` and
+/// `libstdc++.so.6.0.30` count, as do `.o` files named after threads.
+fn is_native_file(file: &str) -> bool {
+    let base = segments(file).last().unwrap_or(file);
+    if NATIVE_SUFFIXES.iter().any(|s| has_suffix_ci(base, s)) {
+        return true;
+    }
+    // Versioned shared objects: `libc.so.6`.
+    base.split('.')
+        .skip(1)
+        .collect::<Vec<_>>()
+        .windows(2)
+        .any(|w| w[0].eq_ignore_ascii_case("so") && w[1].bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The segments of a path, split at `/` and `\`, empty ones (and a drive
+/// letter's `C:`) left out.
+fn segments(file: &str) -> impl DoubleEndedIterator<Item = &str> {
+    let is_drive = |s: &str| s.len() == 2 && s.ends_with(':');
+    file.split(['/', '\\'])
+        .filter(move |s| !s.is_empty() && !is_drive(s))
+}
+
+fn starts_with_ci(s: &str, prefix: &str) -> bool {
+    s.len() >= prefix.len() && s.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
+fn has_suffix_ci(s: &str, suffix: &str) -> bool {
+    s.len() >= suffix.len()
+        && s.as_bytes()[s.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stack_key::test_frame as frame;
+    use FrameClass::*;
+
+    /// Real-looking frames of every form users record in, with their class.
+    const FRAMES: &[(&str, &str, u32, FrameClass)] = &[
+        // The program's own code, on every OS.
+        ("train_step", "/home/ana/proj/train.py", 88, User),
+        ("forward", "/home/ana/proj/model.py", 40, User),
+        ("forward", "C:\\research\\proj\\model.py", 40, User),
+        ("forward", "D:/Dev/proj/src/model.py", 12, User),
+        ("forward", "\\\\fileserver\\share\\proj\\model.py", 7, User),
+        ("main", "/Users/bo/code/train.py", 3, User),
+        ("step", "./train.py", 9, User),
+        ("step", "train.py", 9, User),
+        ("collate", "/home/ana/proj/lib/data.py", 21, User),
+        ("load", "/home/ana/torch-experiments/load.py", 5, User),
+        ("run", "/srv/jobs/my_models/run.py", 14, User),
+        ("train::main", "/home/ana/proj/src/main.rs", 30, User),
+        ("train::step", "/home/ana/cargo/src/step.rs", 30, User),
+        // Notebook cells.
+        (
+            "<module>",
+            "/tmp/ipykernel_4181/3105878423.py",
+            5,
+            NotebookCell,
+        ),
+        (
+            "train",
+            "C:\\Users\\ana\\AppData\\Local\\Temp\\ipykernel_9120\\2954613.py",
+            2,
+            NotebookCell,
+        ),
+        ("<module>", "3105878423.py", 1, NotebookCell),
+        // Libraries: virtual environments, conda, Debian, user site, eggs, zips.
+        (
+            "convert",
+            "C:\\research\\proj\\.venv\\lib\\site-packages\\torch\\nn\\modules\\module.py",
+            1357,
+            Library,
+        ),
+        (
+            "einsum",
+            "D:\\Dev\\proj\\.venv\\Lib\\site-packages\\torch\\functional.py",
+            402,
+            Library,
+        ),
+        (
+            "forward",
+            "/home/ana/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py",
+            125,
+            Library,
+        ),
+        (
+            "forward",
+            "/home/ana/envs/exp/lib/python3.10/site-packages/transformers/models/llama/modeling_llama.py",
+            310,
+            Library,
+        ),
+        (
+            "forward",
+            "/opt/conda/envs/train/lib/python3.11/site-packages/torch/nn/modules/conv.py",
+            456,
+            Library,
+        ),
+        (
+            "forward",
+            "/home/ana/miniconda3/pkgs/pytorch-2.1.0/lib/python3.11/site-packages/torch/nn/functional.py",
+            2,
+            Library,
+        ),
+        (
+            "f",
+            "/home/ana/miniconda3/pkgs/some-tool/tool.py",
+            2,
+            Library,
+        ),
+        (
+            "forward",
+            "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py",
+            125,
+            Library,
+        ),
+        (
+            "forward",
+            "/home/ana/.local/lib/python3.11/site-packages/accelerate/accelerator.py",
+            1,
+            Library,
+        ),
+        (
+            "f",
+            "/usr/lib/python3.11/site-packages/foo-1.0-py3.11.egg/foo/bar.py",
+            3,
+            Library,
+        ),
+        ("f", "/home/ana/deps/bundle.zip/pkg/mod.py", 3, Library),
+        (
+            "f",
+            "C:\\Users\\ana\\AppData\\Roaming\\Python\\Python311\\site-packages\\peft\\tuners\\lora.py",
+            8,
+            Library,
+        ),
+        // Editable installs, recognised by the package's folder.
+        (
+            "forward",
+            "/home/ana/src/transformers/src/transformers/models/gpt2/modeling_gpt2.py",
+            50,
+            Library,
+        ),
+        (
+            "backward",
+            "/home/ana/src/pytorch/torch/autograd/__init__.py",
+            200,
+            Library,
+        ),
+        (
+            "step",
+            "/workspace/DeepSpeed/deepspeed/runtime/engine.py",
+            2000,
+            Library,
+        ),
+        (
+            "fit",
+            "/src/lightning/src/lightning/pytorch/trainer/trainer.py",
+            1,
+            Library,
+        ),
+        // Rust crates and snapdiff.
+        (
+            "serde_json::de::from_str",
+            "/home/ana/.cargo/registry/src/index.crates.io-6f17d22bba15001f/serde_json-1.0.0/src/de.rs",
+            2,
+            Library,
+        ),
+        (
+            "snapdiff::testing::assert_no_leak",
+            "/work/crates/snapdiff/src/testing.rs",
+            100,
+            Library,
+        ),
+        (
+            "snapdiff_runtime::Allocator::alloc",
+            "/work/crates/runtime/src/allocator.rs",
+            100,
+            Noise,
+        ),
+        // The standard library.
+        (
+            "_run_module_as_main",
+            "<frozen runpy>",
+            198,
+            StandardLibrary,
+        ),
+        (
+            "_call_with_frames_removed",
+            "<frozen importlib._bootstrap>",
+            241,
+            StandardLibrary,
+        ),
+        ("<module>", "<string>", 1, StandardLibrary),
+        ("<module>", "<stdin>", 1, StandardLibrary),
+        (
+            "run",
+            "/usr/lib/python3.11/threading.py",
+            975,
+            StandardLibrary,
+        ),
+        (
+            "run",
+            "/opt/conda/envs/train/lib/python3.11/multiprocessing/process.py",
+            108,
+            StandardLibrary,
+        ),
+        (
+            "run",
+            "C:\\Python311\\Lib\\threading.py",
+            975,
+            StandardLibrary,
+        ),
+        (
+            "run",
+            "C:\\Users\\ana\\miniconda3\\Lib\\threading.py",
+            975,
+            StandardLibrary,
+        ),
+        (
+            "run",
+            "/usr/local/lib/pypy3.10/threading.py",
+            975,
+            StandardLibrary,
+        ),
+        (
+            "std::thread::spawn",
+            "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library/std/src/thread/mod.rs",
+            1,
+            StandardLibrary,
+        ),
+        (
+            "std::thread::spawn",
+            "/home/ana/std/mod.rs",
+            1,
+            StandardLibrary,
+        ),
+        // Native code without a source line.
+        ("start_worker", "thread48.o", 0, Native),
+        ("memcpy", "/lib/x86_64-linux-gnu/libc.so.6", 0, Native),
+        (
+            "std::__1::vector",
+            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30",
+            0,
+            Native,
+        ),
+        ("at::native::add_kernel", "BinaryOpsKernel.cpp", 0, Native),
+        ("cublasGemmEx", "??", 0, Native),
+        ("some_symbol", "", 0, Native),
+        ("kernel", "C:\\Windows\\System32\\nvcuda.dll", 0, Native),
+        ("f", "/usr/local/cuda/include/cuda_runtime.h", 1, Native),
+        // Noise.
+        ("torch::unwind::unwind()", "??", 0, Noise),
+        ("_PyEval_EvalFrameDefault", "ceval.c", 0, Noise),
+    ];
+
+    #[test]
+    fn every_path_form_is_classified() {
+        assert!(FRAMES.len() >= 40);
+        let wrong: Vec<String> = FRAMES
+            .iter()
+            .filter_map(|&(name, file, line, expected)| {
+                let got = classify(&frame(name, file, line));
+                (got != expected)
+                    .then(|| format!("{name} {file}:{line}: {got:?}, not {expected:?}"))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "misclassified:\n{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn notebook_cells_are_numbered() {
+        assert_eq!(
+            notebook_cell("/tmp/ipykernel_4181/3105878423.py"),
+            Some("3105878423")
+        );
+        assert_eq!(notebook_cell("3105878423.py"), Some("3105878423"));
+        assert_eq!(notebook_cell("/home/ana/2024.py"), None);
+        assert_eq!(notebook_cell("/tmp/ipykernel_1/cell.py"), None);
+    }
+}
