@@ -423,3 +423,82 @@ fn compare_says_when_only_the_cache_grew() {
     );
     drop(weights);
 }
+
+/// Rewrites the frame paths of `input` into `form` (see
+/// `tests/support/rewrite_paths.py`); returns the map of old to new paths.
+fn rewrite_paths(form: &str, input: &Path, output: &Path) -> Value {
+    let out = Command::new("python3")
+        .arg(root().join("tests/support/rewrite_paths.py"))
+        .args([form.as_ref(), input.as_os_str(), output.as_os_str()])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "rewrite_paths.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each top site's culprit as (function, file, line, kind) and its bytes,
+/// with the file passed through `map`.
+fn summary_culprits(
+    file: &Path,
+    map: &dyn Fn(&str) -> String,
+) -> Vec<(String, String, u64, String, u64)> {
+    let report = snapdiff(["summary".as_ref(), file.as_os_str(), "--json".as_ref()])
+        .expect_code(0)
+        .json();
+    let mut sites: Vec<_> = report["top_sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let c = &s["culprit"];
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                map(c["file"].as_str().unwrap()),
+                c["line"].as_u64().unwrap(),
+                c["kind"].as_str().unwrap().to_owned(),
+                s["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    sites.sort();
+    sites
+}
+
+#[test]
+fn culprits_are_the_same_lines_in_every_environment_users_record_in() {
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    let dir = tempdir();
+    for file in &files {
+        let leaked = dir.path().join("leaked.pickle");
+        let injected = inject("snapshot", file, &leaked, 3, 1 << 20, None);
+        for form in ["windows", "conda", "debian", "notebook"] {
+            let rewritten = dir.path().join(format!("{form}.pickle"));
+            let map = rewrite_paths(form, file, &rewritten);
+            let mapped = |f: &str| map[f].as_str().unwrap_or(f).to_owned();
+            assert_eq!(
+                summary_culprits(&rewritten, &|f| f.to_owned()),
+                summary_culprits(file, &mapped),
+                "{} as {form}",
+                file.display()
+            );
+            // compare names the injected line in the new form too.
+            let rewritten_leaked = dir.path().join(format!("{form}-leaked.pickle"));
+            rewrite_paths(form, &leaked, &rewritten_leaked);
+            let report = compare_json(&rewritten, &rewritten_leaked);
+            let (name, culprit_file, line) = expected_culprit(&injected);
+            assert_eq!(
+                culprit_of(&report["groups"][0]),
+                (name, mapped(&culprit_file), line),
+                "{} as {form}",
+                file.display()
+            );
+            assert_eq!(report["groups"][0]["culprit"]["kind"], "user");
+        }
+    }
+}
