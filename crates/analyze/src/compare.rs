@@ -47,6 +47,9 @@ pub enum Change {
     Shrunk,
     /// Live blocks before, none after.
     Freed,
+    /// The same blocks and requested bytes, rounded to a different allocated
+    /// size (carved from other segments): allocator slack, not growth.
+    Rounding,
 }
 
 /// One site whose live bytes changed.
@@ -61,12 +64,16 @@ pub struct GroupDiff {
     pub blocks_before: u64,
     /// Live blocks after.
     pub blocks_after: u64,
-    /// Live bytes before.
+    /// Live bytes before (requested, see [`Totals`](crate::group::Totals)).
     pub bytes_before: u64,
     /// Live bytes after.
     pub bytes_after: u64,
     /// `bytes_after - bytes_before`.
     pub delta_bytes: i64,
+    /// Allocated (rounded) bytes before.
+    pub allocated_before: u64,
+    /// Allocated bytes after.
+    pub allocated_after: u64,
     /// Blocks live in both snapshots (per [`Matching`]; 0 for `site_only`).
     pub blocks_kept: u64,
 }
@@ -74,7 +81,8 @@ pub struct GroupDiff {
 /// The comparison of two snapshots.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Comparison {
-    /// Sum of the positive deltas of live bytes over all sites.
+    /// Sum of the positive deltas of live (requested) bytes over all sites;
+    /// rounding slack never counts.
     pub leaked_bytes: u64,
     /// Reserved bytes (all segments) before.
     pub reserved_before: u64,
@@ -168,14 +176,18 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         let a = groups_a.totals.get(&key).copied().unwrap_or_default();
         let b = groups_b.totals.get(&key).copied().unwrap_or_default();
         let delta = b.bytes as i64 - a.bytes as i64;
-        if delta == 0 {
+        if delta == 0 && a.blocks == b.blocks && a.allocated == b.allocated {
             continue;
         }
         let change = match (a.blocks, b.blocks) {
             (0, _) => Change::New,
             (_, 0) => Change::Freed,
             _ if delta > 0 => Change::Grown,
-            _ => Change::Shrunk,
+            _ if delta < 0 => Change::Shrunk,
+            // Same requested bytes: more or fewer blocks of nothing, or rounding.
+            _ if b.blocks > a.blocks => Change::Grown,
+            _ if b.blocks < a.blocks => Change::Shrunk,
+            _ => Change::Rounding,
         };
         // Describe the site from the snapshot that has it, preferring `after`.
         let site = match groups_b.stacks.get(&key) {
@@ -190,13 +202,23 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
             bytes_before: a.bytes,
             bytes_after: b.bytes,
             delta_bytes: delta,
+            allocated_before: a.allocated,
+            allocated_after: b.allocated,
             blocks_kept: kept.get(&key).copied().unwrap_or(0),
         });
     }
-    groups.sort_by(|x, y| {
-        y.delta_bytes
-            .cmp(&x.delta_bytes)
-            .then(x.site.key.cmp(&y.site.key))
+    // Growth first, largest first; then the rest by the size of the change,
+    // rounding last.
+    groups.sort_by_key(|g| {
+        let growth = g.delta_bytes.max(0);
+        let rounding = g.change == Change::Rounding;
+        let allocated = g.allocated_after as i64 - g.allocated_before as i64;
+        (
+            std::cmp::Reverse(growth),
+            rounding,
+            std::cmp::Reverse(g.delta_bytes.abs().max(allocated.abs())),
+            g.site.key,
+        )
     });
 
     let (ta, tb) = (before.totals(), after.totals());

@@ -9,24 +9,54 @@ use crate::culprit::{Culprit, CulpritRules};
 use crate::stack_key::{StackKey, StackKeys, is_noise};
 
 /// Blocks and bytes of one group.
+///
+/// Bytes are what the program asked for (`requested_size`), the unit of
+/// every report: the allocator rounds each request up, and the same blocks
+/// carved from different segments round differently, which is slack, not
+/// growth. The rounded sizes are kept beside them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Totals {
     /// Number of blocks.
     pub blocks: u64,
-    /// Sum of their sizes.
+    /// Sum of the bytes requested.
     pub bytes: u64,
+    /// Sum of the blocks' allocated (rounded) sizes.
+    pub allocated: u64,
 }
 
 impl Totals {
-    /// Adds one block of `bytes`.
-    pub fn add(&mut self, bytes: u64) {
+    /// Adds one block.
+    pub fn add(&mut self, block: &Block) {
+        self.add_bytes(requested(block), block.size);
+    }
+
+    /// Adds one block of `requested` bytes, `allocated` once rounded.
+    pub fn add_bytes(&mut self, requested: u64, allocated: u64) {
         self.blocks += 1;
-        self.bytes += bytes;
+        self.bytes += requested;
+        self.allocated += allocated;
+    }
+
+    /// Takes away one block added by [`Totals::add_bytes`].
+    pub fn remove_bytes(&mut self, requested: u64, allocated: u64) {
+        self.blocks = self.blocks.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(requested);
+        self.allocated = self.allocated.saturating_sub(allocated);
     }
 
     fn merge(&mut self, other: Totals) {
         self.blocks += other.blocks;
         self.bytes += other.bytes;
+        self.allocated += other.allocated;
+    }
+}
+
+/// The bytes `block` was asked for: its `requested_size`, or its size when
+/// the file does not record one.
+pub fn requested(block: &Block) -> u64 {
+    match block.requested_size {
+        0 => block.size,
+        r => r,
     }
 }
 
@@ -58,7 +88,7 @@ pub fn live_groups(snap: &Snapshot, keys: &StackKeys) -> LiveGroups {
             let mut g = LiveGroups::default();
             for b in chunk {
                 let key = keys.key(b.stack);
-                g.totals.entry(key).or_default().add(b.size);
+                g.totals.entry(key).or_default().add(b);
                 g.stacks.entry(key).or_insert(b.stack);
             }
             g

@@ -51,7 +51,8 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
             // A second alloc at a live address: its free was not recorded.
             remove_from(totals, old_key, old_size);
         }
-        totals.entry(key).or_default().add(size);
+        // Trace events record only the requested size.
+        totals.entry(key).or_default().add_bytes(size, size);
     };
 
     // Blocks allocated before recording began: freed in the trace without an
@@ -82,7 +83,13 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
         let key = keys.key(b.stack);
         out.stacks.entry(key).or_insert(b.stack);
         out.before_recording.insert(key);
-        add(&mut live, &mut totals, b.address, b.requested_size, key);
+        add(
+            &mut live,
+            &mut totals,
+            b.address,
+            crate::group::requested(b),
+            key,
+        );
     }
 
     let mut cuts = cuts.iter().copied().peekable();
@@ -108,8 +115,7 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
 
 fn remove_from(totals: &mut FxHashMap<StackKey, Totals>, key: StackKey, size: u64) {
     if let Some(t) = totals.get_mut(&key) {
-        t.blocks = t.blocks.saturating_sub(1);
-        t.bytes = t.bytes.saturating_sub(size);
+        t.remove_bytes(size, size);
         if t.blocks == 0 {
             totals.remove(&key);
         }

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 
+use snapdiff_analyze::compare::Change;
 use snapdiff_analyze::{CompareOptions, compare};
 
 use crate::args::CompareArgs;
@@ -48,9 +49,22 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     } else {
         writeln!(
             out,
-            "{} more live memory in {grown} site{}",
+            "{} more live memory in {grown} site{} (bytes the program requested; the \
+             allocator's rounding is not counted)",
             size(cmp.leaked_bytes),
             if grown == 1 { "" } else { "s" }
+        )?;
+    }
+    let rounding = cmp
+        .groups
+        .iter()
+        .filter(|g| g.change == Change::Rounding)
+        .count();
+    if rounding > 0 {
+        writeln!(
+            out,
+            "{rounding} site{} kept the same blocks, rounded to other sizes (allocator slack, not a leak)",
+            if rounding == 1 { "" } else { "s" }
         )?;
     }
     if !cmp.groups.is_empty() {
@@ -64,12 +78,27 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
             } else {
                 String::new()
             };
+            let mut bytes = format!("{} -> {}", size(g.bytes_before), size(g.bytes_after));
+            let rounded =
+                g.allocated_before != g.bytes_before || g.allocated_after != g.bytes_after;
+            if rounded {
+                bytes.push_str(&format!(
+                    "\nallocated {} -> {}",
+                    size(g.allocated_before),
+                    size(g.allocated_after)
+                ));
+            }
+            let change = if g.change == Change::Rounding {
+                "rounding".to_owned()
+            } else {
+                delta(g.delta_bytes)
+            };
             t.add_row(vec![
                 (i + 1).to_string(),
                 render::site_cell(&g.site, args.report.frames),
                 format!("{} -> {}", g.blocks_before, g.blocks_after),
-                format!("{} -> {}", size(g.bytes_before), size(g.bytes_after)),
-                delta(g.delta_bytes),
+                bytes,
+                change,
                 share,
             ]);
         }
