@@ -568,3 +568,39 @@ fn allocator_rounding_is_slack_not_a_leak() {
         assert_eq!(first["delta_bytes"], 3 * 1024);
     }
 }
+
+#[test]
+fn an_idle_device_with_markers_changes_nothing_on_the_busy_one() {
+    let Some(maph) = shared_torch("maph-llama-inference.pickle") else {
+        return;
+    };
+    let training = shared_torch("cs336-medium-128-training.pickle").unwrap();
+    let dir = tempdir();
+    let leaked = dir.path().join("leaked.pickle");
+    let injected = inject("trace", &maph, &leaked, 30, 1 << 20, Some(&training));
+    // Device 1 (idle) gets three snapshot markers and nothing else, as a
+    // job that marks steps on every visible device records.
+    let marked = dir.path().join("marked.pickle");
+    let script = "import pickle, sys\n\
+        snap = pickle.load(open(sys.argv[1], 'rb'))\n\
+        snap['device_traces'][1] = [{'action': 'snapshot', 'addr': 0, 'size': 0, 'stream': 0,\n\
+        \x20   'frames': []} for k in range(3)]\n\
+        pickle.dump(snap, open(sys.argv[2], 'wb'), protocol=4)\n";
+    let ok = Command::new("python3")
+        .args(["-c", script])
+        .args([&leaked, &marked])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let plain = trend_json(std::slice::from_ref(&leaked));
+    let report = trend_json(std::slice::from_ref(&marked));
+    for r in [&plain, &report] {
+        let suspects = r["suspects"].as_array().unwrap();
+        assert_eq!(suspects.len(), 1, "only the injected site: {r:#}");
+        assert_eq!(culprit_of(&suspects[0]), expected_culprit(&injected));
+    }
+    assert_eq!(report["suspects"], plain["suspects"]);
+    assert_eq!(report["checkpoint_source"], plain["checkpoint_source"]);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("device 1 recorded no allocation"), "{notes}");
+}

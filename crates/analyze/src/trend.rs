@@ -451,74 +451,114 @@ fn iteration_troughs(events: &[snapdiff_format::TraceEvent], n: usize) -> Option
 
 /// The trend within one snapshot's trace, cut into checkpoints.
 ///
+/// Each device's trace is cut and judged on its own: devices run their own
+/// streams and steps, so a cut of one says nothing about another. A device
+/// whose trace holds no allocation (an idle GPU, with only markers or
+/// nothing) is left out and changes nothing. With several busy devices the
+/// suspects of each are reported together.
+///
 /// # Errors
 ///
-/// When the snapshot recorded no trace events.
+/// When the snapshot recorded no allocation in its traces.
 pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, String> {
-    let traces: Vec<usize> = (0..snap.traces.len())
-        .filter(|&i| !snap.traces[i].events.is_empty())
+    let busy: Vec<usize> = (0..snap.traces.len())
+        .filter(|&i| {
+            snap.traces[i]
+                .events
+                .iter()
+                .any(|e| e.action == Action::Alloc)
+        })
         .collect();
-    if traces.is_empty() {
+    if busy.is_empty() {
         return Err(
-            "the snapshot has no trace events; record a trace, or give several snapshots"
+            "the snapshot has no allocations in its trace; record a trace, or give several \
+             snapshots"
                 .to_owned(),
         );
     }
     let keys = StackKeys::new(snap);
-    let mut cut_plan: Vec<(usize, CheckpointSource, Vec<usize>)> = traces
+    let mut idle: Vec<String> = (0..snap.traces.len())
+        .filter(|i| !busy.contains(i) && !snap.traces[*i].events.is_empty())
+        .map(|i| snap.traces[i].device.to_string())
+        .collect();
+    idle.dedup();
+    let mut trends: Vec<Trend> = busy
         .iter()
-        .map(|&t| {
-            let (s, c) = cuts_for(snap, t, options);
-            (t, s, c)
+        .map(|&t| trend_of_device(snap, &keys, t, options))
+        .collect();
+    let mut trend = trends.remove(0);
+    for other in trends {
+        trend.suspected_bytes += other.suspected_bytes;
+        trend.growth_per_second = match (trend.growth_per_second, other.growth_per_second) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        trend.suspects.extend(other.suspects);
+        trend.notes.extend(other.notes);
+    }
+    if busy.len() > 1 {
+        trend.suspects.sort_by(|a, b| {
+            b.growth_bytes
+                .cmp(&a.growth_bytes)
+                .then(a.site.key.cmp(&b.site.key))
+        });
+        let devices: Vec<String> = busy
+            .iter()
+            .map(|&t| snap.traces[t].device.to_string())
+            .collect();
+        trend.notes.insert(
+            0,
+            format!(
+                "devices {} were each cut and judged on their own; the checkpoints shown are \
+                 device {}'s",
+                devices.join(", "),
+                devices[0]
+            ),
+        );
+    }
+    if !idle.is_empty() {
+        trend.notes.push(format!(
+            "device{} {} recorded no allocation and {} left out",
+            if idle.len() == 1 { "" } else { "s" },
+            idle.join(", "),
+            if idle.len() == 1 { "is" } else { "are" }
+        ));
+    }
+    Ok(trend)
+}
+
+/// The trend of the trace at `trace_index` alone.
+fn trend_of_device(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    trace_index: usize,
+    options: &TrendOptions,
+) -> Trend {
+    let (source, cuts) = cuts_for(snap, trace_index, options);
+    let trace = &snap.traces[trace_index];
+    let replayed = replay(snap, keys, trace, &cuts);
+    let points = cuts
+        .iter()
+        .map(|&idx| Checkpoint {
+            time_us: idx.checked_sub(1).and_then(|i| trace.events[i].time_us),
+            step: trace.events[..idx]
+                .iter()
+                .rev()
+                .find(|e| e.action == Action::Step)
+                .map(|e| e.size),
+            event_index: Some(idx),
         })
         .collect();
-    let mut notes = Vec::new();
-    // Devices are added up checkpoint by checkpoint, so they need as many.
-    if cut_plan.windows(2).any(|w| w[0].2.len() != w[1].2.len()) {
-        notes
-            .push("devices have different markers; their traces are cut evenly instead".to_owned());
-        for plan in &mut cut_plan {
-            let len = snap.traces[plan.0].events.len();
-            let n = options.checkpoints.max(1);
-            plan.1 = CheckpointSource::EvenlySpaced;
-            plan.2 = (1..=n).map(|k| k * len / n).collect();
-        }
-    }
-    let source = cut_plan[0].1;
-    let mut series = Series {
-        points: Vec::new(),
-        totals: Vec::new(),
-        sites: FxHashMap::default(),
-        before_recording: Default::default(),
+    let series = Series {
+        points,
+        totals: replayed.points,
+        sites: replayed
+            .stacks
+            .into_iter()
+            .map(|(key, stack)| (key, (snap, stack)))
+            .collect(),
+        before_recording: replayed.before_recording,
     };
-    for (t, _, cuts) in &cut_plan {
-        let trace = &snap.traces[*t];
-        let replayed = replay(snap, &keys, trace, cuts);
-        for (k, point) in replayed.points.into_iter().enumerate() {
-            if series.totals.len() <= k {
-                series.totals.push(FxHashMap::default());
-                let idx = cuts[k];
-                series.points.push(Checkpoint {
-                    time_us: idx.checked_sub(1).and_then(|i| trace.events[i].time_us),
-                    step: trace.events[..idx]
-                        .iter()
-                        .rev()
-                        .find(|e| e.action == Action::Step)
-                        .map(|e| e.size),
-                    event_index: Some(idx),
-                });
-            }
-            for (key, totals) in point {
-                let t = series.totals[k].entry(key).or_default();
-                t.blocks += totals.blocks;
-                t.bytes += totals.bytes;
-            }
-        }
-        for (key, stack) in replayed.stacks {
-            series.sites.entry(key).or_insert((snap, stack));
-        }
-        series.before_recording.extend(replayed.before_recording);
-    }
     let mut trend = analyze(series, source, options, snap);
     if source == CheckpointSource::EvenlySpaced {
         // Evenly spaced cuts fall at different phases of different steps, so
@@ -527,15 +567,15 @@ pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, Str
         trend.suspected_bytes = 0;
         trend.growth_per_second = trend.growth_per_second.map(|_| 0.0);
         trend.seconds_to_full = None;
-        notes.push(
+        trend.notes.insert(
+            0,
             "no verdict: the trace has no step or snapshot markers and its memory never falls \
              back between iterations, so growth within it cannot be told from one step's working \
              set; dump snapshots at several steps (snapdiff capture --every N) or mark steps"
                 .to_owned(),
         );
     }
-    trend.notes.splice(0..0, notes);
-    Ok(trend)
+    trend
 }
 
 #[cfg(test)]
