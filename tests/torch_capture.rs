@@ -306,7 +306,7 @@ fn ranks_dump_under_their_own_names_and_are_reported_apart() {
     let run = capture(
         &out,
         &["--every", "5"],
-        &["--ranks", "2", "--leak", "hidden-state"],
+        &["--ranks", "2", "--leak", "hidden-state", "--leak-rank", "1"],
     );
     let stdout = run.expect_code(0).stdout();
     let files = names(&pickles(&out));
@@ -322,8 +322,36 @@ fn ranks_dump_under_their_own_names_and_are_reported_apart() {
         stdout.contains("snapshots of 2 processes (rank0, rank1)"),
         "{stdout}"
     );
+    // Only rank 1 leaks: named once, and the disagreement said.
     let line = format!("torch_train.py:{}", leak_line("hidden-state"));
-    assert_eq!(stdout.matches(&line).count(), 2, "{stdout}");
+    assert_eq!(stdout.matches(&line).count(), 1, "{stdout}");
+    assert!(
+        stdout.contains("rank1 shows growth and the other processes do not"),
+        "{stdout}"
+    );
+
+    // `trend` by hand on the same files judges each rank on its own too.
+    let mut args: Vec<OsString> = vec!["trend".into()];
+    args.extend(pickles(&out).into_iter().map(PathBuf::into_os_string));
+    let by_hand = snapdiff(&args).expect_code(0).stdout();
+    assert!(
+        by_hand.contains("snapshots of 2 processes (rank0, rank1)"),
+        "{by_hand}"
+    );
+    assert_eq!(by_hand.matches(&line).count(), 1, "{by_hand}");
+    assert!(by_hand.contains("rank1 shows growth"), "{by_hand}");
+    args.push("--json".into());
+    let json = snapdiff(&args).expect_code(0).json();
+    let processes = json["processes"].as_array().unwrap();
+    assert_eq!(processes[0]["process"], "rank0");
+    assert_eq!(
+        processes[0]["trend"]["suspects"].as_array().unwrap().len(),
+        0
+    );
+    assert_eq!(
+        processes[1]["trend"]["suspects"].as_array().unwrap().len(),
+        1
+    );
 }
 
 #[test]

@@ -38,6 +38,7 @@ def parse():
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--start-method", choices=["fork", "spawn"], default="fork")
     p.add_argument("--ranks", type=int, default=0)
+    p.add_argument("--leak-rank", type=int, help="with --ranks, only this rank leaks")
     p.add_argument("--raise-at", type=int, default=0)
     p.add_argument("--step-seconds", type=float, default=0.0)
     p.add_argument("--accounting", help="write the model's own storage accounting here")
@@ -66,6 +67,8 @@ def train(args):
         opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     state = torch.ones(64)
     losses, cache = [], {}
+    if args.leak_rank is not None and os.environ.get("RANK") != str(args.leak_rank):
+        args.leak = None
     data = batches(args)
     for step in range(1, args.steps + 1):
         x, y = next(data)

@@ -7,6 +7,7 @@ mod args;
 mod cmd;
 mod exit;
 mod manifest;
+mod processes;
 mod render;
 
 use std::process::ExitCode;

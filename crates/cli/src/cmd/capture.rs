@@ -81,7 +81,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     }
     // Snapshots of different processes (ranks, or a job and its children)
     // are never mixed: each process is reported on its own.
-    let processes = by_process(&captured.snapshots);
+    let processes = crate::processes::by_process(&captured.snapshots);
     if processes.len() > 1 {
         let names: Vec<&str> = processes.iter().map(|(p, _)| p.as_str()).collect();
         writeln!(
@@ -92,17 +92,28 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         )?;
     }
     let mut over = Vec::new();
+    let mut growing = Vec::new();
     for (process, files) in &processes {
         writeln!(out)?;
         if processes.len() > 1 {
             writeln!(out, "{process}:")?;
         }
         let suspected = crate::cmd::trend::report(files, &args.report, &mut out)?;
+        if suspected.is_some_and(|bytes| bytes > 0) {
+            growing.push(process.as_str());
+        }
         if let (Some(bytes), Some(limit)) = (suspected, args.fail_over)
             && bytes > limit
         {
             over.push(format!("{process}: {}", render::size(bytes)));
         }
+    }
+    if !growing.is_empty() && growing.len() < processes.len() && !args.report.json {
+        writeln!(
+            out,
+            "\nnote: {}",
+            crate::cmd::trend::one_rank_note(&growing)
+        )?;
     }
     out.flush()?;
     if captured.exit != Exit::Clean {
@@ -129,34 +140,6 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         return Ok(Exit::Error);
     }
     Ok(Exit::Clean)
-}
-
-/// Groups snapshot files by the process that wrote them, as their names
-/// say: `rank0-step10.pickle` and `pid123-step10.pickle` from the PyTorch
-/// hook, `snapdiff-123-dev0-0001-step.snap` from the runtime (one group per
-/// process and device). Groups are sorted by name and keep the files' order.
-fn by_process(files: &[PathBuf]) -> Vec<(String, Vec<PathBuf>)> {
-    let mut groups: Vec<(String, Vec<PathBuf>)> = Vec::new();
-    for file in files {
-        let name = file
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let process = match name.strip_prefix("snapdiff-") {
-            Some(rest) => {
-                let mut parts = rest.splitn(3, '-');
-                let (pid, dev) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-                format!("process {pid} {dev}")
-            }
-            None => name.split("-step").next().unwrap_or(&name).to_owned(),
-        };
-        match groups.iter_mut().find(|(p, _)| *p == process) {
-            Some((_, group)) => group.push(file.clone()),
-            None => groups.push((process, vec![file.clone()])),
-        }
-    }
-    groups.sort_by(|a, b| a.0.cmp(&b.0));
-    groups
 }
 
 /// Runs the command of `args` under capture.

@@ -17,6 +17,10 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     options.warmup = args.warmup;
     options.checkpoints = args.checkpoints;
     options.device_memory = args.device_memory;
+    let processes = crate::processes::by_process(&args.files);
+    if processes.len() > 1 {
+        return run_per_process(&processes, &args, &options);
+    }
     let Some((trend, errored)) = analyze(&args.files, &options)? else {
         return Ok(Exit::Error);
     };
@@ -31,6 +35,88 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
         print_table(&trend, &args.report, &mut render::text_out())?;
     }
     Ok(exit)
+}
+
+/// `trend` over the files of several processes (ranks): each process is
+/// judged on its own, and a rank that grows while others do not is said.
+fn run_per_process(
+    processes: &[(String, Vec<PathBuf>)],
+    args: &TrendArgs,
+    options: &TrendOptions,
+) -> anyhow::Result<Exit> {
+    let mut trends = Vec::new();
+    let mut errored = false;
+    for (process, files) in processes {
+        match analyze(files, options)? {
+            Some((trend, e)) => {
+                errored |= e;
+                trends.push((process.as_str(), trend));
+            }
+            None => errored = true,
+        }
+    }
+    let over = trends.iter().any(|(_, t)| {
+        args.fail_over
+            .is_some_and(|limit| t.suspected_bytes > limit)
+    });
+    let exit = if errored {
+        Exit::Error
+    } else if over {
+        Exit::OverThreshold
+    } else {
+        Exit::Clean
+    };
+    let growing: Vec<&str> = trends
+        .iter()
+        .filter(|(_, t)| !t.suspects.is_empty())
+        .map(|(p, _)| *p)
+        .collect();
+    let disagree = !growing.is_empty() && growing.len() < trends.len();
+    let note = disagree.then(|| one_rank_note(&growing));
+    if args.report.json {
+        let processes: Vec<serde_json::Value> = trends
+            .iter()
+            .map(|(p, t)| serde_json::json!({ "process": p, "trend": t }))
+            .collect();
+        print_json(
+            &serde_json::json!({ "processes": processes, "notes": note.iter().collect::<Vec<_>>() }),
+        )?;
+        return Ok(exit);
+    }
+    let mut out = render::text_out();
+    let names: Vec<&str> = trends.iter().map(|(p, _)| *p).collect();
+    writeln!(
+        out,
+        "snapshots of {} processes ({}): each is judged on its own",
+        names.len(),
+        names.join(", ")
+    )?;
+    for (process, trend) in &trends {
+        writeln!(
+            out,
+            "\n{}:",
+            if process.is_empty() {
+                "other files"
+            } else {
+                process
+            }
+        )?;
+        print_table(trend, &args.report, &mut out)?;
+    }
+    if let Some(note) = note {
+        writeln!(out, "\nnote: {note}")?;
+    }
+    Ok(exit)
+}
+
+/// The note for processes of which only some grow.
+pub(crate) fn one_rank_note(growing: &[&str]) -> String {
+    format!(
+        "{} {} growth and the other processes do not: a leak in some ranks only (a code path \
+         only they run, say rank 0's logging or evaluation)",
+        growing.join(", "),
+        if growing.len() == 1 { "shows" } else { "show" }
+    )
 }
 
 /// The trend report of `files` with default options, as `capture` and `demo`

@@ -1,0 +1,80 @@
+//! Which process wrote a snapshot file, from its name, so that files of
+//! different ranks or processes are never judged as one series.
+
+use std::path::PathBuf;
+
+/// The process that wrote the file `name`, as capture names files:
+/// `rank0-step10.pickle` (rank 0) and `pid123-step10.pickle` from the PyTorch
+/// hook, `snapdiff-123-dev0-0001-step.snap` from the runtime (process 123,
+/// device 0). `None` for any other name.
+pub(crate) fn process_of(name: &str) -> Option<String> {
+    if let Some(rest) = name.strip_prefix("snapdiff-") {
+        let mut parts = rest.splitn(3, '-');
+        let (pid, dev) = (parts.next()?, parts.next()?);
+        let valid = pid.bytes().all(|b| b.is_ascii_digit()) && dev.starts_with("dev");
+        return valid.then(|| format!("process {pid} {dev}"));
+    }
+    let (who, _) = name.split_once("-step")?;
+    let number = |prefix: &str| {
+        who.strip_prefix(prefix)
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if let Some(rank) = number("rank") {
+        return Some(format!("rank{rank}"));
+    }
+    number("pid").map(|pid| format!("pid{pid}"))
+}
+
+/// `files` grouped by the process that wrote them (see [`process_of`]),
+/// groups sorted by name, files kept in their order. Files whose names say
+/// nothing about their process form one group, named "".
+pub(crate) fn by_process(files: &[PathBuf]) -> Vec<(String, Vec<PathBuf>)> {
+    let mut groups: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for file in files {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let process = process_of(&name).unwrap_or_default();
+        match groups.iter_mut().find(|(p, _)| *p == process) {
+            Some((_, group)) => group.push(file.clone()),
+            None => groups.push((process, vec![file.clone()])),
+        }
+    }
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processes_are_told_by_capture_names_only() {
+        assert_eq!(process_of("rank3-step40.pickle").as_deref(), Some("rank3"));
+        assert_eq!(
+            process_of("rank3-step41-exit.pickle").as_deref(),
+            Some("rank3")
+        );
+        assert_eq!(process_of("pid812-step5.pickle").as_deref(), Some("pid812"));
+        assert_eq!(
+            process_of("snapdiff-77-dev1-0003-step-000010.snap").as_deref(),
+            Some("process 77 dev1")
+        );
+        assert_eq!(process_of("step-100.pickle"), None);
+        assert_eq!(process_of("run-step-100.pickle"), None);
+        assert_eq!(process_of("snapshot.pickle"), None);
+        let files: Vec<PathBuf> = [
+            "rank1-step2.pickle",
+            "rank0-step2.pickle",
+            "rank1-step4.pickle",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let groups = by_process(&files);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].0, "rank0");
+        assert_eq!(groups[1].1.len(), 2);
+    }
+}
