@@ -604,3 +604,36 @@ fn an_idle_device_with_markers_changes_nothing_on_the_busy_one() {
     let notes = report["notes"].to_string();
     assert!(notes.contains("device 1 recorded no allocation"), "{notes}");
 }
+
+#[test]
+fn a_wrapped_trace_is_judged_on_its_window_and_says_so() {
+    let (Some(file), Some(training)) = (
+        shared_torch("eor-nn-counterfactuals.pickle"),
+        shared_torch("cs336-medium-128-training.pickle"),
+    ) else {
+        return;
+    };
+    let dir = tempdir();
+    let leaked = dir.path().join("leaked.pickle");
+    let injected = inject("trace", &file, &leaked, 30, 1 << 20, Some(&training));
+    // Keep the last two thirds of the trace, as a ring buffer that wrapped
+    // keeps only its newest events.
+    let wrapped = dir.path().join("wrapped.pickle");
+    let script = "import pickle, sys\n\
+        snap = pickle.load(open(sys.argv[1], 'rb'))\n\
+        t = snap['device_traces'][0]\n\
+        snap['device_traces'][0] = t[len(t) // 3:]\n\
+        pickle.dump(snap, open(sys.argv[2], 'wb'), protocol=4)\n";
+    let ok = Command::new("python3")
+        .args(["-c", script])
+        .args([&leaked, &wrapped])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let report = trend_json(std::slice::from_ref(&wrapped));
+    let suspects = report["suspects"].as_array().unwrap();
+    assert_eq!(suspects.len(), 1, "only the injected site: {report:#}");
+    assert_eq!(culprit_of(&suspects[0]), expected_culprit(&injected));
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("never saw allocated"), "{notes}");
+}

@@ -23,6 +23,9 @@ pub struct Replayed {
     pub stacks: FxHashMap<StackKey, Option<StackId>>,
     /// Sites with blocks allocated before recording began.
     pub before_recording: FxHashSet<StackKey>,
+    /// Blocks the trace frees without having recorded their allocation:
+    /// recording began mid-run, or the ring buffer of trace events wrapped.
+    pub freed_unseen: usize,
 }
 
 /// Replays the trace of one device and records the live totals per site
@@ -65,6 +68,7 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
             seen.insert(e.address);
         } else if e.action == free_action {
             if !allocated.remove(&e.address) && seen.insert(e.address) {
+                out.freed_unseen += 1;
                 let key = keys.key(e.stack);
                 out.stacks.entry(key).or_insert(e.stack);
                 out.before_recording.insert(key);

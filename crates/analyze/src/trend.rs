@@ -537,6 +537,7 @@ fn trend_of_device(
     let (source, cuts) = cuts_for(snap, trace_index, options);
     let trace = &snap.traces[trace_index];
     let replayed = replay(snap, keys, trace, &cuts);
+    let freed_unseen = replayed.freed_unseen;
     let points = cuts
         .iter()
         .map(|&idx| Checkpoint {
@@ -560,6 +561,15 @@ fn trend_of_device(
         before_recording: replayed.before_recording,
     };
     let mut trend = analyze(series, source, options, snap);
+    if freed_unseen > 0 {
+        trend.notes.push(format!(
+            "device {}'s trace frees {freed_unseen} block{} it never saw allocated: recording \
+             began mid-run, or the trace's ring buffer (max_entries) wrapped; only the recorded \
+             window is judged, and blocks from before it are labelled, never counted as growth",
+            trace.device,
+            if freed_unseen == 1 { "" } else { "s" }
+        ));
+    }
     if source == CheckpointSource::EvenlySpaced {
         // Evenly spaced cuts fall at different phases of different steps, so
         // a working set that is still being built looks like growth.
