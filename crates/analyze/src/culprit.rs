@@ -45,10 +45,22 @@ pub struct Culprit {
 impl Culprit {
     /// `function  file:line`, with C++ argument lists left out.
     pub fn display(&self) -> String {
+        self.display_from("")
+    }
+
+    /// [`Culprit::display`] with the file shown relative to folder `base`
+    /// (a path prefix ending in a separator, see [`common_base`]), with `/`
+    /// between its parts whatever the OS that recorded it; files outside
+    /// `base` are shown whole.
+    pub fn display_from(&self, base: &str) -> String {
+        let file = match self.file.strip_prefix(base) {
+            Some(rest) if !base.is_empty() => rest.replace('\\', "/"),
+            _ => self.file.clone(),
+        };
         match self.kind {
             CulpritKind::NoStack => "(no stack recorded)".to_owned(),
             _ => {
-                let location = match (self.file.as_str(), self.line) {
+                let location = match (file.as_str(), self.line) {
                     (file, line) if notebook_cell(file).is_some() => {
                         let cell = notebook_cell(file).unwrap_or_default();
                         format!("  notebook cell {cell}, line {line}")
@@ -60,6 +72,47 @@ impl Culprit {
                 format!("{}{location}", short_name(&self.name))
             }
         }
+    }
+}
+
+/// The longest folder that holds all of `files` (absolute paths of the
+/// program's own code), ending in its separator, for showing them relative
+/// to it: `/home/ana/proj/` for `/home/ana/proj/train.py` and
+/// `/home/ana/proj/lib/model.py`. The working directory when it holds them
+/// all; empty when they share no folder below the root.
+pub fn common_base<'a>(files: impl IntoIterator<Item = &'a str>, cwd: Option<&str>) -> String {
+    let files: Vec<&str> = files.into_iter().collect();
+    if files.is_empty() {
+        return String::new();
+    }
+    if let Some(cwd) = cwd {
+        let cwd = format!("{}/", cwd.trim_end_matches('/'));
+        if cwd.len() > 1 && files.iter().all(|f| f.starts_with(&cwd)) {
+            return cwd;
+        }
+    }
+    // The common prefix, cut back to its last separator.
+    let first = files[0];
+    let mut len = first.len();
+    for f in &files[1..] {
+        len = first
+            .bytes()
+            .zip(f.bytes())
+            .take(len)
+            .take_while(|(a, b)| a == b)
+            .count();
+    }
+    let prefix = &first[..len];
+    let base = match prefix.rfind(['/', '\\']) {
+        Some(i) => &first[..=i],
+        None => "",
+    };
+    // A root alone (`/`, `C:\`, `\\server\`) says nothing worth removing.
+    let parts = base.split(['/', '\\']).filter(|p| !p.is_empty()).count();
+    if parts < 2 {
+        String::new()
+    } else {
+        base.to_owned()
     }
 }
 
@@ -244,6 +297,34 @@ mod tests {
         assert_eq!(
             CulpritRules::default().culprit(&[]).kind,
             CulpritKind::NoStack
+        );
+    }
+
+    #[test]
+    fn paths_are_shown_from_the_folder_that_holds_them() {
+        let files = ["/home/ana/proj/train.py", "/home/ana/proj/lib/model.py"];
+        assert_eq!(common_base(files, None), "/home/ana/proj/");
+        assert_eq!(common_base(files, Some("/home/ana")), "/home/ana/");
+        assert_eq!(common_base(files, Some("/srv")), "/home/ana/proj/");
+        assert_eq!(common_base(["/a/x.py", "/b/y.py"], None), "");
+        let windows = [
+            "C:\\Users\\ana\\proj\\train.py",
+            "C:\\Users\\ana\\proj\\lib\\m.py",
+        ];
+        assert_eq!(common_base(windows, None), "C:\\Users\\ana\\proj\\");
+        let c = Culprit {
+            name: "forward".into(),
+            file: windows[1].into(),
+            line: 3,
+            kind: CulpritKind::User,
+        };
+        assert_eq!(
+            c.display_from(&common_base(windows, None)),
+            "forward  lib/m.py:3"
+        );
+        assert_eq!(
+            c.display_from("/elsewhere/"),
+            format!("forward  {}:3", windows[1])
         );
     }
 

@@ -106,6 +106,7 @@ impl Default for ReportArgs {
             focus: None,
             ignore: None,
             library: None,
+            full_paths: false,
         }
     }
 }
@@ -128,6 +129,10 @@ pub(crate) struct ReportArgs {
     /// Never pick as culprit a frame matching RE ("function file:line").
     #[arg(long, value_name = "RE", value_parser = parse_regex)]
     pub(crate) ignore: Option<String>,
+    /// Show file paths whole (tables show them from the folder that holds
+    /// your code; JSON always has them whole).
+    #[arg(long)]
+    pub(crate) full_paths: bool,
     /// Count frames matching RE ("function file:line") as a library's, like
     /// torch's (e.g. your company's framework: "/mycorp_train/").
     #[arg(long, value_name = "RE", value_parser = parse_regex)]

@@ -41,9 +41,37 @@ pub(crate) fn rules(report: &crate::args::ReportArgs) -> anyhow::Result<CulpritR
     )
 }
 
-/// A site for a table cell: its culprit, and `frames` more frames of its stack.
-pub(crate) fn site_cell(site: &Site, frames: usize) -> String {
-    let mut cell = site.culprit.display();
+/// The folder a table's paths are shown from: the one holding every
+/// culprit of the program's own code among `sites` (or the working
+/// directory when it holds them all); empty with `--full-paths`.
+pub(crate) fn paths_base<'a>(
+    sites: impl IntoIterator<Item = &'a Site>,
+    report: &crate::args::ReportArgs,
+) -> String {
+    if report.full_paths {
+        return String::new();
+    }
+    let cwd = std::env::current_dir().ok();
+    let files = sites
+        .into_iter()
+        .filter(|s| matches!(s.culprit.kind, CulpritKind::User | CulpritKind::Focus))
+        .map(|s| s.culprit.file.as_str())
+        .filter(|f| f.starts_with('/') || f.starts_with('\\') || f.get(1..3) == Some(":\\"));
+    snapdiff_analyze::culprit::common_base(files, cwd.as_deref().and_then(|p| p.to_str()))
+}
+
+/// The line under a table saying which folder its paths are shown from.
+pub(crate) fn paths_note(out: &mut dyn Write, base: &str) -> std::io::Result<()> {
+    if base.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "paths from {base} (--full-paths shows them whole)")
+}
+
+/// A site for a table cell: its culprit, and `frames` more frames of its
+/// stack, with paths shown from `base` (see [`paths_base`]).
+pub(crate) fn site_cell(site: &Site, frames: usize, base: &str) -> String {
+    let mut cell = site.culprit.display_from(base);
     if site.culprit.kind == CulpritKind::Fallback {
         cell.push_str("  (no frame of your code)");
     }
@@ -59,7 +87,7 @@ pub(crate) fn site_cell(site: &Site, frames: usize) -> String {
             kind: CulpritKind::User,
         };
         cell.push_str("\n  from ");
-        cell.push_str(&culprit.display());
+        cell.push_str(&culprit.display_from(base));
     }
     cell
 }

@@ -69,7 +69,9 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     }
     if !cmp.groups.is_empty() {
         let mut t = table(["", "culprit", "blocks", "bytes", "delta", "share"]);
-        for (i, g) in cmp.groups.iter().take(args.report.top).enumerate() {
+        let shown = &cmp.groups[..cmp.groups.len().min(args.report.top)];
+        let base = render::paths_base(shown.iter().map(|g| &g.site), &args.report);
+        for (i, g) in shown.iter().enumerate() {
             let share = if g.delta_bytes > 0 && cmp.leaked_bytes > 0 {
                 format!(
                     "{:.0}%",
@@ -95,7 +97,7 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
             };
             t.add_row(vec![
                 (i + 1).to_string(),
-                render::site_cell(&g.site, args.report.frames),
+                render::site_cell(&g.site, args.report.frames, &base),
                 format!("{} -> {}", g.blocks_before, g.blocks_after),
                 bytes,
                 change,
@@ -104,6 +106,7 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         }
         align_right(&mut t, &[0, 2, 3, 4, 5]);
         writeln!(out, "{t}")?;
+        render::paths_note(&mut out, &base)?;
         if cmp.groups.len() > args.report.top {
             writeln!(
                 out,

@@ -82,10 +82,11 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
 
     if !summary.top_sites.is_empty() {
         let mut sites = table(["", "culprit", "blocks", "bytes", "share"]);
+        let base = render::paths_base(summary.top_sites.iter().map(|s| &s.site), &args.report);
         for (i, s) in summary.top_sites.iter().enumerate() {
             sites.add_row(vec![
                 (i + 1).to_string(),
-                render::site_cell(&s.site, args.report.frames),
+                render::site_cell(&s.site, args.report.frames, &base),
                 s.blocks.to_string(),
                 size(s.bytes),
                 format!("{:.0}%", 100.0 * s.share),
@@ -93,6 +94,7 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
         }
         align_right(&mut sites, &[0, 2, 3, 4]);
         writeln!(out, "{sites}")?;
+        render::paths_note(&mut out, &base)?;
     }
 
     write!(out, "{} trace events", summary.trace_events)?;

@@ -320,8 +320,10 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
             "per second",
             "live bytes",
         ]);
-        for (i, s) in trend.suspects.iter().take(report.top).enumerate() {
-            let mut cell = render::site_cell(&s.site, report.frames);
+        let shown = &trend.suspects[..trend.suspects.len().min(report.top)];
+        let base = render::paths_base(shown.iter().map(|s| &s.site), report);
+        for (i, s) in shown.iter().enumerate() {
+            let mut cell = render::site_cell(&s.site, report.frames, &base);
             if s.before_recording {
                 cell.push_str("\n  (some blocks allocated before recording began)");
             }
@@ -344,6 +346,7 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         }
         align_right(&mut t, &[0, 2, 3, 4]);
         writeln!(out, "{t}")?;
+        render::paths_note(out, &base)?;
     }
     for note in &trend.notes {
         writeln!(out, "note: {note}")?;
