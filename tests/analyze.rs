@@ -680,3 +680,33 @@ fn a_wrapped_trace_is_judged_on_its_window_and_says_so() {
     let notes = report["notes"].to_string();
     assert!(notes.contains("never saw allocated"), "{notes}");
 }
+
+#[test]
+fn trend_names_the_same_line_in_every_environment_users_record_in() {
+    let (Some(file), Some(training)) = (
+        shared_torch("eor-nn-counterfactuals.pickle"),
+        shared_torch("cs336-medium-128-training.pickle"),
+    ) else {
+        return;
+    };
+    let dir = tempdir();
+    let leaked = dir.path().join("leaked.pickle");
+    let injected = inject("trace", &file, &leaked, 30, 1 << 20, Some(&training));
+    let (name, culprit_file, line) = expected_culprit(&injected);
+    for form in ["windows", "conda", "debian", "notebook"] {
+        let rewritten = dir.path().join(format!("{form}.pickle"));
+        let map = rewrite_paths(form, &leaked, &rewritten);
+        let report = trend_json(std::slice::from_ref(&rewritten));
+        let suspects = report["suspects"].as_array().unwrap();
+        assert_eq!(suspects.len(), 1, "{form}: {report:#}");
+        assert_eq!(
+            culprit_of(&suspects[0]),
+            (
+                name.clone(),
+                map[&culprit_file].as_str().unwrap().to_owned(),
+                line
+            ),
+            "{form}"
+        );
+    }
+}
