@@ -7,7 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::util::{root, shared_torch, shared_torch_fixtures, snapdiff, tempdir};
+use crate::util::{python_script, root, shared_torch, shared_torch_fixtures, snapdiff, tempdir};
 
 /// Runs `tests/support/inject_leak.py` and returns what it injected.
 fn inject(
@@ -561,17 +561,10 @@ fn reround(input: &Path, output: &Path) -> u64 {
         \x20   slack += 512\n\
         pickle.dump(snap, open(sys.argv[2], 'wb'), protocol=4)\n\
         print(slack)\n";
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .args([input, output])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    python_script(script, &[input, output])
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -629,12 +622,7 @@ fn an_idle_device_with_markers_changes_nothing_on_the_busy_one() {
         snap['device_traces'][1] = [{'action': 'snapshot', 'addr': 0, 'size': 0, 'stream': 0,\n\
         \x20   'frames': []} for k in range(3)]\n\
         pickle.dump(snap, open(sys.argv[2], 'wb'), protocol=4)\n";
-    let ok = Command::new("python3")
-        .args(["-c", script])
-        .args([&leaked, &marked])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    python_script(script, &[&leaked, &marked]);
     let plain = trend_json(std::slice::from_ref(&leaked));
     let report = trend_json(std::slice::from_ref(&marked));
     for r in [&plain, &report] {
@@ -667,12 +655,7 @@ fn a_wrapped_trace_is_judged_on_its_window_and_says_so() {
         t = snap['device_traces'][0]\n\
         snap['device_traces'][0] = t[len(t) // 3:]\n\
         pickle.dump(snap, open(sys.argv[2], 'wb'), protocol=4)\n";
-    let ok = Command::new("python3")
-        .args(["-c", script])
-        .args([&leaked, &wrapped])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    python_script(script, &[&leaked, &wrapped]);
     let report = trend_json(std::slice::from_ref(&wrapped));
     let suspects = report["suspects"].as_array().unwrap();
     assert_eq!(suspects.len(), 1, "only the injected site: {report:#}");

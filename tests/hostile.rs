@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use crate::util::{Run, fixture, tempdir};
+use crate::util::{Run, fixture, python_script, tempdir};
 
 /// Runs `snapdiff` with `args` and returns the run and the peak resident
 /// memory of that process, in bytes.
@@ -124,12 +124,7 @@ fn an_event_dict_in_two_device_traces_is_refused_not_a_panic() {
     let script = "import pickle, sys\n\
         e = {'action': 'alloc', 'addr': 1, 'size': 512, 'stream': 0, 'frames': []}\n\
         pickle.dump({'segments': [], 'device_traces': [[e], [e]]}, open(sys.argv[1], 'wb'), protocol=4)\n";
-    let ok = Command::new("python3")
-        .args(["-c", script])
-        .arg(&path)
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    python_script(script, &[&path]);
     let bytes = std::fs::read(&path).unwrap();
     refused_within(
         dir.path(),
@@ -270,12 +265,7 @@ fn a_zip_inside_data_pkl_is_named_as_such() {
         inner = io.BytesIO()\n\
         with zipfile.ZipFile(inner, 'w') as z: z.writestr('x', b'y')\n\
         with zipfile.ZipFile(sys.argv[1], 'w') as z: z.writestr('nested/data.pkl', inner.getvalue())\n";
-    let ok = Command::new("python3")
-        .args(["-c", script])
-        .arg(&path)
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    python_script(script, &[&path]);
     let bytes = std::fs::read(&path).unwrap();
     refused_within(
         dir.path(),
@@ -356,14 +346,10 @@ fn frame_names_with_control_characters_are_escaped_in_every_report() {
          pickle.dump(snap, open(sys.argv[3], 'wb'), protocol=4)\n"
     );
     let (a, b) = (d.join("a.pickle"), d.join("b.pickle"));
-    let ok = Command::new("python3")
-        .arg("-c")
-        .arg(&script)
-        .arg(fixture("torch-format/snapshot-p4.pickle"))
-        .args([&a, &b])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    python_script(
+        &script,
+        &[&fixture("torch-format/snapshot-p4.pickle"), &a, &b],
+    );
 
     let runs = [
         vec!["summary".as_ref(), a.as_os_str()],

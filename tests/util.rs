@@ -127,3 +127,19 @@ pub fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Runs `python3 -c script args...` (CPython writes the test's files) and
+/// returns its standard output; fails the test with Python's error if it fails.
+pub fn python_script<S: AsRef<std::ffi::OsStr>>(script: &str, args: &[S]) -> String {
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .args(args)
+        .output()
+        .expect("python3 must be installed to write test files");
+    assert!(
+        out.status.success(),
+        "python3 failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
