@@ -288,6 +288,9 @@ fn trend_names_allocations_injected_into_a_real_trace() {
             suspects[0]["growth_bytes"].as_u64().unwrap(),
             expected[expected.len() - 1] - expected[warmup]
         );
+        // The evidence: the floor, which for steady growth is the series.
+        let floor: Vec<u64> = serde_json::from_value(suspects[0]["floor"].clone()).unwrap();
+        assert_eq!(floor, expected, "{name}: the floor of the injected site");
 
         // The same, with a stack of the file itself: still the first and only suspect.
         let own = dir.path().join(format!("own-{name}"));

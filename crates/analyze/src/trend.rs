@@ -108,6 +108,10 @@ pub struct Suspect {
     pub series: Vec<u64>,
     /// Live blocks at each checkpoint.
     pub blocks: Vec<u64>,
+    /// The floor at each checkpoint: the least of `series` from there to
+    /// the end. A leak's floor keeps rising after warm-up; this is the
+    /// evidence the verdict rests on.
+    pub floor: Vec<u64>,
     /// Whether some of its blocks were allocated before recording began.
     pub before_recording: bool,
 }
@@ -148,6 +152,17 @@ struct Series<'a> {
     before_recording: rustc_hash::FxHashSet<StackKey>,
 }
 
+/// The floor of `series`: at each point, the least value from there to the end.
+fn floor_of(series: &[u64]) -> Vec<u64> {
+    let mut floor = vec![0u64; series.len()];
+    let mut min = u64::MAX;
+    for i in (0..series.len()).rev() {
+        min = min.min(series[i]);
+        floor[i] = min;
+    }
+    floor
+}
+
 /// The floor rule (see the module documentation): growth of the floor after
 /// warm-up, if the site is a suspect.
 fn floor_growth(series: &[u64], warmup: usize) -> Option<u64> {
@@ -155,12 +170,7 @@ fn floor_growth(series: &[u64], warmup: usize) -> Option<u64> {
     if n < warmup + 3 {
         return None;
     }
-    let mut floor = vec![0u64; n];
-    let mut min = u64::MAX;
-    for i in (0..n).rev() {
-        min = min.min(series[i]);
-        floor[i] = min;
-    }
+    let floor = floor_of(series);
     let intervals = n - 1 - warmup;
     let rises = (warmup + 1..n).filter(|&i| floor[i] > floor[i - 1]).count();
     let growth = floor[n - 1] - floor[warmup];
@@ -214,6 +224,7 @@ fn analyze(
             growth_per_checkpoint: growth / (n - 1 - warmup) as u64,
             growth_per_second: seconds.map(|s| growth as f64 / s),
             growth_per_step: steps.map(|s| growth as f64 / s as f64),
+            floor: floor_of(&bytes),
             series: bytes,
             blocks: totals.iter().map(|t| t.blocks).collect(),
             before_recording: series.before_recording.contains(&key),
@@ -579,9 +590,10 @@ fn trend_of_device(
         trend.seconds_to_full = None;
         trend.notes.insert(
             0,
-            "no verdict: the trace has no step or snapshot markers and its memory never falls \
-             back between iterations, so growth within it cannot be told from one step's working \
-             set; dump snapshots at several steps (snapdiff capture --every N) or mark steps"
+            "no verdict: one pass, not enough iterations to tell a leak from the working set \
+             (the trace has no step or snapshot markers, and its memory never falls back between \
+             iterations); dump snapshots at several steps (snapdiff capture --every N) or mark \
+             steps"
                 .to_owned(),
         );
     }
