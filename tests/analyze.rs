@@ -137,7 +137,11 @@ fn compare_reads_mixed_formats_and_sets_the_exit_code() {
         ]
     };
     snapdiff(args("4MiB")).expect_code(0);
-    snapdiff(args("3MiB")).expect_code(1);
+    let over = snapdiff(args("3MiB"));
+    assert_eq!(
+        over.expect_code(1).stderr(),
+        "snapdiff: 4.00 MiB leaked, over the 3.00 MiB limit (--fail-over)\n"
+    );
     snapdiff(args("4MiB")).expect_code(0);
 
     // The table names user code, not the allocator.
@@ -341,6 +345,10 @@ fn trend_over_several_snapshots_of_a_growing_job() {
     args.extend(files.iter().map(|f| f.clone().into_os_string()));
     let run = snapdiff(&args);
     run.expect_code(1);
+    assert_eq!(
+        run.stderr(),
+        "snapdiff: 8.00 MiB of suspected growth, over the 7.00 MiB limit (--fail-over)\n"
+    );
     assert!(
         run.stdout()
             .contains("1 site keeps growing: 8.00 MiB after warm-up"),

@@ -40,8 +40,23 @@ fn main() -> ExitCode {
             if broken_pipe {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("snapdiff: {}", render::escape_controls(&format!("{err:#}")));
+            eprintln!("snapdiff: {}", render::escape_controls(&one_line(&err)));
             exit::Exit::Error.into()
         }
     }
+}
+
+/// The error and its causes on one line, each said once: a cause whose text
+/// the message already holds (the file readers' errors include their I/O
+/// cause) is not repeated.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line
 }

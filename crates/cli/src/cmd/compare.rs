@@ -23,7 +23,14 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let cmp = compare(&before, &after, &options);
     render::release([before, after]);
     let exit = match args.fail_over {
-        Some(limit) if cmp.leaked_bytes > limit => Exit::OverThreshold,
+        Some(limit) if cmp.leaked_bytes > limit => {
+            eprintln!(
+                "snapdiff: {} leaked, over the {} limit (--fail-over)",
+                size(cmp.leaked_bytes),
+                size(limit)
+            );
+            Exit::OverThreshold
+        }
         _ => Exit::Clean,
     };
     if args.report.json {

@@ -31,6 +31,18 @@ pub(crate) fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
     } else {
         Existing::Keep
     };
-    snapdiff_format::write_path(&args.output, &snap, existing)?;
+    snapdiff_format::write_path(&args.output, &snap, existing).map_err(|e| {
+        let exists = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AlreadyExists);
+        if exists {
+            anyhow::anyhow!(
+                "{}: already exists; pass --force to replace it",
+                args.output.display()
+            )
+        } else {
+            e.into()
+        }
+    })?;
     Ok(Exit::Clean)
 }

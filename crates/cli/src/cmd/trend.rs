@@ -26,7 +26,14 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     };
     let exit = match args.fail_over {
         _ if errored => Exit::Error,
-        Some(limit) if trend.suspected_bytes > limit => Exit::OverThreshold,
+        Some(limit) if trend.suspected_bytes > limit => {
+            eprintln!(
+                "snapdiff: {} of suspected growth, over the {} limit (--fail-over)",
+                size(trend.suspected_bytes),
+                size(limit)
+            );
+            Exit::OverThreshold
+        }
         _ => Exit::Clean,
     };
     if args.report.json {
@@ -55,10 +62,22 @@ fn run_per_process(
             None => errored = true,
         }
     }
-    let over = trends.iter().any(|(_, t)| {
-        args.fail_over
-            .is_some_and(|limit| t.suspected_bytes > limit)
-    });
+    let over: Vec<String> = trends
+        .iter()
+        .filter(|(_, t)| {
+            args.fail_over
+                .is_some_and(|limit| t.suspected_bytes > limit)
+        })
+        .map(|(p, t)| format!("{p}: {}", size(t.suspected_bytes)))
+        .collect();
+    if let (false, Some(limit)) = (over.is_empty(), args.fail_over) {
+        eprintln!(
+            "snapdiff: suspected growth over the {} limit (--fail-over) in {}",
+            size(limit),
+            over.join("; ")
+        );
+    }
+    let over = !over.is_empty();
     let exit = if errored {
         Exit::Error
     } else if over {
