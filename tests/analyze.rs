@@ -616,15 +616,24 @@ fn allocator_rounding_is_slack_not_a_leak() {
     }
 }
 
+/// `name` (a real PyTorch trace) with 30 allocations of 1 MiB, never freed,
+/// spread through its first device's trace at a real stack of another run:
+/// the leaked file in `dir`, and what was injected. `None` without
+/// `../shared`.
+fn leaking_trace(name: &str, dir: &Path) -> Option<(PathBuf, Value)> {
+    let file = shared_torch(name)?;
+    let training = shared_torch("cs336-medium-128-training.pickle")?;
+    let leaked = dir.join("leaked.pickle");
+    let injected = inject("trace", &file, &leaked, 30, 1 << 20, Some(&training));
+    Some((leaked, injected))
+}
+
 #[test]
 fn an_idle_device_with_markers_changes_nothing_on_the_busy_one() {
-    let Some(maph) = shared_torch("maph-llama-inference.pickle") else {
+    let dir = tempdir();
+    let Some((leaked, injected)) = leaking_trace("maph-llama-inference.pickle", dir.path()) else {
         return;
     };
-    let training = shared_torch("cs336-medium-128-training.pickle").unwrap();
-    let dir = tempdir();
-    let leaked = dir.path().join("leaked.pickle");
-    let injected = inject("trace", &maph, &leaked, 30, 1 << 20, Some(&training));
     // Device 1 (idle) gets three snapshot markers and nothing else, as a
     // job that marks steps on every visible device records.
     let marked = dir.path().join("marked.pickle");
@@ -649,15 +658,11 @@ fn an_idle_device_with_markers_changes_nothing_on_the_busy_one() {
 
 #[test]
 fn a_wrapped_trace_is_judged_on_its_window_and_says_so() {
-    let (Some(file), Some(training)) = (
-        shared_torch("eor-nn-counterfactuals.pickle"),
-        shared_torch("cs336-medium-128-training.pickle"),
-    ) else {
+    let dir = tempdir();
+    let Some((leaked, injected)) = leaking_trace("eor-nn-counterfactuals.pickle", dir.path())
+    else {
         return;
     };
-    let dir = tempdir();
-    let leaked = dir.path().join("leaked.pickle");
-    let injected = inject("trace", &file, &leaked, 30, 1 << 20, Some(&training));
     // Keep the last two thirds of the trace, as a ring buffer that wrapped
     // keeps only its newest events.
     let wrapped = dir.path().join("wrapped.pickle");
@@ -677,15 +682,11 @@ fn a_wrapped_trace_is_judged_on_its_window_and_says_so() {
 
 #[test]
 fn trend_names_the_same_line_in_every_environment_users_record_in() {
-    let (Some(file), Some(training)) = (
-        shared_torch("eor-nn-counterfactuals.pickle"),
-        shared_torch("cs336-medium-128-training.pickle"),
-    ) else {
+    let dir = tempdir();
+    let Some((leaked, injected)) = leaking_trace("eor-nn-counterfactuals.pickle", dir.path())
+    else {
         return;
     };
-    let dir = tempdir();
-    let leaked = dir.path().join("leaked.pickle");
-    let injected = inject("trace", &file, &leaked, 30, 1 << 20, Some(&training));
     let (name, culprit_file, line) = expected_culprit(&injected);
     for form in ["windows", "conda", "debian", "notebook"] {
         let rewritten = dir.path().join(format!("{form}.pickle"));

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use snapdiff_format::{ErrorKind, Snapshot, read_bytes, read_path, write_json, write_snap};
 
-use crate::util::{fixture, python_json, shared_torch_fixtures, snapdiff, tempdir};
+use crate::util::{fixture, pickle4, python_json, shared_torch_fixtures, snapdiff, tempdir};
 
 /// The project's own PyTorch-format files (made by fixtures/make_torch_format.py).
 fn own_torch_files() -> Vec<PathBuf> {
@@ -364,13 +364,6 @@ fn check_bad_input(dir: &Path, name: &str, bytes: &[u8], expect: &str) {
     );
     assert!(err.contains(expect), "{name}: expected {expect:?} in {err}");
     assert!(!err.contains("panicked"), "{name}: {err}");
-}
-
-/// A pickle of `body` (opcodes after the protocol header) at protocol 4.
-fn pickle4(body: &[u8]) -> Vec<u8> {
-    let mut out = vec![0x80, 4];
-    out.extend_from_slice(body);
-    out
 }
 
 #[test]

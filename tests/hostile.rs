@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use crate::util::{Run, fixture, python_script, tempdir};
+use crate::util::{Run, fixture, pickle4, python_script, tempdir};
 
 /// Runs `snapdiff` with `args` and returns the run and the peak resident
 /// memory of that process, in bytes.
@@ -62,11 +62,6 @@ fn refused_within(dir: &Path, name: &str, bytes: &[u8], expect: &str, max_memory
 }
 
 const MIB: u64 = 1 << 20;
-
-/// A protocol 4 pickle of `body`.
-fn pickle4(body: &[u8]) -> Vec<u8> {
-    [&[0x80, 4][..], body].concat()
-}
 
 /// The opcodes of a short string.
 fn s(text: &str) -> Vec<u8> {

@@ -143,3 +143,8 @@ pub fn python_script<S: AsRef<std::ffi::OsStr>>(script: &str, args: &[S]) -> Str
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A pickle of `body` (opcodes after the protocol header) at protocol 4.
+pub fn pickle4(body: &[u8]) -> Vec<u8> {
+    [&[0x80, 4][..], body].concat()
+}
