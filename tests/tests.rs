@@ -14,6 +14,9 @@ mod hostile;
 // compare, trend and summary on real snapshots with injected leaks.
 mod analyze;
 
+// Results on generated real-shaped files, against the build before the speed work.
+mod real_shaped;
+
 // capture and demo.
 mod capture;
 

@@ -11,7 +11,7 @@ use serde::Serialize;
 use snapdiff_format::{Meta, Snapshot};
 
 use crate::culprit::CulpritRules;
-use crate::group::{Site, is_live, live_groups};
+use crate::group::{Site, SiteNamer, is_live, live_groups};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Options of [`compare`].
@@ -171,6 +171,10 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         .collect();
     all_keys.sort_unstable();
     all_keys.dedup();
+    let (namer_a, namer_b) = rayon::join(
+        || SiteNamer::new(before, &options.rules),
+        || SiteNamer::new(after, &options.rules),
+    );
     let mut groups = Vec::new();
     for key in all_keys {
         let a = groups_a.totals.get(&key).copied().unwrap_or_default();
@@ -191,8 +195,8 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         };
         // Describe the site from the snapshot that has it, preferring `after`.
         let site = match groups_b.stacks.get(&key) {
-            Some(&stack) => Site::new(after, key, stack, &options.rules),
-            None => Site::new(before, key, groups_a.stacks[&key], &options.rules),
+            Some(&stack) => namer_b.site(key, stack),
+            None => namer_a.site(key, groups_a.stacks[&key]),
         };
         groups.push(GroupDiff {
             site,

@@ -201,39 +201,52 @@ impl CulpritRules {
     /// Whether `f` is the program's own code (see [`classify`]), and not
     /// left out by `--ignore` or `--library`.
     pub fn is_user(&self, f: &Frame) -> bool {
-        classify(f).is_program() && !self.ignored(f) && !Self::matches(&self.library, f)
+        self.role(f).user
+    }
+
+    /// What `f` is to these rules. A snapshot's stacks share a few thousand
+    /// distinct frames, so callers describing many stacks work this out once
+    /// per frame and pass it to [`CulpritRules::culprit_of`].
+    pub fn role(&self, f: &Frame) -> FrameRole {
+        let ignored = self.ignored(f);
+        FrameRole {
+            noise: is_noise(f),
+            user: classify(f).is_program() && !ignored && !Self::matches(&self.library, f),
+            ignored,
+            focus: Self::matches(&self.focus, f),
+            plumbing: PLUMBING.iter().any(|p| f.name.contains(p)),
+        }
     }
 
     /// The culprit of a stack, innermost frame first.
-    pub fn culprit<'a>(&self, frames: impl IntoIterator<Item = &'a Frame> + Clone) -> Culprit {
+    pub fn culprit<'a>(&self, frames: impl IntoIterator<Item = &'a Frame>) -> Culprit {
+        let frames: Vec<_> = frames.into_iter().map(|f| (f, self.role(f))).collect();
+        self.culprit_of(frames.into_iter())
+    }
+
+    /// The culprit of a stack whose frames' roles are known, innermost first.
+    pub fn culprit_of<'a>(
+        &self,
+        frames: impl Iterator<Item = (&'a Frame, FrameRole)> + Clone,
+    ) -> Culprit {
         let pick = |f: &Frame, kind| Culprit {
             name: f.name.to_string(),
             file: f.file.to_string(),
             line: f.line,
             kind,
         };
-        if self.focus.is_some()
-            && let Some(f) = frames
-                .clone()
-                .into_iter()
-                .find(|f| Self::matches(&self.focus, f))
-        {
+        if let Some((f, _)) = frames.clone().find(|(_, r)| r.focus) {
             return pick(f, CulpritKind::Focus);
         }
-        if let Some(f) = frames.clone().into_iter().find(|f| self.is_user(f)) {
+        if let Some((f, _)) = frames.clone().find(|(_, r)| r.user) {
             return pick(f, CulpritKind::User);
         }
-        let meaningful = || {
-            frames
-                .clone()
-                .into_iter()
-                .filter(|f| !is_noise(f) && !self.ignored(f))
-        };
+        let meaningful = || frames.clone().filter(|(_, r)| !r.noise && !r.ignored);
         let fallback = meaningful()
-            .find(|f| !PLUMBING.iter().any(|p| f.name.contains(p)))
+            .find(|(_, r)| !r.plumbing)
             .or_else(|| meaningful().next());
         match fallback {
-            Some(f) => pick(f, CulpritKind::Fallback),
+            Some((f, _)) => pick(f, CulpritKind::Fallback),
             None => Culprit {
                 name: String::new(),
                 file: String::new(),
@@ -242,6 +255,21 @@ impl CulpritRules {
             },
         }
     }
+}
+
+/// What one frame is to a set of [`CulpritRules`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameRole {
+    /// Allocator, interpreter or dispatcher ([`is_noise`]).
+    pub noise: bool,
+    /// The program's own code, not ignored and not `--library`.
+    pub user: bool,
+    /// Left out by `--ignore`.
+    pub ignored: bool,
+    /// Matched by `--focus`.
+    pub focus: bool,
+    /// Allocation plumbing, passed over by the fallback.
+    pub plumbing: bool,
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use snapdiff_format::{Block, Snapshot, StackId};
+use snapdiff_format::{Block, FrameId, Snapshot, StackId};
 
-use crate::culprit::{Culprit, CulpritRules};
-use crate::stack_key::{StackKey, StackKeys, is_noise};
+use crate::culprit::{Culprit, CulpritRules, FrameRole};
+use crate::stack_key::{StackKey, StackKeys};
 
 /// Blocks and bytes of one group.
 ///
@@ -126,22 +126,34 @@ pub struct Site {
     pub frames: Vec<SiteFrame>,
 }
 
-impl Site {
-    /// Describes the site of stack `stack` of `snap`.
-    pub fn new(
-        snap: &Snapshot,
-        key: StackKey,
-        stack: Option<StackId>,
-        rules: &CulpritRules,
-    ) -> Site {
-        let frames: Vec<_> = snap.stack_frames(stack).collect();
+/// Describes the sites of one snapshot. Built once per snapshot: it works
+/// out what each distinct frame is (noise, the program's code, ...) once,
+/// however many stacks share the frame.
+pub struct SiteNamer<'a> {
+    snap: &'a Snapshot,
+    rules: &'a CulpritRules,
+    roles: Vec<FrameRole>,
+}
+
+impl<'a> SiteNamer<'a> {
+    /// A namer for the sites of `snap`, choosing culprits by `rules`.
+    pub fn new(snap: &'a Snapshot, rules: &'a CulpritRules) -> SiteNamer<'a> {
+        let roles = snap.frames.par_iter().map(|f| rules.role(f)).collect();
+        SiteNamer { snap, rules, roles }
+    }
+
+    /// Describes the site of key `key`, whose blocks have stack `stack`.
+    pub fn site(&self, key: StackKey, stack: Option<StackId>) -> Site {
+        let ids: &[FrameId] = stack.map_or(&[], |s| &self.snap.stacks[s as usize]);
+        let frames = ids
+            .iter()
+            .map(|&f| (&self.snap.frames[f as usize], self.roles[f as usize]));
         Site {
             key,
-            culprit: rules.culprit(frames.iter().copied()),
+            culprit: self.rules.culprit_of(frames.clone()),
             frames: frames
-                .iter()
-                .filter(|f| !is_noise(f))
-                .map(|f| SiteFrame {
+                .filter(|(_, role)| !role.noise)
+                .map(|(f, _)| SiteFrame {
                     name: f.name.to_string(),
                     file: f.file.to_string(),
                     line: f.line,

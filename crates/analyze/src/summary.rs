@@ -7,7 +7,7 @@ use serde::Serialize;
 use snapdiff_format::{BlockState, Pool, Snapshot, Totals};
 
 use crate::culprit::CulpritRules;
-use crate::group::{Site, live_groups};
+use crate::group::{Site, SiteNamer, live_groups};
 use crate::stack_key::StackKeys;
 
 /// Totals of one device, pool and stream.
@@ -103,11 +103,12 @@ pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
     let live: u64 = groups.totals.values().map(|t| t.bytes).sum();
     let mut by_size: Vec<_> = groups.totals.iter().collect();
     by_size.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(b.0)));
+    let namer = SiteNamer::new(snap, rules);
     let top_sites = by_size
         .into_iter()
         .take(top)
         .map(|(&key, t)| SiteUsage {
-            site: Site::new(snap, key, groups.stacks[&key], rules),
+            site: namer.site(key, groups.stacks[&key]),
             blocks: t.blocks,
             bytes: t.bytes,
             share: if live == 0 {

@@ -24,7 +24,7 @@ use serde::Serialize;
 use snapdiff_format::{Action, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
-use crate::group::{Site, Totals, live_groups};
+use crate::group::{Site, SiteNamer, Totals, live_groups};
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
 
@@ -207,6 +207,8 @@ fn analyze(
         _ => None,
     };
     let mut suspects = Vec::new();
+    // One namer per snapshot that describes a suspect, keyed by its address.
+    let mut namers: FxHashMap<*const Snapshot, SiteNamer> = FxHashMap::default();
     for key in keys {
         let totals: Vec<Totals> = series
             .totals
@@ -219,7 +221,10 @@ fn analyze(
         };
         let (snap, stack) = series.sites[&key];
         suspects.push(Suspect {
-            site: Site::new(snap, key, stack, &options.rules),
+            site: namers
+                .entry(std::ptr::from_ref(snap))
+                .or_insert_with(|| SiteNamer::new(snap, &options.rules))
+                .site(key, stack),
             growth_bytes: growth,
             growth_per_checkpoint: growth / (n - 1 - warmup) as u64,
             growth_per_second: seconds.map(|s| growth as f64 / s),

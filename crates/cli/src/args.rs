@@ -117,7 +117,7 @@ pub(crate) struct ReportArgs {
     /// Print one JSON object instead of tables (schema in docs/cli.md).
     #[arg(long)]
     pub(crate) json: bool,
-    /// Show at most N sites in tables.
+    /// Show at most N sites, in tables and JSON (0: all).
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub(crate) top: usize,
     /// Show K frames of each site's stack under its culprit.
@@ -137,6 +137,16 @@ pub(crate) struct ReportArgs {
     /// torch's (e.g. your company's framework: "/mycorp_train/").
     #[arg(long, value_name = "RE", value_parser = parse_regex)]
     pub(crate) library: Option<String>,
+}
+
+impl ReportArgs {
+    /// How many sites to show: `--top`, where 0 means all.
+    pub(crate) fn top_limit(&self) -> usize {
+        match self.top {
+            0 => usize::MAX,
+            n => n,
+        }
+    }
 }
 
 /// Compare two snapshots: which code holds more memory in AFTER than in BEFORE.

@@ -6,6 +6,7 @@
 mod args;
 mod cmd;
 mod exit;
+mod json;
 mod manifest;
 mod processes;
 mod render;

@@ -3,6 +3,7 @@
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
 use snapdiff_analyze::{Culprit, CulpritKind, CulpritRules, Site};
+use snapdiff_format::Parts;
 use std::io::Write;
 
 pub(crate) use snapdiff_format::units::{format_delta as delta, format_size as size};
@@ -23,14 +24,6 @@ pub(crate) fn align_right(t: &mut Table, columns: &[usize]) {
             col.set_cell_alignment(comfy_table::CellAlignment::Right);
         }
     }
-}
-
-/// Writes `value` as one line of JSON to stdout.
-pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
-    writeln!(out)?;
-    Ok(())
 }
 
 /// The culprit rules that `--focus`, `--ignore` and `--library` ask for.
@@ -144,17 +137,35 @@ const PROGRESS_FROM_BYTES: u64 = 64 << 20;
 /// Reads a snapshot file, showing a spinner on stderr for large files when
 /// stderr is a terminal.
 pub(crate) fn read(path: &std::path::Path) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
+    read_parts(path, Parts::All)
+}
+
+/// [`read`] of the `parts` a command needs.
+pub(crate) fn read_parts(
+    path: &std::path::Path,
+    parts: Parts,
+) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
     use std::io::IsTerminal;
     let large = std::fs::metadata(path).is_ok_and(|m| m.len() >= PROGRESS_FROM_BYTES);
     if !large || !std::io::stderr().is_terminal() {
-        return snapdiff_format::read_path(path);
+        return snapdiff_format::read_path_parts(path, parts);
     }
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_message(format!("reading {}", path.display()));
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-    let result = snapdiff_format::read_path(path);
+    let result = snapdiff_format::read_path_parts(path, parts);
     spinner.finish_and_clear();
     result
+}
+
+/// Returns the memory freed so far to the operating system at once.
+/// mimalloc keeps freed pages for a moment in case they are wanted again;
+/// after reading one large file, keeping them would add its reading's
+/// transient peak to the next one's.
+pub(crate) fn return_freed_memory() {
+    // SAFETY: mi_collect only walks the allocator's own free lists; it is
+    // safe to call at any time from any thread.
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 /// Hands a loaded snapshot to the operating system instead of freeing it

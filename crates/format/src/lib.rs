@@ -90,8 +90,40 @@ impl std::fmt::Display for FileKind {
     }
 }
 
+/// Which parts of a file a reader needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Parts {
+    /// Everything the file holds.
+    #[default]
+    All,
+    /// The state at dump time (segments, blocks, frames, annotations): the
+    /// traces come without their events. `.snap` files step over the
+    /// events' columns; other files are parsed whole and their events
+    /// dropped after.
+    WithoutEvents,
+}
+
 /// Reads a snapshot from bytes of any supported kind.
 pub fn read_bytes(data: &[u8]) -> Result<Snapshot> {
+    read_bytes_parts(data, Parts::All)
+}
+
+/// Reads the `parts` of a snapshot from bytes of any supported kind.
+pub fn read_bytes_parts(data: &[u8], parts: Parts) -> Result<Snapshot> {
+    let mut snap = match FileKind::detect(data) {
+        Some(FileKind::Snap) => return snap::read_snap_parts(data, parts),
+        _ => read_bytes_whole(data)?,
+    };
+    if parts == Parts::WithoutEvents {
+        for trace in &mut snap.traces {
+            trace.events = Vec::new();
+        }
+    }
+    Ok(snap)
+}
+
+/// Reads everything a file of any supported kind holds.
+fn read_bytes_whole(data: &[u8]) -> Result<Snapshot> {
     match FileKind::detect(data) {
         Some(FileKind::Snap) => read_snap(data),
         Some(FileKind::Json) => read_json(data),
@@ -127,9 +159,15 @@ pub fn read_bytes(data: &[u8]) -> Result<Snapshot> {
 
 /// Reads the snapshot file at `path`, whatever its kind. Errors name the file.
 pub fn read_path(path: impl AsRef<Path>) -> Result<Snapshot> {
+    read_path_parts(path, Parts::All)
+}
+
+/// Reads the `parts` of the snapshot file at `path`, whatever its kind.
+/// Errors name the file.
+pub fn read_path_parts(path: impl AsRef<Path>, parts: Parts) -> Result<Snapshot> {
     let path = path.as_ref();
     let data = std::fs::read(path).map_err(|e| Error::io("cannot read", e).with_path(path))?;
-    read_bytes(&data).map_err(|e| e.with_path(path))
+    read_bytes_parts(&data, parts).map_err(|e| e.with_path(path))
 }
 
 /// Writes `snap` to `path` atomically, as JSON if the name ends in `.json` and

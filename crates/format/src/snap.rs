@@ -20,8 +20,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::Parts;
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::Snapshot;
+use crate::model::{Annotation, DeviceTrace, Frame, FrameId, Meta, Segment, Snapshot};
+use crate::value::{Extra, Value};
 
 /// The first bytes of every `.snap` file.
 pub const MAGIC: &[u8; 8] = b"SNAPDIFF";
@@ -55,6 +57,11 @@ pub fn write_snap<W: Write>(snap: &Snapshot, mut out: W) -> Result<()> {
 
 /// Decodes a `.snap` file held in `data`.
 pub fn read_snap(data: &[u8]) -> Result<Snapshot> {
+    read_snap_parts(data, Parts::All)
+}
+
+/// Decodes the `parts` of a `.snap` file held in `data`.
+pub(crate) fn read_snap_parts(data: &[u8], parts: Parts) -> Result<Snapshot> {
     if data.len() < HEADER_LEN {
         return Err(Error::new(
             ErrorKind::Truncated,
@@ -74,11 +81,87 @@ pub fn read_snap(data: &[u8]) -> Result<Snapshot> {
     check_version(version, ".snap")?;
     let body_len = u64::from_le_bytes(data[12..20].try_into().unwrap());
     let body = decompress_body(&data[HEADER_LEN..], body_len)?;
-    let snap: Snapshot = rmp_serde::from_slice(&body)
-        .map_err(|e| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {e}")))?;
+    let corrupt = |e: rmp_serde::decode::Error| {
+        Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {e}"))
+    };
+    let snap: Snapshot = match parts {
+        Parts::All => rmp_serde::from_slice(&body).map_err(corrupt)?,
+        Parts::WithoutEvents => rmp_serde::from_slice::<WithoutEvents>(&body)
+            .map_err(corrupt)?
+            .into(),
+    };
     snap.check_references()
         .map_err(|m| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {m}")))?;
     Ok(snap)
+}
+
+/// A [`Snapshot`] as a `.snap` body holds it, with each trace read for its
+/// device only: the same fields in the same order (the body is a MessagePack
+/// array of them), so the columns of millions of events are stepped over
+/// instead of decoded. A test checks it reads what `Snapshot` writes.
+#[derive(Deserialize)]
+struct WithoutEvents {
+    meta: Meta,
+    #[serde(with = "crate::columns::frames")]
+    frames: Vec<Frame>,
+    #[serde(with = "crate::columns::stacks")]
+    stacks: Vec<Vec<FrameId>>,
+    strings: Vec<String>,
+    segments: Vec<Segment>,
+    traces: Vec<TraceDevice>,
+    annotations: Vec<Annotation>,
+    allocator_settings: Value,
+    extra: Extra,
+}
+
+impl From<WithoutEvents> for Snapshot {
+    fn from(w: WithoutEvents) -> Snapshot {
+        Snapshot {
+            meta: w.meta,
+            frames: w.frames,
+            stacks: w.stacks,
+            strings: w.strings,
+            segments: w.segments,
+            traces: w
+                .traces
+                .into_iter()
+                .map(|t| DeviceTrace {
+                    device: t.0,
+                    events: Vec::new(),
+                })
+                .collect(),
+            annotations: w.annotations,
+            allocator_settings: w.allocator_settings,
+            extra: w.extra,
+        }
+    }
+}
+
+/// The device of a trace's columns (their first field); the rest skipped.
+struct TraceDevice(u32);
+
+impl<'de> Deserialize<'de> for TraceDevice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Columns;
+        impl<'de> serde::de::Visitor<'de> for Columns {
+            type Value = TraceDevice;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a trace's columns")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<TraceDevice, A::Error> {
+                use serde::de::{Error as _, IgnoredAny};
+                let device = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::custom("a trace without its device"))?;
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(TraceDevice(device))
+            }
+        }
+        d.deserialize_seq(Columns)
+    }
 }
 
 /// The body of a `.snap` file from its zstd frame `compressed`, which must

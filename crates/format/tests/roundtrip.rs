@@ -3,8 +3,8 @@
 use proptest::prelude::*;
 use snapdiff_format::{
     Action, Annotation, Block, BlockState, DeviceInfo, DeviceTrace, EventDetails, Frame,
-    HistoryEntry, Meta, Pool, Segment, Snapshot, TraceEvent, Value, read_bytes, write_json,
-    write_snap,
+    HistoryEntry, Meta, Parts, Pool, Segment, Snapshot, TraceEvent, Value, read_bytes,
+    read_bytes_parts, write_json, write_snap,
 };
 
 fn value() -> impl Strategy<Value = Value> {
@@ -266,7 +266,14 @@ proptest! {
 
         let mut json = Vec::new();
         write_json(&back, &mut json).unwrap();
-        prop_assert_eq!(read_bytes(&json).unwrap(), snap);
+        prop_assert_eq!(read_bytes(&json).unwrap(), snap.clone());
+
+        // Without events: everything else the same, each trace's device kept.
+        let mut expected = snap;
+        for trace in &mut expected.traces {
+            trace.events.clear();
+        }
+        prop_assert_eq!(read_bytes_parts(&bytes, Parts::WithoutEvents).unwrap(), expected);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
-use snapdiff_analyze::group::{Site, SiteFrame, live_groups};
+use snapdiff_analyze::group::{Site, SiteFrame, SiteNamer, live_groups};
 use snapdiff_analyze::{Culprit, CulpritRules, StackKey, StackKeys};
 use snapdiff_format::Snapshot;
 use snapdiff_format::units::format_size;
@@ -212,6 +212,7 @@ impl LeakReport {
             .collect();
         keys.sort_unstable();
         keys.dedup();
+        let namers: Vec<SiteNamer> = points.iter().map(|s| SiteNamer::new(s, &rules)).collect();
         let from = warmup.min(points.len().saturating_sub(1));
         let mut groups = Vec::new();
         for key in keys {
@@ -240,13 +241,13 @@ impl LeakReport {
                 continue;
             }
             // Describe the site from the last snapshot that has it.
-            let (snap, stack) = points
+            let (namer, stack) = namers
                 .iter()
                 .zip(&grouped)
                 .rev()
-                .find_map(|(s, g)| g.stacks.get(&key).map(|&stack| (s, stack)))
+                .find_map(|(n, g)| g.stacks.get(&key).map(|&stack| (n, stack)))
                 .expect("the site is in some snapshot");
-            let site = Site::new(snap, key, stack, &rules);
+            let site = namer.site(key, stack);
             if options.keeps(&site) {
                 groups.push(LeakGroup {
                     site,

@@ -4,19 +4,36 @@ use std::io::Write;
 
 use snapdiff_analyze::compare::Change;
 use snapdiff_analyze::{CompareOptions, compare};
+use snapdiff_format::Parts;
 
 use crate::args::CompareArgs;
 use crate::exit::Exit;
-use crate::render::{self, align_right, delta, print_json, size, table};
+use crate::json;
+use crate::render::{self, align_right, delta, size, table};
+
+/// Files up to this size together are read at the same time, on two
+/// threads. Larger ones are read one after the other: a pickle's reading
+/// takes several times its size for a moment, and two at once would double
+/// that peak (the state kept after reading is far smaller).
+const TOGETHER_BYTES: u64 = 128 << 20;
 
 /// The top-level entry point for `snapdiff compare`.
 pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let rules = render::rules(&args.report)?;
-    let (before, after) = std::thread::scope(|s| {
-        let a = s.spawn(|| render::read(&args.before));
-        let b = render::read(&args.after);
-        (a.join().expect("reader thread"), b)
-    });
+    // The comparison is of the state at dump time: the trace is not needed.
+    let read = |path| render::read_parts(path, Parts::WithoutEvents);
+    let file_size = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |m| m.len());
+    let (before, after) = if file_size(&args.before) + file_size(&args.after) <= TOGETHER_BYTES {
+        std::thread::scope(|s| {
+            let a = s.spawn(|| read(&args.before));
+            let b = read(&args.after);
+            (a.join().expect("reader thread"), b)
+        })
+    } else {
+        let before = read(&args.before);
+        render::return_freed_memory();
+        (before, read(&args.after))
+    };
     let (before, after) = (before?, after?);
     let mut options = CompareOptions::default();
     options.rules = rules;
@@ -34,7 +51,7 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         _ => Exit::Clean,
     };
     if args.report.json {
-        print_json(&cmp)?;
+        json::print(&cmp, args.report.top)?;
         return Ok(exit);
     }
 
@@ -76,7 +93,7 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     }
     if !cmp.groups.is_empty() {
         let mut t = table(["", "culprit", "blocks", "bytes", "delta", "share"]);
-        let shown = &cmp.groups[..cmp.groups.len().min(args.report.top)];
+        let shown = &cmp.groups[..cmp.groups.len().min(args.report.top_limit())];
         let base = render::paths_base(shown.iter().map(|g| &g.site), &args.report);
         for (i, g) in shown.iter().enumerate() {
             let share = if g.delta_bytes > 0 && cmp.leaked_bytes > 0 {
@@ -114,11 +131,11 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         align_right(&mut t, &[0, 2, 3, 4, 5]);
         writeln!(out, "{t}")?;
         render::paths_note(&mut out, &base)?;
-        if cmp.groups.len() > args.report.top {
+        if cmp.groups.len() > shown.len() {
             writeln!(
                 out,
-                "... and {} more sites (--top N shows more)",
-                cmp.groups.len() - args.report.top
+                "... and {} more sites (--top N shows more, --top 0 all)",
+                cmp.groups.len() - shown.len()
             )?;
         }
     }

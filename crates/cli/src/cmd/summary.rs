@@ -6,17 +6,18 @@ use snapdiff_analyze::summarize;
 
 use crate::args::SummaryArgs;
 use crate::exit::Exit;
-use crate::render::{self, align_right, print_json, size, table};
+use crate::json;
+use crate::render::{self, align_right, size, table};
 
 /// The top-level entry point for `snapdiff summary`.
 pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
     let rules = render::rules(&args.report)?;
     let snap = render::read(&args.file)?;
-    let summary = summarize(&snap, &rules, args.report.top);
+    let summary = summarize(&snap, &rules, args.report.top_limit());
     let (source, producer) = (snap.meta.source.clone(), snap.meta.producer.clone());
     render::release([snap]);
     if args.report.json {
-        print_json(&summary)?;
+        json::print(&summary, args.report.top)?;
         return Ok(Exit::Clean);
     }
     let mut out = render::text_out();

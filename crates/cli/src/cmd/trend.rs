@@ -8,7 +8,8 @@ use snapdiff_analyze::{Trend, TrendOptions, trend_snapshots, trend_trace};
 
 use crate::args::{ReportArgs, TrendArgs};
 use crate::exit::Exit;
-use crate::render::{self, align_right, duration, print_json, size, sparkline, table};
+use crate::json;
+use crate::render::{self, align_right, duration, size, sparkline, table};
 
 /// The top-level entry point for `snapdiff trend`.
 pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
@@ -37,7 +38,7 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
         _ => Exit::Clean,
     };
     if args.report.json {
-        print_json(&trend)?;
+        json::print(&trend, args.report.top)?;
     } else {
         print_table(&trend, &args.report, &mut render::text_out())?;
     }
@@ -97,8 +98,9 @@ fn run_per_process(
             .iter()
             .map(|(p, t)| serde_json::json!({ "process": p, "trend": t }))
             .collect();
-        print_json(
+        json::print(
             &serde_json::json!({ "processes": processes, "notes": note.iter().collect::<Vec<_>>() }),
+            args.report.top,
         )?;
         return Ok(exit);
     }
@@ -152,8 +154,7 @@ pub(crate) fn report(
         return Ok(None);
     };
     if report.json {
-        serde_json::to_writer_pretty(&mut *out, &trend)?;
-        writeln!(out)?;
+        json::write(out, &trend, report.top)?;
     } else {
         print_table(&trend, report, out)?;
     }
@@ -339,7 +340,7 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
             "per second",
             "live bytes",
         ]);
-        let shown = &trend.suspects[..trend.suspects.len().min(report.top)];
+        let shown = &trend.suspects[..trend.suspects.len().min(report.top_limit())];
         let base = render::paths_base(shown.iter().map(|s| &s.site), report);
         for (i, s) in shown.iter().enumerate() {
             let mut cell = render::site_cell(&s.site, report.frames, &base);

@@ -351,6 +351,9 @@ impl Lowerer {
             events: Vec::with_capacity(len / 48),
             event_taken: Vec::with_capacity(len / 48),
             event_placed: Vec::with_capacity(len / 48),
+            // A block dict takes at least 48 pickled bytes too.
+            blocks: Vec::with_capacity(len / 48),
+            block_placed: Vec::with_capacity(len / 48),
             frames: Vec::with_capacity(len / 32),
             pending_frames: Vec::with_capacity(len / 32),
             // Not so for a hash table: its inserts land all over it, touching
