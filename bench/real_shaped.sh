@@ -21,7 +21,7 @@ for f in a b; do
   [ -f $dir/real-$f.snap ] || $snapdiff convert $dir/real-$f.pickle $dir/real-$f.snap
 done
 if [ -n "${BIG:-}" ] && [ ! -f $dir/big/real-a.pickle ]; then
-  python3 bench/make_real_shaped.py $dir/big --fresh-lists --only-a
+  python3 bench/make_real_shaped.py $dir/big --fresh-lists --only-a --blocks 1150000 --events 2300000
 fi
 
 # The Python way of comparing: load both pickles, group live blocks by a

@@ -14,6 +14,9 @@ mod hostile;
 // compare, trend and summary on real snapshots with injected leaks.
 mod analyze;
 
+// peak: the highest point of a trace, by site and category.
+mod peak;
+
 // Results on generated real-shaped files, against the build before the speed work.
 mod real_shaped;
 

@@ -8,14 +8,17 @@
 //! - [`replay`]: the live blocks at any point of a recorded trace.
 //! - [`trend`]: sites whose memory keeps growing over many checkpoints.
 //! - [`summary`]: totals per device, pool and stream; fragmentation; top sites.
+//! - [`peak`]: the moment a device held the most memory, by site and [`category`].
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+pub mod category;
 pub mod compare;
 pub mod culprit;
 pub mod frame_class;
 pub mod group;
+pub mod peak;
 pub mod replay;
 pub mod stack_key;
 pub mod summary;

@@ -26,6 +26,9 @@ pub struct Replayed {
     /// Blocks the trace frees without having recorded their allocation:
     /// recording began mid-run, or the ring buffer of trace events wrapped.
     pub freed_unseen: usize,
+    /// The most bytes live at once, and the first cut at which they were:
+    /// the number of events replayed by then.
+    pub highest: (u64, usize),
 }
 
 /// Replays the trace of one device and records the live totals per site
@@ -96,6 +99,8 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
         );
     }
 
+    let mut live_bytes: u64 = live.values().map(|&(size, _)| size).sum();
+    out.highest = (live_bytes, 0);
     let mut cuts = cuts.iter().copied().peekable();
     for (i, e) in events.iter().enumerate() {
         while cuts.next_if(|&c| c <= i).is_some() {
@@ -104,11 +109,19 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
         if e.action == Action::Alloc {
             let key = keys.key(e.stack);
             out.stacks.entry(key).or_insert(e.stack);
+            if let Some(&(old, _)) = live.get(&e.address) {
+                live_bytes -= old;
+            }
             add(&mut live, &mut totals, e.address, e.size, key);
+            live_bytes += e.size;
+            if live_bytes > out.highest.0 {
+                out.highest = (live_bytes, i + 1);
+            }
         } else if e.action == free_action
             && let Some((size, key)) = live.remove(&e.address)
         {
             remove_from(&mut totals, key, size);
+            live_bytes -= size;
         }
     }
     for _ in cuts {

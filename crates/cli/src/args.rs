@@ -23,6 +23,7 @@ pub(crate) enum Command {
     Compare(CompareArgs),
     Trend(TrendArgs),
     Summary(SummaryArgs),
+    Peak(PeakArgs),
     Convert(ConvertArgs),
     /// Run the built-in training workload (what `demo` captures).
     #[command(hide = true)]
@@ -85,6 +86,20 @@ pub(crate) struct DemoArgs {
     /// Keep the snapshots in DIR instead of a temporary folder.
     #[arg(long, value_name = "DIR")]
     pub(crate) keep: Option<PathBuf>,
+}
+
+/// Show the moment each device held the most memory, and what held it.
+///
+/// Replays the file's trace to find the highest allocated memory, then
+/// groups what was live at that moment by site and by category
+/// (parameters, gradients and backward, optimizer state, activations,
+/// unknown), with the allocator's cache beside them.
+#[derive(Debug, Args)]
+pub(crate) struct PeakArgs {
+    /// Snapshot file with a trace (.snap, .json, PyTorch pickle or torch.save zip).
+    pub(crate) file: PathBuf,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
 }
 
 /// Show what a snapshot holds: totals per pool, fragmentation, top sites, trace events.

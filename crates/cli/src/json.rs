@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 pub(crate) const SCHEMA: u64 = 2;
 
 /// Arrays of sites, by the key they appear under in the analyses' output.
-const SITE_LISTS: &[&str] = &["groups", "top_sites", "suspects"];
+const SITE_LISTS: &[&str] = &["groups", "top_sites", "suspects", "sites"];
 
 /// Prints `report` as schema-2 JSON on stdout, its site lists cut to `top`
 /// entries (0: all).

@@ -4,6 +4,7 @@ mod capture;
 mod compare;
 mod convert;
 mod demo;
+mod peak;
 mod summary;
 mod trend;
 
@@ -18,6 +19,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Compare(args) => compare::run(args),
         Command::Trend(args) => trend::run(args),
         Command::Summary(args) => summary::run(args),
+        Command::Peak(args) => peak::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => match snapdiff_train::run(&args) {
             Ok(_) => Ok(Exit::Clean),

@@ -1,0 +1,257 @@
+//! The moment a device held the most memory, and what held it.
+//!
+//! A leak shows up as a rising peak, and an out-of-memory error happens at
+//! one. Replaying a device's trace gives the bytes live after every event;
+//! at the highest point, the live blocks are grouped by site (culprit line
+//! as everywhere else) and by [`Category`]. Reserved memory is followed
+//! through the segment events, so the allocator's cache at that moment
+//! (reserved minus allocated) is shown too.
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use snapdiff_format::{Action, DeviceTrace, Snapshot};
+
+use crate::category::{Categories, Category};
+use crate::culprit::CulpritRules;
+use crate::group::{Site, SiteNamer, Totals};
+use crate::replay::replay;
+use crate::stack_key::StackKeys;
+
+/// Options of [`peak`].
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct PeakOptions {
+    /// How culprits are chosen.
+    pub rules: CulpritRules,
+}
+
+/// The peak of every device whose trace allocates.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Peak {
+    /// One entry per busy device, by ordinal.
+    pub devices: Vec<DevicePeak>,
+    /// Plain statements about the analysis.
+    pub notes: Vec<String>,
+}
+
+/// The highest point of one device's trace.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DevicePeak {
+    /// Device ordinal.
+    pub device: u32,
+    /// Events of the trace replayed when the peak was reached.
+    pub event_index: usize,
+    /// Events in the trace.
+    pub events: usize,
+    /// When the peak was reached (µs since the epoch), if events have times.
+    pub time_us: Option<i64>,
+    /// Bytes live at the peak (as the trace records them, requested sizes).
+    pub allocated_bytes: u64,
+    /// Bytes reserved from the driver at that moment, when the trace's
+    /// segment events allow following them.
+    pub reserved_bytes: Option<u64>,
+    /// Reserved minus allocated at that moment: the allocator's cache.
+    pub cache_bytes: Option<u64>,
+    /// The highest reserved memory over the trace, and when, if known.
+    pub highest_reserved: Option<HighestReserved>,
+    /// Live bytes by category, largest first.
+    pub categories: Vec<CategoryTotal>,
+    /// Live bytes by site, largest first.
+    pub sites: Vec<PeakSite>,
+}
+
+/// The highest reserved memory and when it was reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HighestReserved {
+    /// Events replayed when it was reached.
+    pub event_index: usize,
+    /// Bytes reserved.
+    pub bytes: u64,
+}
+
+/// Live memory of one category at the peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CategoryTotal {
+    /// The category.
+    pub category: Category,
+    /// Live blocks.
+    pub blocks: u64,
+    /// Live bytes.
+    pub bytes: u64,
+    /// Of these, bytes allocated before recording began.
+    pub before_recording_bytes: u64,
+}
+
+/// One site's live memory at the peak.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PeakSite {
+    /// The site.
+    #[serde(flatten)]
+    pub site: Site,
+    /// What its blocks are for.
+    pub category: Category,
+    /// Live blocks.
+    pub blocks: u64,
+    /// Live bytes.
+    pub bytes: u64,
+    /// Whether some of its blocks were allocated before recording began.
+    pub before_recording: bool,
+}
+
+/// Finds the peak of every device of `snap` whose trace allocates.
+pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
+    let keys = StackKeys::new(snap);
+    let namer = SiteNamer::new(snap, &options.rules);
+    let categories = Categories::new(snap);
+    let mut notes = Vec::new();
+    let devices: Vec<DevicePeak> = snap
+        .traces
+        .iter()
+        .filter(|t| t.events.iter().any(|e| e.action == Action::Alloc))
+        .map(|trace| {
+            // First the highest point, then the live sites there.
+            let highest = replay(snap, &keys, trace, &[]).highest;
+            let at = replay(snap, &keys, trace, &[highest.1]);
+            let live = at.points.into_iter().next().unwrap_or_default();
+            device_peak(
+                snap,
+                trace,
+                &live,
+                &at.stacks,
+                &at.before_recording,
+                highest,
+                (&namer, &categories),
+            )
+        })
+        .collect();
+    if devices.is_empty() {
+        notes.push(
+            "no trace allocates: the file holds no recorded history, so there is no peak to \
+             find (record with torch.cuda.memory._record_memory_history(), or capture)"
+                .to_owned(),
+        );
+    }
+    Peak { devices, notes }
+}
+
+fn device_peak(
+    snap: &Snapshot,
+    trace: &DeviceTrace,
+    live: &FxHashMap<crate::StackKey, Totals>,
+    stacks: &FxHashMap<crate::StackKey, Option<snapdiff_format::StackId>>,
+    before: &rustc_hash::FxHashSet<crate::StackKey>,
+    (allocated_bytes, event_index): (u64, usize),
+    (namer, categories): (&SiteNamer, &Categories),
+) -> DevicePeak {
+    let mut sites: Vec<PeakSite> = live
+        .iter()
+        .map(|(&key, t)| {
+            let stack = stacks.get(&key).copied().flatten();
+            let before_recording = before.contains(&key);
+            let category = match categories.of(stack) {
+                Category::Unknown if before_recording => Category::BeforeRecording,
+                c => c,
+            };
+            PeakSite {
+                site: namer.site(key, stack),
+                category,
+                blocks: t.blocks,
+                bytes: t.bytes,
+                before_recording,
+            }
+        })
+        .collect();
+    sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.key.cmp(&b.site.key)));
+    let mut by_category: FxHashMap<Category, CategoryTotal> = FxHashMap::default();
+    for s in &sites {
+        let total = by_category
+            .entry(s.category)
+            .or_insert_with(|| CategoryTotal {
+                category: s.category,
+                blocks: 0,
+                bytes: 0,
+                before_recording_bytes: 0,
+            });
+        total.blocks += s.blocks;
+        total.bytes += s.bytes;
+        if s.before_recording {
+            total.before_recording_bytes += s.bytes;
+        }
+    }
+    let mut categories: Vec<CategoryTotal> = by_category.into_values().collect();
+    categories.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.category.cmp(&b.category)));
+
+    let reserved = reserved_over(snap, trace, event_index);
+    let reserved_bytes = reserved.map(|r| r.at);
+    DevicePeak {
+        device: trace.device,
+        event_index,
+        events: trace.events.len(),
+        time_us: event_index
+            .checked_sub(1)
+            .and_then(|i| trace.events[i].time_us),
+        allocated_bytes,
+        reserved_bytes,
+        cache_bytes: reserved_bytes.map(|r| r.saturating_sub(allocated_bytes)),
+        highest_reserved: reserved.map(|r| r.highest),
+        categories,
+        sites,
+    }
+}
+
+/// Reserved bytes at one moment, and at their highest.
+#[derive(Clone, Copy)]
+struct Reserved {
+    at: u64,
+    highest: HighestReserved,
+}
+
+/// Reserved bytes after `index` events of `trace`, and their highest over
+/// it. Follows reserved memory through the segment events, from what
+/// the device's segments hold at the end back to the start. `None` when the
+/// trace has no segment events to follow (a trace recorded with
+/// `trace_alloc_record_context` off, or a file without segments).
+fn reserved_over(snap: &Snapshot, trace: &DeviceTrace, index: usize) -> Option<Reserved> {
+    let change = |action: &Action, size: u64| -> i128 {
+        match action {
+            Action::SegmentAlloc | Action::SegmentMap => i128::from(size),
+            Action::SegmentFree | Action::SegmentUnmap => -i128::from(size),
+            _ => 0,
+        }
+    };
+    if !trace.events.iter().any(|e| change(&e.action, 1) != 0) || snap.segments.is_empty() {
+        return None;
+    }
+    let at_end: i128 = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == trace.device)
+        .map(|s| i128::from(s.total_size))
+        .sum();
+    let net: i128 = trace.events.iter().map(|e| change(&e.action, e.size)).sum();
+    let mut reserved = at_end - net;
+    if reserved < 0 {
+        // The segments at the end do not account for the trace's events (a
+        // snapshot taken on another device, or edited): nothing to follow.
+        return None;
+    }
+    let mut at = reserved as u64;
+    let mut highest = HighestReserved {
+        event_index: 0,
+        bytes: reserved as u64,
+    };
+    for (i, e) in trace.events.iter().enumerate() {
+        reserved += change(&e.action, e.size);
+        let bytes = reserved.max(0) as u64;
+        if i + 1 == index {
+            at = bytes;
+        }
+        if bytes > highest.bytes {
+            highest = HighestReserved {
+                event_index: i + 1,
+                bytes,
+            };
+        }
+    }
+    Some(Reserved { at, highest })
+}

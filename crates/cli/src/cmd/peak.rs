@@ -1,0 +1,121 @@
+//! `snapdiff peak FILE`.
+
+use std::io::Write;
+
+use snapdiff_analyze::category::Category;
+use snapdiff_analyze::peak::{DevicePeak, PeakOptions, peak};
+
+use crate::args::PeakArgs;
+use crate::exit::Exit;
+use crate::json;
+use crate::render::{self, align_right, size, table};
+
+/// The top-level entry point for `snapdiff peak`.
+pub(crate) fn run(args: PeakArgs) -> anyhow::Result<Exit> {
+    let mut options = PeakOptions::default();
+    options.rules = render::rules(&args.report)?;
+    let snap = render::read(&args.file)?;
+    let result = peak(&snap, &options);
+    render::release([snap]);
+    if args.report.json {
+        json::print(&result, args.report.top)?;
+        return Ok(Exit::Clean);
+    }
+    let mut out = render::text_out();
+    writeln!(out, "{}", args.file.display())?;
+    for device in &result.devices {
+        print_device(device, &args, &mut out)?;
+    }
+    for note in &result.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(Exit::Clean)
+}
+
+fn print_device(p: &DevicePeak, args: &PeakArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "device {}: peak of {} allocated after event {} of {}",
+        p.device,
+        size(p.allocated_bytes),
+        p.event_index,
+        p.events
+    )?;
+    if let (Some(reserved), Some(cache)) = (p.reserved_bytes, p.cache_bytes) {
+        write!(
+            out,
+            "  {} reserved then, {} of it the allocator's cache",
+            size(reserved),
+            size(cache)
+        )?;
+        match p.highest_reserved {
+            Some(h) if h.event_index != p.event_index => writeln!(
+                out,
+                "; reserved was highest, {}, after event {}",
+                size(h.bytes),
+                h.event_index
+            )?,
+            _ => writeln!(out)?,
+        }
+    }
+    let share = |bytes: u64| {
+        format!(
+            "{:.0}%",
+            100.0 * bytes as f64 / p.allocated_bytes.max(1) as f64
+        )
+    };
+    let mut categories = table(["what", "blocks", "bytes", "share"]);
+    for c in &p.categories {
+        let mut what = c.category.label().to_owned();
+        if c.before_recording_bytes > 0 && c.category != Category::BeforeRecording {
+            what.push_str(&format!(
+                "\n{} allocated before recording began",
+                size(c.before_recording_bytes)
+            ));
+        }
+        categories.add_row(vec![
+            what,
+            c.blocks.to_string(),
+            size(c.bytes),
+            share(c.bytes),
+        ]);
+    }
+    if let Some(cache) = p.cache_bytes {
+        categories.add_row(vec![
+            "allocator cache (reserved, not allocated)".to_owned(),
+            String::new(),
+            size(cache),
+            String::new(),
+        ]);
+    }
+    align_right(&mut categories, &[1, 2, 3]);
+    writeln!(out, "{categories}")?;
+
+    let shown = &p.sites[..p.sites.len().min(args.report.top_limit())];
+    if shown.is_empty() {
+        return Ok(());
+    }
+    let mut sites = table(["", "culprit", "what", "blocks", "bytes", "share"]);
+    let base = render::paths_base(shown.iter().map(|s| &s.site), &args.report);
+    for (i, s) in shown.iter().enumerate() {
+        sites.add_row(vec![
+            (i + 1).to_string(),
+            render::site_cell(&s.site, args.report.frames, &base),
+            s.category.label().to_owned(),
+            s.blocks.to_string(),
+            size(s.bytes),
+            share(s.bytes),
+        ]);
+    }
+    align_right(&mut sites, &[0, 3, 4, 5]);
+    writeln!(out, "{sites}")?;
+    render::paths_note(out, &base)?;
+    if p.sites.len() > shown.len() {
+        writeln!(
+            out,
+            "... and {} more sites (--top N shows more, --top 0 all)",
+            p.sites.len() - shown.len()
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! `snapdiff peak` on the real PyTorch snapshots.
+
+use serde_json::Value;
+
+use crate::util::{python_script, shared_torch, snapdiff, tempdir};
+
+/// The highest bytes live in the trace of `file`'s first busy device, and
+/// after how many events, computed by CPython from the pickle itself: the
+/// blocks live before recording (freed without an alloc, or live at the end
+/// and never mentioned) plus each alloc, minus each completed free.
+const CPYTHON_PEAK: &str = r#"
+import pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+trace = next(t for t in snap["device_traces"] if any(e["action"] == "alloc" for e in t))
+free = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
+live, seen, allocated = {}, set(), set()
+for e in trace:
+    if e["action"] == "alloc":
+        allocated.add(e["addr"]); seen.add(e["addr"])
+    elif e["action"] == free:
+        if e["addr"] not in allocated and e["addr"] not in seen:
+            live[e["addr"]] = e["size"]
+        allocated.discard(e["addr"]); seen.add(e["addr"])
+for s in snap["segments"]:
+    for b in s["blocks"]:
+        if s["device"] == 0 and b["state"] != "inactive" and b["address"] not in seen:
+            live[b["address"]] = b["requested_size"] or b["size"]
+total = sum(live.values()); best = (total, 0)
+for i, e in enumerate(trace):
+    if e["action"] == "alloc":
+        total += e["size"] - live.get(e["addr"], 0); live[e["addr"]] = e["size"]
+        if total > best[0]: best = (total, i + 1)
+    elif e["action"] == free and e["addr"] in live:
+        total -= live.pop(e["addr"])
+print(best[0], best[1])
+"#;
+
+fn peak_json(file: &str) -> Value {
+    snapdiff(["peak", "--json", "--top", "0", file])
+        .expect_code(0)
+        .json()
+}
+
+#[test]
+fn peak_of_a_training_step_is_where_cpython_finds_it_with_its_categories() {
+    let Some(path) = shared_torch("cs336-medium-128-training.pickle") else {
+        return;
+    };
+    let file = path.to_str().unwrap();
+    let report = peak_json(file);
+    assert_eq!(report["schema"], 2);
+    let device = &report["devices"][0];
+
+    let expected = python_script(CPYTHON_PEAK, &[file]);
+    let (bytes, index) = expected.trim().split_once(' ').unwrap();
+    assert_eq!(device["allocated_bytes"].to_string(), bytes);
+    assert_eq!(device["event_index"].to_string(), index);
+
+    // Every live byte is in one category.
+    let categories = device["categories"].as_array().unwrap();
+    let sum: u64 = categories
+        .iter()
+        .map(|c| c["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, device["allocated_bytes"].as_u64().unwrap());
+    let category = |name: &str| {
+        categories
+            .iter()
+            .find(|c| c["category"] == name)
+            .map_or(0, |c| c["bytes"].as_u64().unwrap())
+    };
+
+    // The optimizer (an AdamW written in the job's own optimizer.py) keeps
+    // two moments per trainable parameter, made at lines 73 and 74: equal
+    // in blocks and bytes, and both optimizer state.
+    let sites = device["sites"].as_array().unwrap();
+    let moment = |line: u64| {
+        sites
+            .iter()
+            .find(|s| {
+                s["culprit"]["line"] == line
+                    && s["culprit"]["file"]
+                        .as_str()
+                        .unwrap()
+                        .ends_with("optimizer.py")
+            })
+            .unwrap_or_else(|| panic!("no site at optimizer.py:{line}"))
+    };
+    let (m, v) = (moment(73), moment(74));
+    assert_eq!(m["category"], "optimizer_state");
+    assert_eq!(v["category"], "optimizer_state");
+    assert_eq!(
+        (m["blocks"].clone(), m["bytes"].clone()),
+        (v["blocks"].clone(), v["bytes"].clone())
+    );
+    let trainable = m["bytes"].as_u64().unwrap();
+    assert!(category("optimizer_state") >= 2 * trainable);
+    // A gradient per trainable parameter, made by the backward pass.
+    assert!(category("backward") >= trainable);
+    // The parameters were made before recording began, with no stack: at
+    // least the trainable ones' bytes, and not guessed to be anything else.
+    assert!(category("before_recording") >= trainable);
+    assert_eq!(category("parameters"), 0);
+}
+
+#[test]
+fn peak_reads_snap_files_and_says_when_there_is_no_trace() {
+    let Some(path) = shared_torch("eor-nn-counterfactuals.pickle") else {
+        return;
+    };
+    let dir = tempdir();
+    let snap = dir.path().join("eor.snap");
+    let (file, snap) = (path.to_str().unwrap(), snap.to_str().unwrap());
+    snapdiff(["convert", file, snap]).expect_code(0);
+    assert_eq!(peak_json(file), peak_json(snap));
+    let device = &peak_json(file)["devices"][0];
+    // This trace follows its segments: the cache at the peak is what is
+    // reserved and not allocated.
+    let reserved = device["reserved_bytes"].as_u64().unwrap();
+    let allocated = device["allocated_bytes"].as_u64().unwrap();
+    assert_eq!(
+        device["cache_bytes"].as_u64().unwrap(),
+        reserved - allocated
+    );
+
+    // A snapshot without a trace has no peak to find, and says so.
+    let bare = dir.path().join("bare.pickle");
+    let bare = bare.to_str().unwrap();
+    python_script(
+        r#"
+import json, pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+snap["device_traces"] = []
+pickle.dump(snap, open(sys.argv[2], "wb"), protocol=4)
+"#,
+        &[file, bare],
+    );
+    let report = peak_json(bare);
+    assert_eq!(report["devices"], serde_json::json!([]));
+    assert!(
+        report["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("no trace allocates")
+    );
+}
