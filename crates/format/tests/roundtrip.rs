@@ -254,6 +254,38 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
         })
 }
 
+/// A long, regular trace compresses hundreds of times; the reader's bound
+/// on a body's expansion must not refuse what the writer wrote.
+#[test]
+fn a_regular_trace_that_compresses_hundreds_of_times_reads_back() {
+    let event = |i: u64| TraceEvent {
+        action: if i % 2 == 0 {
+            Action::Alloc
+        } else {
+            Action::FreeCompleted
+        },
+        address: 0x7f00_0000_0000,
+        size: 4096,
+        time_us: Some(i as i64),
+        ..TraceEvent::default()
+    };
+    let snap = Snapshot {
+        traces: vec![DeviceTrace {
+            device: 0,
+            events: (0..1_000_000).map(event).collect(),
+        }],
+        ..Snapshot::default()
+    };
+    let mut bytes = Vec::new();
+    write_snap(&snap, &mut bytes).unwrap();
+    let body_len = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
+    assert!(
+        body_len > 128 * (bytes.len() as u64 - 20),
+        "the body should compress over 128 times"
+    );
+    assert_eq!(read_bytes(&bytes).unwrap(), snap);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
