@@ -259,7 +259,7 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
 #[test]
 fn a_regular_trace_that_compresses_hundreds_of_times_reads_back() {
     let event = |i: u64| TraceEvent {
-        action: if i % 2 == 0 {
+        action: if i.is_multiple_of(2) {
             Action::Alloc
         } else {
             Action::FreeCompleted
