@@ -8,9 +8,8 @@
 //! them, in the canonical form of `tests/support/canonical_report.py`.
 
 use std::path::Path;
-use std::process::Command;
 
-use crate::util::{root, shared_torch_fixtures, snapdiff, tempdir};
+use crate::util::{python_file, root, shared_torch_fixtures, snapdiff, tempdir};
 
 /// The report `args` prints, in canonical lines.
 fn canonical(dir: &Path, name: &str, args: &[&str]) -> String {
@@ -18,17 +17,7 @@ fn canonical(dir: &Path, name: &str, args: &[&str]) -> String {
     assert!(run.code() <= 1, "{args:?} failed: {}", run.stderr());
     let path = dir.join(format!("{name}.json"));
     std::fs::write(&path, run.stdout()).unwrap();
-    let out = Command::new("python3")
-        .arg(root().join("tests/support/canonical_report.py"))
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    python_file(&root().join("tests/support/canonical_report.py"), &[&path])
 }
 
 fn expected(name: &str) -> String {
@@ -42,19 +31,11 @@ fn real_shaped_results_are_unchanged() {
     }
     let dir = tempdir();
     let d = dir.path();
-    let made = Command::new("python3")
-        .arg(root().join("bench/make_real_shaped.py"))
-        .arg(d)
-        .args([
-            "--blocks", "20000", "--events", "20000", "--stacks", "2000", "--growth", "400",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    let small = [
+        "--blocks", "20000", "--events", "20000", "--stacks", "2000", "--growth", "400",
+    ];
+    let generator_args: Vec<&str> = [d.to_str().unwrap()].into_iter().chain(small).collect();
+    python_file(&root().join("bench/make_real_shaped.py"), &generator_args);
     let file = |name: &str| d.join(name).to_str().unwrap().to_owned();
     for f in ["a", "b"] {
         let pickle = file(&format!("real-{f}.pickle"));

@@ -115,17 +115,25 @@ where
 
 /// Runs `python3 tests/support/<script> args...` and parses its JSON output.
 pub fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
+    let out = python_file(&root().join("tests/support").join(script), args);
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Runs `python3 FILE args...` (a script of the repository) and returns its
+/// standard output; fails the test with Python's error if it fails.
+pub fn python_file<S: AsRef<std::ffi::OsStr>>(file: &Path, args: &[S]) -> String {
     let out = Command::new("python3")
-        .arg(root().join("tests/support").join(script))
+        .arg(file)
         .args(args)
         .output()
-        .expect("python3 must be installed to compute expected values");
+        .expect("python3 must be installed to run the test's scripts");
     assert!(
         out.status.success(),
-        "python3 {script} failed:\n{}",
+        "python3 {} failed:\n{}",
+        file.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Runs `python3 -c script args...` (CPython writes the test's files) and

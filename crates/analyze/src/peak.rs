@@ -14,8 +14,8 @@ use snapdiff_format::{Action, DeviceTrace, Snapshot};
 use crate::category::{Categories, Category};
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, Totals};
-use crate::replay::replay;
-use crate::stack_key::StackKeys;
+use crate::replay::{Replayed, replay};
+use crate::stack_key::{StackKey, StackKeys};
 
 /// Options of [`peak`].
 #[derive(Clone, Debug, Default)]
@@ -112,16 +112,7 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
             // First the highest point, then the live sites there.
             let highest = replay(snap, &keys, trace, &[]).highest;
             let at = replay(snap, &keys, trace, &[highest.1]);
-            let live = at.points.into_iter().next().unwrap_or_default();
-            device_peak(
-                snap,
-                trace,
-                &live,
-                &at.stacks,
-                &at.before_recording,
-                highest,
-                (&namer, &categories),
-            )
+            device_peak(snap, trace, &at, &namer, &categories)
         })
         .collect();
     if devices.is_empty() {
@@ -134,20 +125,21 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
     Peak { devices, notes }
 }
 
+/// The peak of `trace`, from `at`: its replay cut at the highest point.
 fn device_peak(
     snap: &Snapshot,
     trace: &DeviceTrace,
-    live: &FxHashMap<crate::StackKey, Totals>,
-    stacks: &FxHashMap<crate::StackKey, Option<snapdiff_format::StackId>>,
-    before: &rustc_hash::FxHashSet<crate::StackKey>,
-    (allocated_bytes, event_index): (u64, usize),
-    (namer, categories): (&SiteNamer, &Categories),
+    at: &Replayed,
+    namer: &SiteNamer,
+    categories: &Categories,
 ) -> DevicePeak {
+    let (allocated_bytes, event_index) = at.highest;
+    let live: &FxHashMap<StackKey, Totals> = &at.points[0];
     let mut sites: Vec<PeakSite> = live
         .iter()
         .map(|(&key, t)| {
-            let stack = stacks.get(&key).copied().flatten();
-            let before_recording = before.contains(&key);
+            let stack = at.stacks.get(&key).copied().flatten();
+            let before_recording = at.before_recording.contains(&key);
             let category = match categories.of(stack) {
                 Category::Unknown if before_recording => Category::BeforeRecording,
                 c => c,
