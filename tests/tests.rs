@@ -20,6 +20,12 @@ mod peak;
 // Results on generated real-shaped files, against the build before the speed work.
 mod real_shaped;
 
+// Real PyTorch traces replayed through the runtime's allocator.
+mod pytorch_replay;
+
+// The runtime's allocator follows PyTorch's rules, event by event.
+mod pytorch_rules;
+
 // capture and demo.
 mod capture;
 

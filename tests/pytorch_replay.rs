@@ -1,0 +1,447 @@
+//! Replaying a real PyTorch trace through the runtime's caching allocator.
+//!
+//! PyTorch's trace records every `alloc` (address, requested size, stream),
+//! every free and every `cudaMalloc` (`segment_alloc`). Fed the same requests
+//! in the same order, an allocator with PyTorch's rules must hand out the same
+//! addresses and ask for the same segments. [`Replay`] does that with the
+//! public [`Allocator`] over [`ReplayBackend`], a backend that returns the
+//! address PyTorch's `cudaMalloc` returned when the allocator asks for the
+//! segment PyTorch obtained at that point, so that best-fit ties (broken by
+//! address) fall the same way.
+//!
+//! A trace starts mid-run: segments and blocks made before recording began
+//! are in the file's final segments and in frees of blocks the trace never
+//! saw allocated. [`start_state`] works that state out and [`Replay::new`]
+//! builds it in the allocator before the trace is replayed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use snapdiff_format::{Action, BlockState, Pool, Snapshot, TraceEvent};
+use snapdiff_runtime::{
+    Allocator, AllocatorConfig, Backend, BackendError, DeviceBuffer, DeviceDesc, MemoryInfo, Stream,
+};
+
+/// PyTorch's large-pool split threshold: a large block keeps up to this much
+/// slack unsplit (`kSmallSize`).
+const SMALL_SIZE: u64 = 1 << 20;
+
+/// A segment that existed when recording began, with its allocated blocks.
+#[derive(Clone, Debug)]
+pub struct StartSegment {
+    pub address: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub pool: Pool,
+    /// Allocated blocks as (address, size), in address order.
+    pub live: Vec<(u64, u64)>,
+}
+
+/// Why a trace cannot be replayed at all.
+#[derive(Debug)]
+pub enum NotReplayable {
+    /// Expandable segments map pages into one growing range; the runtime
+    /// allocates whole segments.
+    ExpandableSegments,
+}
+
+/// The segments and allocated blocks of `device` at the first event of its trace.
+///
+/// Segments: the final ones, less those the trace allocated, plus those it
+/// freed (walking the trace backwards). Allocated blocks: those freed before
+/// the trace allocated their address, and final blocks whose address the
+/// trace never allocated. The size of a block freed in the trace is its
+/// rounded request, plus, in the large pool, the gap up to the next
+/// allocated block when that gap is at most 1 MiB: every large-pool block is
+/// larger than 1 MiB (allocations are, and a split leaves more than 1 MiB),
+/// so such a gap can only be slack PyTorch left unsplit.
+pub fn start_state(snap: &Snapshot, device: u32) -> Result<Vec<StartSegment>, NotReplayable> {
+    let events = trace_of(snap, device);
+    let final_segments: Vec<_> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == device)
+        .collect();
+    if final_segments.iter().any(|s| s.is_expandable)
+        || events
+            .iter()
+            .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+    {
+        return Err(NotReplayable::ExpandableSegments);
+    }
+    // address -> (size, stream, pool)
+    let mut segments: BTreeMap<u64, (u64, u64, Pool)> = final_segments
+        .iter()
+        .map(|s| (s.address, (s.total_size, s.stream as u64, s.pool)))
+        .collect();
+    for e in events.iter().rev() {
+        match e.action {
+            Action::SegmentAlloc => {
+                segments.remove(&e.address);
+            }
+            Action::SegmentFree => {
+                let pool = if e.size == 2 << 20 {
+                    Pool::Small
+                } else {
+                    Pool::Large
+                };
+                segments.insert(e.address, (e.size, e.stream as u64, pool));
+            }
+            _ => {}
+        }
+    }
+
+    // Blocks allocated at the start: address -> (size if known, requested).
+    let mut allocated_in_trace = HashSet::new();
+    let mut live: BTreeMap<u64, Option<u64>> = BTreeMap::new();
+    let mut requested_of: HashMap<u64, u64> = HashMap::new();
+    for e in events {
+        match e.action {
+            Action::Alloc => {
+                allocated_in_trace.insert(e.address);
+            }
+            Action::FreeRequested | Action::FreeCompleted
+                if !allocated_in_trace.contains(&e.address) =>
+            {
+                live.entry(e.address).or_insert(None);
+                requested_of.insert(e.address, e.size);
+            }
+            _ => {}
+        }
+    }
+    for seg in &final_segments {
+        for b in &seg.blocks {
+            if b.state != BlockState::Inactive && !allocated_in_trace.contains(&b.address) {
+                live.insert(b.address, Some(b.size));
+            }
+        }
+    }
+
+    let mut out = Vec::new();
+    for (&address, &(size, stream, pool)) in &segments {
+        let end = address + size;
+        let starts: Vec<(u64, Option<u64>)> =
+            live.range(address..end).map(|(&a, &s)| (a, s)).collect();
+        let mut blocks = Vec::with_capacity(starts.len());
+        for (i, &(a, known)) in starts.iter().enumerate() {
+            let next = starts.get(i + 1).map_or(end, |&(n, _)| n);
+            let size = known.unwrap_or_else(|| {
+                let rounded = requested_of[&a].max(1).div_ceil(512) * 512;
+                if pool == Pool::Large && next - a - rounded <= SMALL_SIZE {
+                    next - a
+                } else {
+                    rounded
+                }
+            });
+            blocks.push((a, size));
+        }
+        out.push(StartSegment {
+            address,
+            size,
+            stream,
+            pool,
+            live: blocks,
+        });
+    }
+    Ok(out)
+}
+
+/// The events of `device`'s trace (none if it has no trace).
+pub fn trace_of(snap: &Snapshot, device: u32) -> &[TraceEvent] {
+    snap.traces
+        .iter()
+        .find(|t| t.device == device)
+        .map_or(&[][..], |t| &t.events)
+}
+
+/// What the backend was asked, and what it did.
+#[derive(Default)]
+struct BackendLog {
+    /// The segment PyTorch obtained next: (address, size).
+    expected: Option<(u64, u64)>,
+    /// Segments asked for that PyTorch did not obtain: (size, stream).
+    unexpected: Vec<(u64, u64)>,
+    /// Segments freed, by address.
+    freed: Vec<u64>,
+    /// Where the next unexpected segment goes (far above any real address).
+    next_free_address: u64,
+}
+
+/// A backend that hands out the addresses PyTorch's `cudaMalloc` returned.
+///
+/// Before each request the replay tells it which segment PyTorch obtained
+/// then, if any; a segment of that size gets that address. Any other
+/// request is logged and served from an address range no real GPU uses.
+#[derive(Clone)]
+pub struct ReplayBackend {
+    log: Arc<Mutex<BackendLog>>,
+    ordinal: u32,
+}
+
+impl ReplayBackend {
+    fn new(ordinal: u32) -> ReplayBackend {
+        ReplayBackend {
+            log: Arc::new(Mutex::new(BackendLog {
+                next_free_address: 1 << 60,
+                ..Default::default()
+            })),
+            ordinal,
+        }
+    }
+
+    fn expect(&self, segment: Option<(u64, u64)>) {
+        self.log.lock().unwrap().expected = segment;
+    }
+}
+
+impl Backend for ReplayBackend {
+    fn allocate(&self, size: u64, stream: Stream) -> Result<u64, BackendError> {
+        let mut log = self.log.lock().unwrap();
+        match log.expected {
+            Some((address, expected)) if expected == size => {
+                log.expected = None;
+                Ok(address)
+            }
+            _ => {
+                log.unexpected.push((size, stream.0));
+                let address = log.next_free_address;
+                log.next_free_address += size.div_ceil(1 << 21) * (1 << 21);
+                Ok(address)
+            }
+        }
+    }
+
+    fn free(&self, address: u64, _size: u64, _stream: Stream) {
+        self.log.lock().unwrap().freed.push(address);
+    }
+
+    fn memory_info(&self) -> MemoryInfo {
+        MemoryInfo {
+            free: u64::MAX / 2,
+            total: u64::MAX / 2,
+        }
+    }
+
+    fn device(&self) -> DeviceDesc {
+        DeviceDesc {
+            ordinal: self.ordinal,
+            name: "replay of a PyTorch trace".into(),
+        }
+    }
+
+    fn host_pointer(&self, _address: u64) -> Option<*mut u8> {
+        None
+    }
+}
+
+/// The first event at which the runtime did not do what PyTorch did.
+#[derive(Debug, PartialEq)]
+pub struct Divergence {
+    /// Index of the event in the device's trace.
+    pub event: usize,
+    pub what: String,
+}
+
+/// The runtime allocator in the state of a PyTorch trace's start, ready to
+/// replay the trace.
+pub struct Replay {
+    pub allocator: Allocator,
+    backend: ReplayBackend,
+    /// Live buffers by the address PyTorch gave them.
+    pub live: HashMap<u64, DeviceBuffer>,
+}
+
+impl Replay {
+    /// An allocator holding `start`'s segments and allocated blocks, at
+    /// PyTorch's addresses.
+    pub fn new(ordinal: u32, start: &[StartSegment], config: AllocatorConfig) -> Replay {
+        let backend = ReplayBackend::new(ordinal);
+        let allocator = Allocator::with_config(backend.clone(), config);
+        let mut replay = Replay {
+            allocator,
+            backend,
+            live: HashMap::new(),
+        };
+        replay.build(start);
+        replay
+    }
+
+    /// Builds the start state with ordinary requests: each segment is first
+    /// filled whole (so that none of its space is free while the next is
+    /// made, and every request needs a new segment), then emptied and carved
+    /// front to back into its blocks and the free gaps between them (a
+    /// request takes the front of the only free block), and finally the
+    /// gaps are freed.
+    fn build(&mut self, start: &[StartSegment]) {
+        let mut fillers: Vec<Vec<DeviceBuffer>> = Vec::new();
+        for seg in start {
+            self.backend.expect(Some((seg.address, seg.size)));
+            let stream = Stream(seg.stream);
+            let whole = match seg.pool {
+                // A 1 MiB request makes a 2 MiB segment; a second fills it.
+                Pool::Small => vec![
+                    self.alloc(SMALL_SIZE, stream),
+                    self.alloc(SMALL_SIZE, stream),
+                ],
+                // A request of the segment's size (a multiple of 2 MiB, at
+                // least 10 MiB, or exactly 20 MiB) gets a segment of that size.
+                Pool::Large => vec![self.alloc(seg.size, stream)],
+            };
+            assert_eq!(
+                whole[0].device_ptr(),
+                seg.address,
+                "segment {:#x}",
+                seg.address
+            );
+            fillers.push(whole);
+        }
+        let mut gaps = Vec::new();
+        for (seg, whole) in start.iter().zip(fillers) {
+            drop(whole);
+            let stream = Stream(seg.stream);
+            let mut at = seg.address;
+            let mut pieces = Vec::new();
+            for &(address, size) in &seg.live {
+                if address > at {
+                    pieces.push((at, address - at, false));
+                }
+                pieces.push((address, size, true));
+                at = address + size;
+            }
+            if at < seg.address + seg.size {
+                pieces.push((at, seg.address + seg.size - at, false));
+            }
+            for (address, size, live) in pieces {
+                // The small pool serves at most 1 MiB per request.
+                let chunk = if seg.pool == Pool::Small {
+                    SMALL_SIZE
+                } else {
+                    size
+                };
+                let mut offset = 0;
+                while offset < size {
+                    let n = chunk.min(size - offset);
+                    let b = self.alloc(n, stream);
+                    assert_eq!(
+                        b.device_ptr(),
+                        address + offset,
+                        "carving {:#x}",
+                        seg.address
+                    );
+                    if live {
+                        self.live.insert(address, b);
+                    } else {
+                        gaps.push(b);
+                    }
+                    offset += n;
+                }
+            }
+        }
+        drop(gaps);
+    }
+
+    fn alloc(&self, size: u64, stream: Stream) -> DeviceBuffer {
+        self.allocator
+            .alloc(size as usize, stream)
+            .expect("the replay backend never runs out")
+    }
+
+    /// Replays `events` (a device's trace), checking each allocation's
+    /// address and each segment obtained or released against PyTorch's.
+    /// Calls `after(index, event, replay)` after each event. Stops at the
+    /// first divergence.
+    pub fn run(
+        &mut self,
+        events: &[TraceEvent],
+        mut after: impl FnMut(usize, &TraceEvent, &mut Replay),
+    ) -> Result<(), Divergence> {
+        // Blocks become reusable at `free_completed`; a trace recorded
+        // without those events frees at `free_requested`.
+        let free_at = if events.iter().any(|e| e.action == Action::FreeCompleted) {
+            Action::FreeCompleted
+        } else {
+            Action::FreeRequested
+        };
+        let mut i = 0;
+        while i < events.len() {
+            let e = &events[i];
+            let fail = |what: String| Err(Divergence { event: i, what });
+            match &e.action {
+                Action::SegmentAlloc => self.backend.expect(Some((e.address, e.size))),
+                Action::Alloc => {
+                    let b = self.alloc(e.size, Stream(e.stream as u64));
+                    let mut log = self.backend.log.lock().unwrap();
+                    if let Some((size, stream)) = log.unexpected.pop() {
+                        return fail(format!(
+                            "alloc of {} B: the runtime obtained a {size} B segment on stream {stream} where PyTorch {}",
+                            e.size,
+                            match log.expected {
+                                Some((a, s)) => format!("obtained {s} B at {a:#x}"),
+                                None => "reused a cached block".into(),
+                            }
+                        ));
+                    }
+                    if let Some((a, s)) = log.expected.take() {
+                        return fail(format!(
+                            "alloc of {} B: PyTorch obtained a {s} B segment at {a:#x}; the runtime reused a cached block at {:#x}",
+                            e.size,
+                            b.device_ptr()
+                        ));
+                    }
+                    drop(log);
+                    if b.device_ptr() != e.address {
+                        return fail(format!(
+                            "alloc of {} B: PyTorch gave {:#x}, the runtime {:#x}",
+                            e.size,
+                            e.address,
+                            b.device_ptr()
+                        ));
+                    }
+                    self.live.insert(e.address, b);
+                }
+                a if *a == free_at => {
+                    let held = self.live.remove(&e.address);
+                    if held.is_none() {
+                        return fail(format!(
+                            "free of {:#x}, which the runtime does not hold",
+                            e.address
+                        ));
+                    }
+                }
+                Action::SegmentFree => {
+                    // One release of the cache frees a run of segments.
+                    let mut released = HashSet::new();
+                    while i < events.len() && events[i].action == Action::SegmentFree {
+                        released.insert(events[i].address);
+                        after(i, &events[i], self);
+                        i += 1;
+                    }
+                    self.allocator.empty_cache();
+                    let freed: HashSet<u64> =
+                        std::mem::take(&mut self.backend.log.lock().unwrap().freed)
+                            .into_iter()
+                            .collect();
+                    if freed != released {
+                        let mut extra: Vec<_> = freed.difference(&released).collect();
+                        let mut missing: Vec<_> = released.difference(&freed).collect();
+                        extra.sort();
+                        missing.sort();
+                        return Err(Divergence {
+                            event: i - 1,
+                            what: format!(
+                                "release of the cache: PyTorch freed {} segments, the runtime {}; only PyTorch: {missing:x?}; only the runtime: {extra:x?}",
+                                released.len(),
+                                freed.len()
+                            ),
+                        });
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            after(i, e, self);
+            i += 1;
+        }
+        Ok(())
+    }
+}
