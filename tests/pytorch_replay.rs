@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use snapdiff_format::{Action, BlockState, Pool, Snapshot, TraceEvent};
+use snapdiff_format::{Action, BlockState, Pool, Snapshot, StackId, TraceEvent};
 use snapdiff_runtime::{
     Allocator, AllocatorConfig, Backend, BackendError, DeviceBuffer, DeviceDesc, MemoryInfo, Stream,
 };
@@ -443,5 +443,208 @@ impl Replay {
             i += 1;
         }
         Ok(())
+    }
+}
+
+/// What a generated job does besides replaying its trace, once per iteration.
+#[derive(Clone, Copy, Debug)]
+pub enum Extra {
+    /// Nothing: a steady job.
+    Nothing,
+    /// Keeps the block the trace allocates at event `alloc` instead of
+    /// freeing it: one more real block at a real stack every iteration.
+    KeepBlock { alloc: usize },
+    /// One block at `stack` that is replaced by one `bytes` larger every
+    /// iteration (a tensor grown by concatenation): same block count, more bytes.
+    GrowOneBlock { stack: StackId, bytes: u64 },
+    /// A block of `bytes` at `stack` every iteration, all freed every
+    /// `period` iterations (a cache the collector clears): not a leak.
+    Periodic {
+        stack: StackId,
+        bytes: u64,
+        period: usize,
+    },
+}
+
+/// A training job made from a real trace: its events replayed `iterations`
+/// times through the runtime's allocator, from the trace's start state.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub iterations: usize,
+    /// Marks each iteration's start in the trace (`Allocator::mark_step`).
+    pub step_marks: bool,
+    pub extra: Extra,
+    /// The runtime's trace ring: small values make it wrap.
+    pub trace_entries: usize,
+}
+
+impl Job {
+    pub fn steady(iterations: usize) -> Job {
+        Job {
+            iterations,
+            step_marks: true,
+            extra: Extra::Nothing,
+            trace_entries: 1 << 24,
+        }
+    }
+
+    pub fn with(self, extra: Extra) -> Job {
+        Job { extra, ..self }
+    }
+
+    /// Runs the job on `source`'s trace of `device` and returns the
+    /// runtime's snapshot at its end, carrying `source`'s frames: the
+    /// layout (segments, splitting, rounding) is the runtime's, following
+    /// PyTorch's rules; the stacks are those of the real trace.
+    pub fn run(&self, source: &Snapshot, device: u32) -> Snapshot {
+        let events = trace_of(source, device);
+        let start = start_state(source, device).expect("a replayable trace");
+        let config = AllocatorConfig {
+            record_stacks: false,
+            trace_entries: self.trace_entries,
+            dump_dir: None,
+            ..AllocatorConfig::default()
+        };
+        let mut replay = Replay::new(device, &start, config);
+        // Marks the end of the start state in the trace (a snapshot marker).
+        replay.allocator.snapshot();
+        let free_at = if events.iter().any(|e| e.action == Action::FreeCompleted) {
+            Action::FreeCompleted
+        } else {
+            Action::FreeRequested
+        };
+        // The source stack of each allocation, in the order they are made.
+        let mut stacks: Vec<Option<StackId>> = Vec::new();
+        let mut kept = Vec::new();
+        let mut periodic = Vec::new();
+        let mut grown: Option<DeviceBuffer> = None;
+        for iteration in 0..self.iterations {
+            if self.step_marks {
+                replay.allocator.mark_step(iteration as u64);
+            }
+            let mut alloc = |replay: &Replay, size: u64, stream: i64, stack: Option<StackId>| {
+                stacks.push(stack);
+                replay.alloc(size, Stream(stream as u64))
+            };
+            match self.extra {
+                Extra::GrowOneBlock { stack, bytes } => {
+                    drop(grown.take());
+                    let size = bytes * (iteration as u64 + 1);
+                    grown = Some(alloc(&replay, size, 0, Some(stack)));
+                }
+                Extra::Periodic {
+                    stack,
+                    bytes,
+                    period,
+                } => {
+                    periodic.push(alloc(&replay, bytes, 0, Some(stack)));
+                    if periodic.len() == period {
+                        periodic.clear();
+                    }
+                }
+                Extra::Nothing | Extra::KeepBlock { .. } => {}
+            }
+            let mut this_iteration: HashMap<u64, (usize, DeviceBuffer)> = HashMap::new();
+            let mut i = 0;
+            while i < events.len() {
+                let e = &events[i];
+                match &e.action {
+                    Action::SegmentAlloc => replay.backend.expect(Some((e.address, e.size))),
+                    Action::Alloc => {
+                        let b = alloc(&replay, e.size, e.stream, e.stack);
+                        this_iteration.insert(e.address, (i, b));
+                    }
+                    a if *a == free_at => match this_iteration.remove(&e.address) {
+                        Some((at, b)) => {
+                            if matches!(self.extra, Extra::KeepBlock { alloc } if alloc == at) {
+                                kept.push(b);
+                            }
+                        }
+                        // A block from before the trace: freed once.
+                        None => drop(replay.live.remove(&e.address)),
+                    },
+                    Action::SegmentFree => {
+                        while i + 1 < events.len() && events[i + 1].action == Action::SegmentFree {
+                            i += 1;
+                        }
+                        replay.allocator.empty_cache();
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            // What the trace left allocated belongs to the step (the last
+            // step's outputs, say) and is freed before the next one.
+            drop(this_iteration);
+        }
+        let mut snap = replay.allocator.snapshot();
+        drop((kept, periodic, grown));
+        with_source_stacks(&mut snap, source, &stacks);
+        snap
+    }
+}
+
+/// Replaces the runtime's stacks in `snap` by `source`'s: the `n`-th
+/// allocation of the trace (after the start state's marker) gets
+/// `stacks[n]`; frees, blocks and segments get the stack of the allocation
+/// they belong to. The start state's blocks keep none (before recording).
+fn with_source_stacks(snap: &mut Snapshot, source: &Snapshot, stacks: &[Option<StackId>]) {
+    snap.frames = source.frames.clone();
+    snap.stacks = source.stacks.clone();
+    snap.strings = source.strings.clone();
+    let trace = &mut snap.traces[0];
+    // The start state's events end at its snapshot marker; a ring that
+    // wrapped lost them, with the marker, and the allocations before the
+    // oldest kept event are unknown.
+    let kept_from = trace
+        .events
+        .iter()
+        .position(|e| e.action == Action::Snapshot)
+        .map(|m| m + 1);
+    let allocs_lost = match kept_from {
+        Some(from) => {
+            trace.events.drain(..from);
+            0
+        }
+        None => {
+            let in_trace = trace
+                .events
+                .iter()
+                .filter(|e| e.action == Action::Alloc)
+                .count();
+            stacks.len() - in_trace
+        }
+    };
+    let mut next = stacks[allocs_lost..].iter();
+    let mut by_address: HashMap<u64, Option<StackId>> = HashMap::new();
+    let mut pending_segment = Vec::new();
+    for e in &mut trace.events {
+        match e.action {
+            Action::Alloc => {
+                e.stack = *next.next().expect("one stack per allocation");
+                by_address.insert(e.address, e.stack);
+                for s in pending_segment.drain(..) {
+                    by_address.insert(s, e.stack);
+                }
+            }
+            Action::SegmentAlloc => pending_segment.push(e.address),
+            _ => e.stack = by_address.get(&e.address).copied().flatten(),
+        }
+    }
+    // Segment events get the stack of the allocation that made them.
+    for e in &mut trace.events {
+        if e.action == Action::SegmentAlloc {
+            e.stack = by_address.get(&e.address).copied().flatten();
+        }
+    }
+    for seg in &mut snap.segments {
+        seg.stack = None;
+        for b in &mut seg.blocks {
+            b.stack = b
+                .state
+                .is_active()
+                .then(|| by_address.get(&b.address).copied().flatten())
+                .flatten();
+        }
     }
 }

@@ -26,6 +26,9 @@ mod pytorch_replay;
 // The runtime's allocator follows PyTorch's rules, event by event.
 mod pytorch_rules;
 
+// Leak verdicts on jobs replayed from the real traces.
+mod verdicts;
+
 // capture and demo.
 mod capture;
 

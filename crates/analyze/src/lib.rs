@@ -18,6 +18,7 @@ pub mod compare;
 pub mod culprit;
 pub mod frame_class;
 pub mod group;
+mod iterations;
 pub mod peak;
 pub mod replay;
 pub mod stack_key;

@@ -25,6 +25,7 @@ use snapdiff_format::{Action, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, Totals, live_groups};
+use crate::iterations;
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
 
@@ -73,6 +74,9 @@ pub enum CheckpointSource {
     StepMarks,
     /// The boundaries of PyTorch's external annotations.
     Annotations,
+    /// At the same phase of every iteration, found from the order in which
+    /// the trace's allocation sites repeat.
+    Iterations,
     /// At the trace's recurring low points: the ends of its iterations.
     Troughs,
     /// Evenly spaced through the trace.
@@ -167,7 +171,7 @@ fn floor_of(series: &[u64]) -> Vec<u64> {
 /// warm-up, if the site is a suspect.
 fn floor_growth(series: &[u64], warmup: usize) -> Option<u64> {
     let n = series.len();
-    if n < warmup + 3 {
+    if n < warmup + 3 || is_periodic(&series[warmup..]) {
         return None;
     }
     let floor = floor_of(series);
@@ -175,6 +179,27 @@ fn floor_growth(series: &[u64], warmup: usize) -> Option<u64> {
     let rises = (warmup + 1..n).filter(|&i| floor[i] > floor[i - 1]).count();
     let growth = floor[n - 1] - floor[warmup];
     (rises >= 2 && 3 * rises >= intervals && growth > 0).then_some(growth)
+}
+
+/// Whether `series` rises and then falls back to the lowest level it held
+/// before: a site that empties and refills (activations, a cache that is
+/// cleared) whose floor would rise only because the run stopped on a rising
+/// edge. A leak never falls back to its floor.
+fn is_periodic(series: &[u64]) -> bool {
+    let Some((&first, rest)) = series.split_first() else {
+        return false;
+    };
+    let (mut low, mut risen) = (first, false);
+    for &v in rest {
+        if v > low {
+            risen = true;
+        } else if risen {
+            return true;
+        } else {
+            low = v;
+        }
+    }
+    false
 }
 
 fn analyze(
@@ -336,36 +361,49 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
     trend
 }
 
+/// Where to cut a trace, and the step each cut starts when known.
+struct Cuts {
+    source: CheckpointSource,
+    /// Event indices: each checkpoint is the state after that many events.
+    at: Vec<usize>,
+    /// For iterations found in the trace, the iteration each cut starts.
+    iterations: Option<Vec<u64>>,
+}
+
 /// Chooses where to cut a trace: after each step mark, else after each
-/// `snapshot` marker, else at annotation times, else at the low points its
-/// memory keeps coming back to, else evenly.
-fn cuts_for(
-    snap: &Snapshot,
-    trace_index: usize,
-    options: &TrendOptions,
-) -> (CheckpointSource, Vec<usize>) {
+/// `snapshot` marker, else at annotation times, else at the same phase of
+/// the iterations its allocation sites repeat in, else at the low points
+/// its memory keeps coming back to, else evenly.
+fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &TrendOptions) -> Cuts {
     let events = &snap.traces[trace_index].events;
     let len = events.len();
-    let at_markers = |action: Action| -> Vec<usize> {
-        let mut cuts: Vec<usize> = events
+    let plain = |source, at| Cuts {
+        source,
+        at,
+        iterations: None,
+    };
+    let after = |action: Action| -> Vec<usize> {
+        events
             .iter()
             .enumerate()
             .filter(|(_, e)| e.action == action)
             .map(|(i, _)| i + 1)
-            .collect();
-        cuts.push(len);
-        cuts.dedup();
-        cuts
+            .collect()
     };
-    // Step marks first: where a program marks its steps, they are the checkpoints it means.
-    for (action, source) in [
-        (Action::Step, CheckpointSource::StepMarks),
-        (Action::Snapshot, CheckpointSource::SnapshotMarkers),
-    ] {
-        let cuts = at_markers(action);
-        if cuts.len() > 1 {
-            return (source, cuts);
-        }
+    // Step marks first: where a program marks its steps, they are the
+    // checkpoints it means. Each cut is the start of a step; the trace's
+    // end is in the middle of one unless a mark ends it.
+    let steps = after(Action::Step);
+    if !steps.is_empty() {
+        return plain(CheckpointSource::StepMarks, steps);
+    }
+    // Snapshot markers are where earlier dumps were taken; the end of the
+    // trace is this one's.
+    let mut markers = after(Action::Snapshot);
+    if !markers.is_empty() {
+        markers.push(len);
+        markers.dedup();
+        return plain(CheckpointSource::SnapshotMarkers, markers);
     }
     let device = snap.traces[trace_index].device;
     let mut times: Vec<i64> = snap
@@ -383,16 +421,32 @@ fn cuts_for(
         cuts.push(len);
         cuts.dedup();
         if cuts.len() > 1 {
-            return (CheckpointSource::Annotations, cuts);
+            return plain(CheckpointSource::Annotations, cuts);
         }
     }
     let n = options.checkpoints.max(1);
+    if let Some(found) = iterations::find(events, keys) {
+        // At most n checkpoints, spread over the iterations.
+        let count = found.starts.len();
+        let chosen: Vec<usize> = if count > n {
+            let mut c: Vec<usize> = (0..n).map(|k| k * (count - 1) / (n - 1).max(1)).collect();
+            c.dedup();
+            c
+        } else {
+            (0..count).collect()
+        };
+        return Cuts {
+            source: CheckpointSource::Iterations,
+            at: chosen.iter().map(|&k| found.starts[k]).collect(),
+            iterations: Some(chosen.iter().map(|&k| k as u64).collect()),
+        };
+    }
     if let Some(cuts) = iteration_troughs(events, n) {
-        return (CheckpointSource::Troughs, cuts);
+        return plain(CheckpointSource::Troughs, cuts);
     }
     let mut cuts: Vec<usize> = (1..=n).map(|k| k * len / n).collect();
     cuts.dedup();
-    (CheckpointSource::EvenlySpaced, cuts)
+    plain(CheckpointSource::EvenlySpaced, cuts)
 }
 
 /// Cuts after the low points a trace's live memory keeps falling back to:
@@ -550,19 +604,27 @@ fn trend_of_device(
     trace_index: usize,
     options: &TrendOptions,
 ) -> Trend {
-    let (source, cuts) = cuts_for(snap, trace_index, options);
+    let Cuts {
+        source,
+        at: cuts,
+        iterations,
+    } = cuts_for(snap, keys, trace_index, options);
     let trace = &snap.traces[trace_index];
     let replayed = replay(snap, keys, trace, &cuts);
     let freed_unseen = replayed.freed_unseen;
     let points = cuts
         .iter()
-        .map(|&idx| Checkpoint {
+        .enumerate()
+        .map(|(k, &idx)| Checkpoint {
             time_us: idx.checked_sub(1).and_then(|i| trace.events[i].time_us),
-            step: trace.events[..idx]
-                .iter()
-                .rev()
-                .find(|e| e.action == Action::Step)
-                .map(|e| e.size),
+            step: match &iterations {
+                Some(iterations) => Some(iterations[k]),
+                None => trace.events[..idx]
+                    .iter()
+                    .rev()
+                    .find(|e| e.action == Action::Step)
+                    .map(|e| e.size),
+            },
             event_index: Some(idx),
         })
         .collect();
@@ -621,6 +683,14 @@ mod tests {
         // Periodic rise and fall (activations).
         assert_eq!(floor_growth(&[0, 50, 0, 50, 0, 50, 0], 1), None);
         assert_eq!(floor_growth(&[10, 60, 10, 60, 10, 60], 1), None);
+        // ... wherever the run stops: here on a rising edge, where the
+        // floor of the last three checkpoints rises.
+        assert_eq!(floor_growth(&[1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3], 1), None);
+        // A leak with a dip that does not fall back to the floor.
+        assert_eq!(
+            floor_growth(&[0, 100, 200, 300, 290, 400, 500], 1),
+            Some(400)
+        );
         // A leak riding on a periodic site.
         assert_eq!(floor_growth(&[0, 50, 10, 60, 20, 70, 30], 1), Some(20));
         // Too few checkpoints.

@@ -276,6 +276,7 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         CheckpointSource::SnapshotMarkers => "at the trace's snapshot markers",
         CheckpointSource::StepMarks => "at the trace's step marks",
         CheckpointSource::Annotations => "at the trace's annotations",
+        CheckpointSource::Iterations => "at the same point of each iteration found in the trace",
         CheckpointSource::Troughs => "at the low points between the trace's iterations",
         CheckpointSource::EvenlySpaced => "evenly spaced through the trace",
     };

@@ -1,0 +1,186 @@
+//! Finding a training loop's iterations in a trace without markers.
+//!
+//! A loop allocates at the same sites in the same order every iteration, so
+//! the sequence of its allocations' stack keys repeats with the loop's
+//! period. The period is the lag at which the sequence best matches itself;
+//! every iteration is then cut at the same phase, the point of the period
+//! where live memory is lowest on average, so that each checkpoint sees the
+//! same part of the working set and only what outlives an iteration adds up.
+//!
+//! A lag can also match inside one pass (the layers of a model repeat), but
+//! a layer's allocations outlive it (activations saved for backward) where
+//! an iteration's do not; a lag whose windows keep most of their bytes past
+//! the next window is not an iteration.
+
+use rustc_hash::FxHashMap;
+use snapdiff_format::{Action, TraceEvent};
+
+use crate::stack_key::{StackKey, StackKeys};
+
+/// At least this share of sampled allocations must match one period later.
+const MIN_MATCH: f64 = 0.9;
+/// Lags matching within this much of the best are equal; the shortest wins.
+const MATCH_TIE: f64 = 0.01;
+/// At least this share of the bytes an iteration allocates is freed by the
+/// end of the next one.
+const MIN_FREED: f64 = 0.75;
+/// Positions sampled to score a lag.
+const SAMPLES: usize = 4096;
+/// Lags tried: the most common distances between two allocations at one site.
+const CANDIDATES: usize = 12;
+
+/// A trace's iterations: where each starts, at the same phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Iterations {
+    /// Allocations per iteration.
+    pub(crate) period: usize,
+    /// Index of the event each iteration's cut falls before; the first is
+    /// the start of the first whole iteration.
+    pub(crate) starts: Vec<usize>,
+}
+
+/// The iterations of `events`, if its allocations repeat at least three
+/// times with one period.
+pub(crate) fn find(events: &[TraceEvent], keys: &StackKeys) -> Option<Iterations> {
+    let allocs: Vec<(usize, StackKey)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Alloc)
+        .map(|(i, e)| (i, keys.key(e.stack)))
+        .collect();
+    let n = allocs.len();
+    if n < 6 {
+        return None;
+    }
+    let mut scored: Vec<(usize, f64)> = candidate_lags(&allocs)
+        .into_iter()
+        .filter(|&lag| 3 * lag <= n)
+        .map(|lag| (lag, self_match(&allocs, lag)))
+        .collect();
+    scored.retain(|&(_, score)| score >= MIN_MATCH);
+    let best = scored.iter().map(|&(_, s)| s).fold(0.0, f64::max);
+    scored.retain(|&(_, s)| s >= best - MATCH_TIE);
+    let period = scored.iter().map(|&(lag, _)| lag).min()?;
+    if freed_within_next(events, &allocs, period) < MIN_FREED {
+        return None;
+    }
+    let phase = lowest_phase(events, &allocs, period);
+    let starts: Vec<usize> = (phase..n).step_by(period).map(|j| allocs[j].0).collect();
+    (starts.len() >= 3).then_some(Iterations { period, starts })
+}
+
+/// Lags worth trying: the most common distances, in allocations, between
+/// consecutive allocations at one site; and the distances that sites
+/// recur at regularly, one vote per site (a site allocated once per
+/// iteration always recurs at the period, but layers and inner loops recur
+/// more often and crowd the first list).
+fn candidate_lags(allocs: &[(usize, StackKey)]) -> Vec<usize> {
+    let mut last: FxHashMap<StackKey, usize> = FxHashMap::default();
+    let mut distances: FxHashMap<StackKey, Vec<usize>> = FxHashMap::default();
+    let mut all: FxHashMap<usize, u32> = FxHashMap::default();
+    for (j, &(_, key)) in allocs.iter().enumerate() {
+        if let Some(prev) = last.insert(key, j) {
+            *all.entry(j - prev).or_default() += 1;
+            distances.entry(key).or_default().push(j - prev);
+        }
+    }
+    let mut regular: FxHashMap<usize, u32> = FxHashMap::default();
+    for mut d in distances.into_values().filter(|d| d.len() >= 2) {
+        d.sort_unstable();
+        // The site's most common distance, if at least 4 in 5 are it.
+        let (mut best, mut best_run, mut run) = (d[0], 0, 0);
+        for (k, &x) in d.iter().enumerate() {
+            run = if k > 0 && d[k - 1] == x { run + 1 } else { 1 };
+            if run > best_run {
+                (best, best_run) = (x, run);
+            }
+        }
+        if 5 * best_run >= 4 * d.len() {
+            *regular.entry(best).or_default() += 1;
+        }
+    }
+    let most_common = |counts: FxHashMap<usize, u32>, take: usize| {
+        let mut lags: Vec<(usize, u32)> = counts.into_iter().collect();
+        lags.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        lags.into_iter().take(take).map(|(lag, _)| lag)
+    };
+    let mut lags: Vec<usize> = most_common(all, CANDIDATES)
+        .chain(most_common(regular, CANDIDATES))
+        .collect();
+    lags.sort_unstable();
+    lags.dedup();
+    lags
+}
+
+/// The share of sampled allocations whose site is that of the allocation
+/// `lag` later.
+fn self_match(allocs: &[(usize, StackKey)], lag: usize) -> f64 {
+    let span = allocs.len() - lag;
+    let step = span.div_ceil(SAMPLES).max(1);
+    let (mut same, mut total) = (0usize, 0usize);
+    for j in (0..span).step_by(step) {
+        total += 1;
+        same += usize::from(allocs[j].1 == allocs[j + lag].1);
+    }
+    same as f64 / total as f64
+}
+
+/// The share of bytes allocated in windows of `period` allocations that are
+/// freed before the end of the following window.
+fn freed_within_next(events: &[TraceEvent], allocs: &[(usize, StackKey)], period: usize) -> f64 {
+    // Window of each allocation event, and where the next window ends.
+    let mut window_of: FxHashMap<usize, usize> = FxHashMap::default();
+    for (j, &(i, _)) in allocs.iter().enumerate() {
+        window_of.insert(i, j / period);
+    }
+    let window_end = |w: usize| allocs.get((w + 2) * period).map_or(events.len(), |a| a.0);
+    let mut open: FxHashMap<u64, (usize, u64)> = FxHashMap::default();
+    let (mut allocated, mut freed) = (0u64, 0u64);
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                allocated += e.size;
+                open.insert(e.address, (window_of[&i], e.size));
+            }
+            Action::FreeCompleted | Action::FreeRequested => {
+                if let Some((w, size)) = open.remove(&e.address)
+                    && i < window_end(w)
+                {
+                    freed += size;
+                }
+            }
+            _ => {}
+        }
+    }
+    if allocated == 0 {
+        0.0
+    } else {
+        freed as f64 / allocated as f64
+    }
+}
+
+/// The allocation index in `0..period` before which live memory is lowest,
+/// summed over the whole iterations.
+fn lowest_phase(events: &[TraceEvent], allocs: &[(usize, StackKey)], period: usize) -> usize {
+    let frees_complete = events.iter().any(|e| e.action == Action::FreeCompleted);
+    let mut live = 0i64;
+    // Live bytes just before each allocation.
+    let mut before = Vec::with_capacity(allocs.len());
+    for e in events {
+        match e.action {
+            Action::Alloc => {
+                before.push(live);
+                live += e.size as i64;
+            }
+            Action::FreeCompleted => live -= e.size as i64,
+            Action::FreeRequested if !frees_complete => live -= e.size as i64,
+            _ => {}
+        }
+    }
+    let whole = allocs.len() / period * period;
+    let mut sums = vec![0i128; period];
+    for (j, &b) in before[..whole].iter().enumerate() {
+        sums[j % period] += i128::from(b);
+    }
+    (0..period).min_by_key(|&p| sums[p]).unwrap_or(0)
+}

@@ -1,0 +1,345 @@
+//! Leak verdicts on jobs made from the real traces: each trace replayed as
+//! the iterations of a job through the runtime's allocator (so segments,
+//! splitting and rounding are PyTorch's, checked in `pytorch_rules`), with
+//! leaks and look-alikes added at the trace's real stacks.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use snapdiff_format::{Action, Existing, Snapshot, StackId};
+
+use crate::pytorch_replay::{Extra, Job, start_state, trace_of};
+use crate::util::{shared_torch_fixtures, snapdiff, tempdir};
+
+/// Packages that are libraries wherever they sit (the maph job vendors
+/// transformers in its own folder).
+const LIBRARIES: [&str; 6] = [
+    "torch",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "lightning",
+    "peft",
+];
+
+/// The test's own rule for user code, independent of the analyzer's: a
+/// Python file outside installed packages and the standard library.
+fn is_user(file: &str) -> bool {
+    let folders: Vec<&str> = file.split('/').collect();
+    file.ends_with(".py")
+        && !["/site-packages/", "/dist-packages/", "/lib/python"]
+            .iter()
+            .any(|p| file.contains(p))
+        && !folders[..folders.len() - 1]
+            .iter()
+            .any(|f| LIBRARIES.contains(f))
+}
+
+/// The innermost user frame of `stack`: (file, line).
+fn user_line(snap: &Snapshot, stack: StackId) -> Option<(String, u64)> {
+    snap.stacks[stack as usize]
+        .iter()
+        .map(|&f| &snap.frames[f as usize])
+        .find(|f| is_user(&f.file))
+        .map(|f| (f.file.to_string(), u64::from(f.line)))
+}
+
+/// A fixture whose busy device's trace can be replayed.
+struct Source {
+    name: String,
+    snap: Snapshot,
+    device: u32,
+}
+
+fn sources() -> Vec<Source> {
+    let Some(files) = shared_torch_fixtures() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for file in files {
+        let snap = snapdiff_format::read_path(&file).unwrap();
+        let Some(device) = snap
+            .traces
+            .iter()
+            .find(|t| t.events.iter().any(|e| e.action == Action::Alloc))
+            .map(|t| t.device)
+        else {
+            continue;
+        };
+        // Expandable segments (snapviewer) cannot be replayed: see pytorch_rules.
+        if start_state(&snap, device).is_err() {
+            continue;
+        }
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        out.push(Source { name, snap, device });
+    }
+    assert_eq!(out.len(), 5, "five replayable fixtures");
+    out
+}
+
+/// An allocation of the trace at a user line that the trace frees again:
+/// keeping it is a leak. The smallest such of at least `min` bytes, as
+/// (event index, bytes, user line).
+fn transient_alloc(src: &Source, min: u64) -> (usize, u64, (String, u64)) {
+    let events = trace_of(&src.snap, src.device);
+    let mut open = std::collections::HashMap::new();
+    let mut transient = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                open.insert(e.address, i);
+            }
+            Action::FreeCompleted => transient.extend(open.remove(&e.address)),
+            _ => {}
+        }
+    }
+    transient
+        .into_iter()
+        .map(|i| (i, &events[i]))
+        .filter(|(_, e)| e.size >= min)
+        .filter_map(|(i, e)| Some((i, e.size, user_line(&src.snap, e.stack?)?)))
+        .min_by_key(|&(i, size, _)| (size, i))
+        .unwrap_or_else(|| panic!("{}: no transient allocation at a user line", src.name))
+}
+
+fn write(dir: &Path, name: &str, snap: &Snapshot) -> PathBuf {
+    let path = dir.join(name);
+    snapdiff_format::write_path(&path, snap, Existing::Replace).unwrap();
+    path
+}
+
+fn trend(files: &[&Path]) -> Value {
+    let mut args = vec!["trend".as_ref(), "--json".as_ref()];
+    args.extend(files.iter().map(|f| f.as_os_str()));
+    snapdiff(args).expect_code(0).json()
+}
+
+fn compare(a: &Path, b: &Path) -> Value {
+    snapdiff([
+        "compare".as_ref(),
+        a.as_os_str(),
+        b.as_os_str(),
+        "--json".as_ref(),
+    ])
+    .expect_code(0)
+    .json()
+}
+
+fn line_of(site: &Value) -> (String, u64) {
+    let c = &site["culprit"];
+    (
+        c["file"].as_str().unwrap().to_owned(),
+        c["line"].as_u64().unwrap(),
+    )
+}
+
+/// Runs `job` on `src` and writes the snapshot at its end.
+fn dump(src: &Source, job: &Job, dir: &Path, name: &str) -> PathBuf {
+    write(
+        dir,
+        &format!("{name}.snap"),
+        &job.run(&src.snap, src.device),
+    )
+}
+
+fn suspects(report: &Value) -> &Vec<Value> {
+    report["suspects"].as_array().unwrap()
+}
+
+/// Asserts that `report` names `line` first and alone, growing `bytes` a step.
+fn names_alone(report: &Value, line: &(String, u64), bytes: u64, case: &str) {
+    let found = suspects(report);
+    assert_eq!(found.len(), 1, "{case}: only the injected site: {report:#}");
+    assert_eq!(&line_of(&found[0]), line, "{case}: {report:#}");
+    assert_eq!(
+        found[0]["growth_per_step"].as_f64(),
+        Some(bytes as f64),
+        "{case}: bytes per step: {report:#}"
+    );
+}
+
+fn no_suspect(report: &Value, case: &str) {
+    assert_eq!(suspects(report).len(), 0, "{case}: {report:#}");
+}
+
+#[test]
+fn steady_jobs_have_no_suspect_and_leak_nothing_between_iterations() {
+    let dir = tempdir();
+    for src in sources() {
+        let case = format!("{} steady", src.name);
+        let marked = dump(&src, &Job::steady(8), dir.path(), "steady");
+        no_suspect(&trend(&[&marked]), &case);
+        let plain = Job {
+            step_marks: false,
+            ..Job::steady(8)
+        };
+        let unmarked = dump(&src, &plain, dir.path(), "unmarked");
+        let report = trend(&[&unmarked]);
+        assert_eq!(report["checkpoint_source"], "iterations", "{case}");
+        no_suspect(&report, &case);
+        // Two dumps of the same job, iterations apart: allocator slack
+        // moves, nothing leaks.
+        let early = dump(&src, &Job::steady(3), dir.path(), "early");
+        let report = compare(&early, &marked);
+        assert_eq!(report["leaked_bytes"], 0, "{case}: {report:#}");
+    }
+}
+
+#[test]
+fn a_leak_of_whole_blocks_is_named_with_its_bytes_per_step() {
+    let dir = tempdir();
+    for src in sources() {
+        let (alloc, size, line) = transient_alloc(&src, 64 << 10);
+        let job = Job::steady(8).with(Extra::KeepBlock { alloc });
+        let marked = dump(&src, &job, dir.path(), "marked");
+        names_alone(
+            &trend(&[&marked]),
+            &line,
+            size,
+            &format!("{} marked", src.name),
+        );
+
+        // One dump at the end of a job that marks nothing: the iterations
+        // are found from the trace.
+        let plain = Job {
+            step_marks: false,
+            ..job.clone()
+        };
+        let unmarked = dump(&src, &plain, dir.path(), "unmarked");
+        let report = trend(&[&unmarked]);
+        assert_eq!(report["checkpoint_source"], "iterations", "{}", src.name);
+        names_alone(&report, &line, size, &format!("{} unmarked", src.name));
+
+        // Another device whose trace holds only markers changes nothing.
+        let mut snap = snapdiff_format::read_path(&unmarked).unwrap();
+        snap.traces.push(snapdiff_format::DeviceTrace {
+            device: src.device + 1,
+            events: (0..4)
+                .map(|step| snapdiff_format::TraceEvent {
+                    action: Action::Step,
+                    size: step,
+                    ..Default::default()
+                })
+                .collect(),
+        });
+        let idle = write(dir.path(), "idle.snap", &snap);
+        let with_idle = trend(&[&idle]);
+        assert_eq!(with_idle["suspects"], report["suspects"], "{}", src.name);
+
+        // A ring buffer that wrapped: the recorded window is judged.
+        let per_iteration = trace_of(&src.snap, src.device).len();
+        let wrapped = Job {
+            trace_entries: 3 * per_iteration,
+            ..plain.clone()
+        };
+        let wrapped = dump(&src, &wrapped, dir.path(), "wrapped");
+        let report = trend(&[&wrapped]);
+        names_alone(&report, &line, size, &format!("{} wrapped", src.name));
+        assert!(
+            report["notes"].to_string().contains("never saw allocated"),
+            "{}: {report:#}",
+            src.name
+        );
+    }
+}
+
+#[test]
+fn a_slow_leak_under_allocator_slack_is_named_in_trend_and_compare() {
+    let dir = tempdir();
+    for src in sources() {
+        let (alloc, size, line) = transient_alloc(&src, 1 << 10);
+        assert!(size < 64 << 10, "{}: a few KiB, not {size} B", src.name);
+        let leak = Extra::KeepBlock { alloc };
+        let late = dump(&src, &Job::steady(8).with(leak), dir.path(), "late");
+        names_alone(&trend(&[&late]), &line, size, &src.name);
+        let early = dump(&src, &Job::steady(3).with(leak), dir.path(), "early");
+        let report = compare(&early, &late);
+        assert_eq!(report["leaked_bytes"], 5 * size, "{}: {report:#}", src.name);
+        assert_eq!(
+            line_of(&report["groups"][0]),
+            line,
+            "{}: {report:#}",
+            src.name
+        );
+    }
+}
+
+#[test]
+fn one_block_that_grows_is_a_leak_and_a_periodic_site_is_not() {
+    let dir = tempdir();
+    for src in sources() {
+        let (alloc, _, line) = transient_alloc(&src, 0);
+        let stack = trace_of(&src.snap, src.device)[alloc].stack.unwrap();
+        let grow = Job::steady(8).with(Extra::GrowOneBlock {
+            stack,
+            bytes: 48 << 10,
+        });
+        let report = trend(&[&dump(&src, &grow, dir.path(), "grow")]);
+        names_alone(&report, &line, 48 << 10, &format!("{} grows", src.name));
+        // The first checkpoint is the start of the first step, before the block.
+        let blocks = &suspects(&report)[0]["blocks"].as_array().unwrap()[1..];
+        assert!(
+            blocks.iter().all(|b| b == 1),
+            "{}: one block all along: {report:#}",
+            src.name
+        );
+
+        // Filled every step, emptied every 4th, and the run ends on a
+        // rising edge (3 of 4 filled).
+        let periodic = Job::steady(11).with(Extra::Periodic {
+            stack,
+            bytes: 256 << 10,
+            period: 4,
+        });
+        let report = trend(&[&dump(&src, &periodic, dir.path(), "periodic")]);
+        no_suspect(&report, &format!("{} periodic", src.name));
+    }
+}
+
+#[test]
+fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
+    let dir = tempdir();
+    for src in sources() {
+        let (alloc, size, line) = transient_alloc(&src, 64 << 10);
+        let once = Job {
+            step_marks: false,
+            ..Job::steady(1).with(Extra::KeepBlock { alloc })
+        };
+        let report = trend(&[&dump(&src, &once, dir.path(), "once")]);
+        no_suspect(&report, &format!("{} single pass", src.name));
+        // The one-step training and the notebook fine-tune are single
+        // passes; the other traces repeat within themselves (forward
+        // passes, a generation loop) and are cut there.
+        let single = [
+            "cs336-medium-128-training.pickle",
+            "ftcourse-finetune.pickle",
+        ];
+        if single.contains(&src.name.as_str()) {
+            assert!(
+                report["notes"][0]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("no verdict"),
+                "{}: {report:#}",
+                src.name
+            );
+        } else {
+            assert_ne!(report["checkpoint_source"], "evenly_spaced", "{}", src.name);
+        }
+
+        let steady = dump(&src, &Job::steady(8), dir.path(), "rank0-step8");
+        let leaking = Job::steady(8).with(Extra::KeepBlock { alloc });
+        let leaking = dump(&src, &leaking, dir.path(), "rank1-step8");
+        let report = trend(&[&steady, &leaking]);
+        let processes = report["processes"].as_array().unwrap();
+        assert_eq!(processes.len(), 2, "{}: {report:#}", src.name);
+        assert_eq!(processes[0]["process"], "rank0", "{report:#}");
+        no_suspect(&processes[0]["trend"], &format!("{} rank 0", src.name));
+        names_alone(
+            &processes[1]["trend"],
+            &line,
+            size,
+            &format!("{} rank 1", src.name),
+        );
+    }
+}
