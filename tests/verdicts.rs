@@ -284,12 +284,13 @@ fn one_block_that_grows_is_a_leak_and_a_periodic_site_is_not() {
             src.name
         );
 
-        // Filled every step, emptied every 4th, and the run ends on a
-        // rising edge (3 of 4 filled).
-        let periodic = Job::steady(11).with(Extra::Periodic {
+        // Filled every step, emptied every 8th, and the run ends on a
+        // long rising edge (6 of 8 filled), where the floor of the last
+        // checkpoints rises at every one of them.
+        let periodic = Job::steady(14).with(Extra::Periodic {
             stack,
             bytes: 256 << 10,
-            period: 4,
+            period: 8,
         });
         let report = trend(&[&dump(&src, &periodic, dir.path(), "periodic")]);
         no_suspect(&report, &format!("{} periodic", src.name));
