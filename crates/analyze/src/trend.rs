@@ -366,8 +366,9 @@ struct Cuts {
     source: CheckpointSource,
     /// Event indices: each checkpoint is the state after that many events.
     at: Vec<usize>,
-    /// For iterations found in the trace, the iteration each cut starts.
-    iterations: Option<Vec<u64>>,
+    /// The step (or iteration found in the trace) each cut starts, when the
+    /// cutting knows it.
+    steps: Option<Vec<u64>>,
 }
 
 /// Chooses where to cut a trace: after each step mark, else after each
@@ -380,7 +381,7 @@ fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &Tre
     let plain = |source, at| Cuts {
         source,
         at,
-        iterations: None,
+        steps: None,
     };
     let after = |action: Action| -> Vec<usize> {
         events
@@ -392,10 +393,19 @@ fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &Tre
     };
     // Step marks first: where a program marks its steps, they are the
     // checkpoints it means. Each cut is the start of a step; the trace's
-    // end is in the middle of one unless a mark ends it.
-    let steps = after(Action::Step);
-    if !steps.is_empty() {
-        return plain(CheckpointSource::StepMarks, steps);
+    // end, after the last step's work, is the start of the next.
+    let mut marks = after(Action::Step);
+    if !marks.is_empty() {
+        let mut steps: Vec<u64> = marks.iter().map(|&i| events[i - 1].size).collect();
+        if marks.last() != Some(&len) {
+            steps.push(steps[steps.len() - 1] + 1);
+            marks.push(len);
+        }
+        return Cuts {
+            source: CheckpointSource::StepMarks,
+            at: marks,
+            steps: Some(steps),
+        };
     }
     // Snapshot markers are where earlier dumps were taken; the end of the
     // trace is this one's.
@@ -438,7 +448,7 @@ fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &Tre
         return Cuts {
             source: CheckpointSource::Iterations,
             at: chosen.iter().map(|&k| found.starts[k]).collect(),
-            iterations: Some(chosen.iter().map(|&k| k as u64).collect()),
+            steps: Some(chosen.iter().map(|&k| k as u64).collect()),
         };
     }
     if let Some(cuts) = iteration_troughs(events, n) {
@@ -607,7 +617,7 @@ fn trend_of_device(
     let Cuts {
         source,
         at: cuts,
-        iterations,
+        steps,
     } = cuts_for(snap, keys, trace_index, options);
     let trace = &snap.traces[trace_index];
     let replayed = replay(snap, keys, trace, &cuts);
@@ -617,14 +627,7 @@ fn trend_of_device(
         .enumerate()
         .map(|(k, &idx)| Checkpoint {
             time_us: idx.checked_sub(1).and_then(|i| trace.events[i].time_us),
-            step: match &iterations {
-                Some(iterations) => Some(iterations[k]),
-                None => trace.events[..idx]
-                    .iter()
-                    .rev()
-                    .find(|e| e.action == Action::Step)
-                    .map(|e| e.size),
-            },
+            step: steps.as_ref().map(|steps| steps[k]),
             event_index: Some(idx),
         })
         .collect();
