@@ -7,7 +7,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::util::{python_script, root, shared_torch, shared_torch_fixtures, snapdiff, tempdir};
+use crate::util::{
+    compare_json, python_script, root, shared_torch, shared_torch_fixtures, snapdiff, tempdir,
+};
 
 /// Runs `tests/support/inject_leak.py` and returns what it injected.
 fn inject(
@@ -47,17 +49,6 @@ fn culprit_of(group: &Value) -> (String, String, u64) {
 
 fn expected_culprit(injected: &Value) -> (String, String, u64) {
     culprit_of(injected)
-}
-
-fn compare_json(a: &Path, b: &Path) -> Value {
-    snapdiff([
-        "compare".as_ref(),
-        a.as_os_str(),
-        b.as_os_str(),
-        "--json".as_ref(),
-    ])
-    .expect_code(0)
-    .json()
 }
 
 #[test]

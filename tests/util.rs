@@ -113,6 +113,18 @@ where
     }
 }
 
+/// Runs `snapdiff compare A B --json`, expecting exit code 0.
+pub fn compare_json(a: &Path, b: &Path) -> serde_json::Value {
+    snapdiff([
+        "compare".as_ref(),
+        a.as_os_str(),
+        b.as_os_str(),
+        "--json".as_ref(),
+    ])
+    .expect_code(0)
+    .json()
+}
+
 /// Runs `python3 tests/support/<script> args...` and parses its JSON output.
 pub fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
     let out = python_file(&root().join("tests/support").join(script), args);

@@ -9,7 +9,7 @@ use serde_json::Value;
 use snapdiff_format::{Action, Existing, Snapshot, StackId};
 
 use crate::pytorch_replay::{Extra, Job, start_state, trace_of};
-use crate::util::{shared_torch_fixtures, snapdiff, tempdir};
+use crate::util::{compare_json, shared_torch_fixtures, snapdiff, tempdir};
 
 /// Packages that are libraries wherever they sit (the maph job vendors
 /// transformers in its own folder).
@@ -114,17 +114,6 @@ fn trend(files: &[&Path]) -> Value {
     snapdiff(args).expect_code(0).json()
 }
 
-fn compare(a: &Path, b: &Path) -> Value {
-    snapdiff([
-        "compare".as_ref(),
-        a.as_os_str(),
-        b.as_os_str(),
-        "--json".as_ref(),
-    ])
-    .expect_code(0)
-    .json()
-}
-
 fn line_of(site: &Value) -> (String, u64) {
     let c = &site["culprit"];
     (
@@ -180,7 +169,7 @@ fn steady_jobs_have_no_suspect_and_leak_nothing_between_iterations() {
         // Two dumps of the same job, iterations apart: allocator slack
         // moves, nothing leaks.
         let early = dump(&src, &Job::steady(3), dir.path(), "early");
-        let report = compare(&early, &marked);
+        let report = compare_json(&early, &marked);
         assert_eq!(report["leaked_bytes"], 0, "{case}: {report:#}");
     }
 }
@@ -253,7 +242,7 @@ fn a_slow_leak_under_allocator_slack_is_named_in_trend_and_compare() {
         let late = dump(&src, &Job::steady(8).with(leak), dir.path(), "late");
         names_alone(&trend(&[&late]), &line, size, &src.name);
         let early = dump(&src, &Job::steady(3).with(leak), dir.path(), "early");
-        let report = compare(&early, &late);
+        let report = compare_json(&early, &late);
         assert_eq!(report["leaked_bytes"], 5 * size, "{}: {report:#}", src.name);
         assert_eq!(
             line_of(&report["groups"][0]),
