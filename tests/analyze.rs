@@ -2,13 +2,14 @@
 //! real files (reusing real stacks) must be named, first and alone, with
 //! exact bytes; the unmodified files must show no leak.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 
 use crate::util::{
-    compare_json, python_script, root, shared_torch, shared_torch_fixtures, snapdiff, tempdir,
+    compare_json, python_json, python_script, shared_torch, shared_torch_fixtures, snapdiff,
+    tempdir,
 };
 
 /// Runs `tests/support/inject_leak.py` and returns what it injected.
@@ -20,22 +21,20 @@ fn inject(
     size: u64,
     stack_from: Option<&Path>,
 ) -> Value {
-    let mut cmd = Command::new("python3");
-    cmd.arg(root().join("tests/support/inject_leak.py"))
-        .arg(mode)
-        .arg(input)
-        .arg(output)
-        .args(["--blocks", &count.to_string(), "--size", &size.to_string()]);
+    let (count, size) = (count.to_string(), size.to_string());
+    let mut args: Vec<&OsStr> = vec![
+        mode.as_ref(),
+        input.as_os_str(),
+        output.as_os_str(),
+        "--blocks".as_ref(),
+        count.as_ref(),
+        "--size".as_ref(),
+        size.as_ref(),
+    ];
     if let Some(s) = stack_from {
-        cmd.arg("--stack-from").arg(s);
+        args.extend(["--stack-from".as_ref(), s.as_os_str()]);
     }
-    let out = cmd.output().expect("python3");
-    assert!(
-        out.status.success(),
-        "inject_leak.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    python_json("inject_leak.py", &args)
 }
 
 fn culprit_of(group: &Value) -> (String, String, u64) {
@@ -432,17 +431,8 @@ fn compare_says_when_only_the_cache_grew() {
 /// Rewrites the frame paths of `input` into `form` (see
 /// `tests/support/rewrite_paths.py`); returns the map of old to new paths.
 fn rewrite_paths(form: &str, input: &Path, output: &Path) -> Value {
-    let out = Command::new("python3")
-        .arg(root().join("tests/support/rewrite_paths.py"))
-        .args([form.as_ref(), input.as_os_str(), output.as_os_str()])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "rewrite_paths.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let args: [&OsStr; 3] = [form.as_ref(), input.as_os_str(), output.as_os_str()];
+    python_json("rewrite_paths.py", &args)
 }
 
 /// Each top site's culprit as (function, file, line, kind) and its bytes,

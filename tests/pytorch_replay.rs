@@ -616,34 +616,36 @@ fn with_source_stacks(snap: &mut Snapshot, source: &Snapshot, stacks: &[Option<S
         }
     };
     let mut next = stacks[allocs_lost..].iter();
-    let mut by_address: HashMap<u64, Option<StackId>> = HashMap::new();
-    let mut pending_segment = Vec::new();
-    for e in &mut trace.events {
+    // The stack of the allocation each block address and segment belongs to.
+    let mut block_stack: HashMap<u64, Option<StackId>> = HashMap::new();
+    let mut segment_stack: HashMap<u64, Option<StackId>> = HashMap::new();
+    // Segment events waiting for the allocation that made their segment.
+    let mut made_by_next = Vec::new();
+    for i in 0..trace.events.len() {
+        let e = &mut trace.events[i];
         match e.action {
             Action::Alloc => {
                 e.stack = *next.next().expect("one stack per allocation");
-                by_address.insert(e.address, e.stack);
-                for s in pending_segment.drain(..) {
-                    by_address.insert(s, e.stack);
+                block_stack.insert(e.address, e.stack);
+                let stack = e.stack;
+                for j in made_by_next.drain(..) {
+                    let segment: &mut snapdiff_format::TraceEvent = &mut trace.events[j];
+                    segment.stack = stack;
+                    segment_stack.insert(segment.address, stack);
                 }
             }
-            Action::SegmentAlloc => pending_segment.push(e.address),
-            _ => e.stack = by_address.get(&e.address).copied().flatten(),
-        }
-    }
-    // Segment events get the stack of the allocation that made them.
-    for e in &mut trace.events {
-        if e.action == Action::SegmentAlloc {
-            e.stack = by_address.get(&e.address).copied().flatten();
+            Action::SegmentAlloc => made_by_next.push(i),
+            Action::SegmentFree => e.stack = segment_stack.get(&e.address).copied().flatten(),
+            _ => e.stack = block_stack.get(&e.address).copied().flatten(),
         }
     }
     for seg in &mut snap.segments {
-        seg.stack = None;
+        seg.stack = segment_stack.get(&seg.address).copied().flatten();
         for b in &mut seg.blocks {
             b.stack = b
                 .state
                 .is_active()
-                .then(|| by_address.get(&b.address).copied().flatten())
+                .then(|| block_stack.get(&b.address).copied().flatten())
                 .flatten();
         }
     }

@@ -126,7 +126,7 @@ pub fn compare_json(a: &Path, b: &Path) -> serde_json::Value {
 }
 
 /// Runs `python3 tests/support/<script> args...` and parses its JSON output.
-pub fn python_json(script: &str, args: &[&Path]) -> serde_json::Value {
+pub fn python_json<S: AsRef<std::ffi::OsStr>>(script: &str, args: &[S]) -> serde_json::Value {
     let out = python_file(&root().join("tests/support").join(script), args);
     serde_json::from_str(&out).unwrap()
 }

@@ -128,19 +128,18 @@ fn self_match(allocs: &[(usize, StackKey)], lag: usize) -> f64 {
 /// The share of bytes allocated in windows of `period` allocations that are
 /// freed before the end of the following window.
 fn freed_within_next(events: &[TraceEvent], allocs: &[(usize, StackKey)], period: usize) -> f64 {
-    // Window of each allocation event, and where the next window ends.
-    let mut window_of: FxHashMap<usize, usize> = FxHashMap::default();
-    for (j, &(i, _)) in allocs.iter().enumerate() {
-        window_of.insert(i, j / period);
-    }
+    // Where the window after window `w` ends, as an event index.
     let window_end = |w: usize| allocs.get((w + 2) * period).map_or(events.len(), |a| a.0);
+    // Open allocations by address: (window, bytes).
     let mut open: FxHashMap<u64, (usize, u64)> = FxHashMap::default();
+    let mut seen = 0;
     let (mut allocated, mut freed) = (0u64, 0u64);
     for (i, e) in events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
                 allocated += e.size;
-                open.insert(e.address, (window_of[&i], e.size));
+                open.insert(e.address, (seen / period, e.size));
+                seen += 1;
             }
             Action::FreeCompleted | Action::FreeRequested => {
                 if let Some((w, size)) = open.remove(&e.address)
