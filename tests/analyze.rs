@@ -347,6 +347,25 @@ fn trend_over_several_snapshots_of_a_growing_job() {
         "{}",
         run.stdout()
     );
+    // The evidence under the table: the floor and blocks at each checkpoint
+    // after warm-up (the pickles carry no steps, so checkpoints are numbered).
+    let text = run.stdout();
+    let evidence: Vec<Vec<&str>> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("evidence:"))
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        evidence[0],
+        ["1", "checkpoint", "#2", "#3", "#4", "#5", "#6"]
+    );
+    // The injected stack is a real one that already held 15 MiB in 2 blocks.
+    assert_eq!(
+        evidence[2].join(" "),
+        "floor 17.0 MiB 19.0 MiB 21.0 MiB 23.0 MiB 25.0 MiB"
+    );
+    assert_eq!(evidence[3], ["blocks", "4", "6", "8", "10", "12"]);
 
     // Steady: the same file five times.
     let same = vec![file.clone(); 5];

@@ -131,6 +131,13 @@ fn dump(src: &Source, job: &Job, dir: &Path, name: &str) -> PathBuf {
     )
 }
 
+/// [`dump`] as if process `pid` had run the job.
+fn dump_as_process(src: &Source, job: &Job, dir: &Path, name: &str, pid: u32) -> PathBuf {
+    let mut snapshot = job.run(&src.snap, src.device);
+    snapshot.meta.pid = Some(pid);
+    write(dir, &format!("{name}.snap"), &snapshot)
+}
+
 fn suspects(report: &Value) -> &Vec<Value> {
     report["suspects"].as_array().unwrap()
 }
@@ -289,7 +296,7 @@ fn one_block_that_grows_is_a_leak_and_a_periodic_site_is_not() {
 #[test]
 fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
     let dir = tempdir();
-    for src in sources() {
+    for (i, src) in sources().into_iter().enumerate() {
         let (alloc, size, line) = transient_alloc(&src, 64 << 10);
         let once = Job {
             step_marks: false,
@@ -331,5 +338,25 @@ fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
             size,
             &format!("{} rank 1", src.name),
         );
+
+        // Files whose names say nothing of their process are told apart by
+        // the process id they record.
+        if i == 0 {
+            let a = dump_as_process(&src, &Job::steady(8), dir.path(), "a", 100);
+            let leaking = Job::steady(8).with(Extra::KeepBlock { alloc });
+            let b = dump_as_process(&src, &leaking, dir.path(), "b", 200);
+            let report = trend(&[&a, &b]);
+            let processes = report["processes"].as_array().unwrap();
+            let names: Vec<&Value> = processes.iter().map(|p| &p["process"]).collect();
+            assert_eq!(names, ["pid100", "pid200"], "{report:#}");
+            no_suspect(&processes[0]["trend"], "pid 100");
+            names_alone(&processes[1]["trend"], &line, size, "pid 200");
+            // compare does not judge them as one job either.
+            let notes = compare_json(&a, &b)["notes"].to_string();
+            assert!(
+                notes.contains("different processes (pid100, pid200)"),
+                "{notes}"
+            );
+        }
     }
 }

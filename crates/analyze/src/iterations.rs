@@ -183,3 +183,77 @@ fn lowest_phase(events: &[TraceEvent], allocs: &[(usize, StackKey)], period: usi
     }
     (0..period).min_by_key(|&p| sums[p]).unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use snapdiff_format::{Action, Snapshot, TraceEvent};
+
+    use super::find;
+    use crate::stack_key::{StackKeys, test_frame};
+
+    /// A snapshot of `sites` one-frame stacks, `site0.py:1` ... (stack `k`
+    /// is site `k`), and the events of `program`: `(site, true)` allocates
+    /// a 1 KiB block at the site, `(site, false)` frees the newest live
+    /// block allocated there.
+    fn run(sites: u32, program: &[(u32, bool)]) -> (Vec<TraceEvent>, StackKeys) {
+        let mut snap = Snapshot::default();
+        for k in 0..sites {
+            snap.frames.push(test_frame("f", &format!("site{k}.py"), 1));
+            snap.stacks.push(vec![k]);
+        }
+        let mut live: Vec<Vec<u64>> = vec![Vec::new(); sites as usize];
+        let mut next_address = 0x1000;
+        let mut events = Vec::new();
+        for &(site, alloc) in program {
+            let address = if alloc {
+                next_address += 1024;
+                live[site as usize].push(next_address);
+                next_address
+            } else {
+                live[site as usize].pop().expect("a live block to free")
+            };
+            events.push(TraceEvent {
+                action: if alloc {
+                    Action::Alloc
+                } else {
+                    Action::FreeCompleted
+                },
+                address,
+                size: 1024,
+                stack: Some(site),
+                ..TraceEvent::default()
+            });
+        }
+        (events, StackKeys::new(&snap))
+    }
+
+    #[test]
+    fn a_loop_is_cut_once_per_iteration() {
+        // Six iterations of: allocate at ten sites, then free them all.
+        let one: Vec<(u32, bool)> = (0..10)
+            .map(|k| (k, true))
+            .chain((0..10).rev().map(|k| (k, false)))
+            .collect();
+        let (events, keys) = run(10, &one.repeat(6));
+        let found = find(&events, &keys).expect("iterations");
+        assert_eq!(found.period, 10);
+        // Cut where nothing is live: before each iteration's first allocation.
+        let starts: Vec<usize> = (0..6).map(|i| i * 20).collect();
+        assert_eq!(found.starts, starts);
+    }
+
+    #[test]
+    fn the_layers_of_one_pass_are_not_iterations() {
+        // One forward pass of twelve layers, the same five sites each; every
+        // layer's activations are kept for backward, freed at the end.
+        let mut pass: Vec<(u32, bool)> = Vec::new();
+        for _ in 0..12 {
+            pass.extend((0..5).map(|k| (k, true)));
+        }
+        for _ in 0..12 {
+            pass.extend((0..5).rev().map(|k| (k, false)));
+        }
+        let (events, keys) = run(5, &pass);
+        assert_eq!(find(&events, &keys), None);
+    }
+}

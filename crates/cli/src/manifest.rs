@@ -57,7 +57,10 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
 
 /// Fills in step, time, process and label of each snapshot that a manifest
 /// beside its file describes, where the snapshot does not say them itself.
-pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) {
+/// Returns, for each snapshot, the process the manifest says wrote it
+/// (`rank3`, or `pid812` without a rank).
+pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) -> Vec<Option<String>> {
+    let mut writers = Vec::with_capacity(snapshots.len());
     let mut by_folder: HashMap<PathBuf, HashMap<String, Entry>> = HashMap::new();
     for (path, snap) in snapshots.iter_mut() {
         let folder = path.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -69,8 +72,14 @@ pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) {
         });
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         let Some(entry) = name.and_then(|n| described.get(&n)) else {
+            writers.push(None);
             continue;
         };
+        writers.push(match (entry.rank, entry.pid) {
+            (Some(rank), _) => Some(format!("rank{rank}")),
+            (None, Some(pid)) => Some(format!("pid{pid}")),
+            (None, None) => None,
+        });
         let meta = &mut snap.meta;
         meta.step = meta.step.or(entry.step);
         meta.created_us = meta
@@ -85,4 +94,5 @@ pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) {
             };
         }
     }
+    writers
 }

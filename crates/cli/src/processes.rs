@@ -1,7 +1,9 @@
 //! Which process wrote a snapshot file, from its name, so that files of
 //! different ranks or processes are never judged as one series.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use snapdiff_format::Snapshot;
 
 /// The process that wrote the file `name`, as capture names files:
 /// `rank0-step10.pickle` (rank 0) and `pid123-step10.pickle` from the PyTorch
@@ -25,20 +27,39 @@ pub(crate) fn process_of(name: &str) -> Option<String> {
     number("pid").map(|pid| format!("pid{pid}"))
 }
 
-/// `files` grouped by the process that wrote them (see [`process_of`]),
-/// groups sorted by name, files kept in their order. Files whose names say
-/// nothing about their process form one group, named "".
+/// `files` grouped by the process that wrote them, as their names say (see
+/// [`process_of`]); files whose names say nothing form one group, named "".
+/// Groups are sorted by name, files kept in their order.
 pub(crate) fn by_process(files: &[PathBuf]) -> Vec<(String, Vec<PathBuf>)> {
-    let mut groups: Vec<(String, Vec<PathBuf>)> = Vec::new();
-    for file in files {
-        let name = file
+    group(files.iter().map(|file| {
+        let process = file
             .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
+            .and_then(|n| process_of(&n.to_string_lossy()))
             .unwrap_or_default();
-        let process = process_of(&name).unwrap_or_default();
-        match groups.iter_mut().find(|(p, _)| *p == process) {
-            Some((_, group)) => group.push(file.clone()),
-            None => groups.push((process, vec![file.clone()])),
+        (process, file.clone())
+    }))
+}
+
+/// The process that wrote a snapshot already read: as its file name says
+/// (see [`process_of`]), else as its manifest says (`writer`), else by the
+/// process id the file records (runtime `.snap` files do). "" when nothing
+/// says.
+pub(crate) fn process_of_snapshot(path: &Path, snap: &Snapshot, writer: Option<&str>) -> String {
+    path.file_name()
+        .and_then(|n| process_of(&n.to_string_lossy()))
+        .or_else(|| writer.map(str::to_owned))
+        .or_else(|| snap.meta.pid.map(|pid| format!("pid{pid}")))
+        .unwrap_or_default()
+}
+
+/// Items grouped by the name paired with each, groups sorted by name, items
+/// kept in their order.
+pub(crate) fn group<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
+    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+    for (name, item) in items {
+        match groups.iter_mut().find(|(g, _)| *g == name) {
+            Some((_, members)) => members.push(item),
+            None => groups.push((name, vec![item])),
         }
     }
     groups.sort_by(|a, b| a.0.cmp(&b.0));

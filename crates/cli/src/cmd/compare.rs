@@ -9,6 +9,7 @@ use snapdiff_format::Parts;
 use crate::args::CompareArgs;
 use crate::exit::Exit;
 use crate::json;
+use crate::processes::process_of_snapshot;
 use crate::render::{self, align_right, delta, size, table};
 
 /// Files up to this size together are read at the same time, on two
@@ -37,7 +38,18 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let (before, after) = (before?, after?);
     let mut options = CompareOptions::default();
     options.rules = rules;
-    let cmp = compare(&before, &after, &options);
+    let mut cmp = compare(&before, &after, &options);
+    let mut pair = [(&args.before, before), (&args.after, after)];
+    let writers = crate::manifest::describe(&mut pair);
+    let [(_, before), (_, after)] = pair;
+    let process_a = process_of_snapshot(&args.before, &before, writers[0].as_deref());
+    let process_b = process_of_snapshot(&args.after, &after, writers[1].as_deref());
+    if !process_a.is_empty() && !process_b.is_empty() && process_a != process_b {
+        cmp.notes.push(format!(
+            "the two files are from different processes ({process_a}, {process_b}): what one \
+             holds more than the other is not growth of one job"
+        ));
+    }
     render::release([before, after]);
     let exit = match args.fail_over {
         Some(limit) if cmp.leaked_bytes > limit => {

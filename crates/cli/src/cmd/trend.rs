@@ -4,7 +4,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use snapdiff_analyze::trend::CheckpointSource;
-use snapdiff_analyze::{Trend, TrendOptions, trend_snapshots, trend_trace};
+use snapdiff_analyze::{Suspect, Trend, TrendOptions, trend_snapshots, trend_trace};
+use snapdiff_format::Snapshot;
 
 use crate::args::{ReportArgs, TrendArgs};
 use crate::exit::Exit;
@@ -18,13 +19,27 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     options.warmup = args.warmup;
     options.checkpoints = args.checkpoints;
     options.device_memory = args.device_memory;
-    let processes = crate::processes::by_process(&args.files);
-    if processes.len() > 1 {
-        return run_per_process(&processes, &args, &options);
+    // Files are read a process at a time as their names tell processes
+    // apart; files whose names do not are told apart after reading, by
+    // manifest or recorded process id.
+    let mut trends = Vec::new();
+    let mut errored = false;
+    for (_, files) in crate::processes::by_process(&args.files) {
+        let (read, e) = read_all(&files);
+        errored |= e;
+        for (process, snapshots) in split_by_process(read) {
+            trends.push((process, judge(snapshots, &options)?));
+        }
     }
-    let Some((trend, errored)) = analyze(&args.files, &options)? else {
-        return Ok(Exit::Error);
-    };
+    match trends.len() {
+        0 => Ok(Exit::Error),
+        1 => print_one(&trends[0].1, errored, &args),
+        _ => print_per_process(&trends, errored, &args),
+    }
+}
+
+/// The report of one series of snapshots (or one trace).
+fn print_one(trend: &Trend, errored: bool, args: &TrendArgs) -> anyhow::Result<Exit> {
     let exit = match args.fail_over {
         _ if errored => Exit::Error,
         Some(limit) if trend.suspected_bytes > limit => {
@@ -38,38 +53,27 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
         _ => Exit::Clean,
     };
     if args.report.json {
-        json::print(&trend, args.report.top)?;
+        json::print(trend, args.report.top)?;
     } else {
-        print_table(&trend, &args.report, &mut render::text_out())?;
+        print_table(trend, &args.report, &mut render::text_out())?;
     }
     Ok(exit)
 }
 
-/// `trend` over the files of several processes (ranks): each process is
-/// judged on its own, and a rank that grows while others do not is said.
-fn run_per_process(
-    processes: &[(String, Vec<PathBuf>)],
+/// The reports of several processes (ranks), each judged on its own; a rank
+/// that grows while others do not is said.
+fn print_per_process(
+    trends: &[(String, Trend)],
+    errored: bool,
     args: &TrendArgs,
-    options: &TrendOptions,
 ) -> anyhow::Result<Exit> {
-    let mut trends = Vec::new();
-    let mut errored = false;
-    for (process, files) in processes {
-        match analyze(files, options)? {
-            Some((trend, e)) => {
-                errored |= e;
-                trends.push((process.as_str(), trend));
-            }
-            None => errored = true,
-        }
-    }
     let over: Vec<String> = trends
         .iter()
         .filter(|(_, t)| {
             args.fail_over
                 .is_some_and(|limit| t.suspected_bytes > limit)
         })
-        .map(|(p, t)| format!("{p}: {}", size(t.suspected_bytes)))
+        .map(|(p, t)| format!("{}: {}", process_name(p), size(t.suspected_bytes)))
         .collect();
     if let (false, Some(limit)) = (over.is_empty(), args.fail_over) {
         eprintln!(
@@ -78,10 +82,9 @@ fn run_per_process(
             over.join("; ")
         );
     }
-    let over = !over.is_empty();
     let exit = if errored {
         Exit::Error
-    } else if over {
+    } else if !over.is_empty() {
         Exit::OverThreshold
     } else {
         Exit::Clean
@@ -89,7 +92,7 @@ fn run_per_process(
     let growing: Vec<&str> = trends
         .iter()
         .filter(|(_, t)| !t.suspects.is_empty())
-        .map(|(p, _)| *p)
+        .map(|(p, _)| process_name(p))
         .collect();
     let disagree = !growing.is_empty() && growing.len() < trends.len();
     let note = disagree.then(|| one_rank_note(&growing));
@@ -105,29 +108,31 @@ fn run_per_process(
         return Ok(exit);
     }
     let mut out = render::text_out();
-    let names: Vec<&str> = trends.iter().map(|(p, _)| *p).collect();
+    let names: Vec<&str> = trends.iter().map(|(p, _)| process_name(p)).collect();
     writeln!(
         out,
         "snapshots of {} processes ({}): each is judged on its own",
         names.len(),
         names.join(", ")
     )?;
-    for (process, trend) in &trends {
-        writeln!(
-            out,
-            "\n{}:",
-            if process.is_empty() {
-                "other files"
-            } else {
-                process
-            }
-        )?;
+    for (process, trend) in trends {
+        writeln!(out, "\n{}:", process_name(process))?;
         print_table(trend, &args.report, &mut out)?;
     }
     if let Some(note) = note {
         writeln!(out, "\nnote: {note}")?;
     }
     Ok(exit)
+}
+
+/// A process's name for people: files that say nothing of theirs are
+/// "other files".
+fn process_name(process: &str) -> &str {
+    if process.is_empty() {
+        "other files"
+    } else {
+        process
+    }
 }
 
 /// The note for processes of which only some grow.
@@ -141,8 +146,9 @@ pub(crate) fn one_rank_note(growing: &[&str]) -> String {
 }
 
 /// The trend report of `files` with default options, as `capture` and `demo`
-/// show it. Returns the suspected growth in bytes, or `None` when no file
-/// could be read.
+/// show it (capture has told processes apart by their files' names already).
+/// Returns the suspected growth in bytes, or `None` when no file could be
+/// read.
 pub(crate) fn report(
     files: &[PathBuf],
     report: &ReportArgs,
@@ -150,9 +156,11 @@ pub(crate) fn report(
 ) -> anyhow::Result<Option<u64>> {
     let mut options = TrendOptions::default();
     options.rules = render::rules(report)?;
-    let Some((trend, _)) = analyze(files, &options)? else {
+    let (read, _) = read_all(files);
+    if read.is_empty() {
         return Ok(None);
-    };
+    }
+    let trend = judge(read.into_iter().map(|(r, _)| r).collect(), &options)?;
     if report.json {
         json::write(out, &trend, report.top)?;
     } else {
@@ -161,10 +169,16 @@ pub(crate) fn report(
     Ok(Some(trend.suspected_bytes))
 }
 
-/// Reads `files` in parallel and analyses them: one file by its trace,
-/// several as checkpoints. An unreadable file is reported on stderr and left
-/// out (the flag says so); `None` when no file could be read.
-fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(Trend, bool)>> {
+/// A snapshot read, with its path.
+struct Read<'a> {
+    path: &'a PathBuf,
+    snapshot: Snapshot,
+}
+
+/// Reads `files` in parallel, with what their manifests say of them, each
+/// paired with the process that wrote it. An unreadable file is reported on
+/// stderr and left out (the flag says so).
+fn read_all(files: &[PathBuf]) -> (Vec<(Read<'_>, String)>, bool) {
     let results: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .iter()
@@ -186,10 +200,26 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
             }
         }
     }
-    if read.is_empty() {
-        return Ok(None);
-    }
-    crate::manifest::describe(&mut read);
+    let writers = crate::manifest::describe(&mut read);
+    let read = read
+        .into_iter()
+        .zip(writers)
+        .map(|((path, snapshot), writer)| {
+            let process = crate::processes::process_of_snapshot(path, &snapshot, writer.as_deref());
+            (Read { path, snapshot }, process)
+        })
+        .collect();
+    (read, errored)
+}
+
+/// Snapshots grouped by the process that wrote them.
+fn split_by_process(read: Vec<(Read<'_>, String)>) -> Vec<(String, Vec<Read<'_>>)> {
+    crate::processes::group(read.into_iter().map(|(r, process)| (process, r)))
+}
+
+/// Analyses the snapshots of one process: one by its trace, several as
+/// checkpoints.
+fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Trend> {
     let mut notes = Vec::new();
     // An exit dump is taken after the program freed its own variables, so
     // what leaked into them is gone: among enough other dumps it would hide
@@ -198,9 +228,9 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
         path.file_stem()
             .is_some_and(|s| s.to_string_lossy().ends_with("-exit"))
     };
-    let exits = read.iter().filter(|(p, _)| is_exit(p)).count();
+    let exits = read.iter().filter(|r| is_exit(r.path)).count();
     if exits > 0 && read.len() - exits >= 3 {
-        read.retain(|(p, _)| !is_exit(p));
+        read.retain(|r| !is_exit(r.path));
         notes.push(format!(
             "{exits} exit snapshot{} left out: taken after the program freed its variables, \
              {} would hide what leaked into them",
@@ -211,20 +241,21 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
     // Snapshots that record neither step nor time (PyTorch's) are ordered by
     // file name (then path), numbers compared as numbers: step-200 before
     // step-1000, whatever order the shell's glob gave.
-    let unordered = !read.iter().all(|(_, s)| s.meta.step.is_some())
-        && !read.iter().all(|(_, s)| s.meta.created_us.is_some());
+    let unordered = !read.iter().all(|r| r.snapshot.meta.step.is_some())
+        && !read.iter().all(|r| r.snapshot.meta.created_us.is_some());
     if unordered {
-        read.sort_by_cached_key(|(path, _)| {
-            let name = path
+        read.sort_by_cached_key(|r| {
+            let name = r
+                .path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            (natural_key(&name), natural_key(&path.to_string_lossy()))
+            (natural_key(&name), natural_key(&r.path.to_string_lossy()))
         });
     }
-    let first = read[0].0.clone();
-    let snaps: Vec<_> = read.into_iter().map(|(_, s)| s).collect();
-    let trend = if snaps.len() == 1 {
+    let first = read[0].path.clone();
+    let snaps: Vec<_> = read.into_iter().map(|r| r.snapshot).collect();
+    let mut trend = if snaps.len() == 1 {
         trend_trace(&snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
     } else {
         let mut trend = trend_snapshots(&snaps, options);
@@ -239,10 +270,9 @@ fn analyze(files: &[PathBuf], options: &TrendOptions) -> anyhow::Result<Option<(
         }
         trend
     };
-    let mut trend = trend;
     trend.notes.extend(notes);
     render::release(snaps);
-    Ok(Some((trend, errored)))
+    Ok(trend)
 }
 
 /// A sort key that compares runs of digits as numbers: `step-200` < `step-1000`.
@@ -368,6 +398,7 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         align_right(&mut t, &[0, 2, 3, 4]);
         writeln!(out, "{t}")?;
         render::paths_note(out, &base)?;
+        print_evidence(trend, shown, out)?;
     }
     for note in &trend.notes {
         writeln!(out, "note: {note}")?;
@@ -375,8 +406,83 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
     Ok(())
 }
 
+/// At most this many checkpoints are shown as a suspect's evidence.
+const EVIDENCE_COLUMNS: usize = 8;
+
+/// The evidence each verdict rests on, so a user can check it: for each
+/// suspect, its live bytes, floor and blocks at checkpoints after warm-up
+/// (all of them, or an even sample including the first and last).
+fn print_evidence(trend: &Trend, shown: &[Suspect], out: &mut dyn Write) -> std::io::Result<()> {
+    let after_warmup = trend.warmup.min(trend.checkpoints.saturating_sub(1))..trend.checkpoints;
+    let picked = sample(after_warmup, EVIDENCE_COLUMNS);
+    let by_step = picked.iter().all(|&i| trend.points[i].step.is_some());
+    let header: Vec<String> = picked
+        .iter()
+        .map(|&i| match trend.points[i].step {
+            Some(step) if by_step => step.to_string(),
+            _ => format!("#{}", i + 1),
+        })
+        .collect();
+    writeln!(
+        out,
+        "\nevidence: the floor is the least live memory from a checkpoint on; a leak's floor keeps rising"
+    )?;
+    for (n, s) in shown.iter().enumerate() {
+        let rows = [
+            (if by_step { "step" } else { "checkpoint" }, header.clone()),
+            ("live", picked.iter().map(|&i| size(s.series[i])).collect()),
+            ("floor", picked.iter().map(|&i| size(s.floor[i])).collect()),
+            (
+                "blocks",
+                picked.iter().map(|&i| s.blocks[i].to_string()).collect(),
+            ),
+        ];
+        let widths: Vec<usize> = (0..picked.len())
+            .map(|c| {
+                rows.iter()
+                    .map(|(_, r)| r[c].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for (r, (name, cells)) in rows.iter().enumerate() {
+            let number = if r == 0 {
+                format!("{}", n + 1)
+            } else {
+                String::new()
+            };
+            write!(out, "{number:>3}  {name:<10}")?;
+            for (cell, width) in cells.iter().zip(&widths) {
+                write!(out, "  {cell:>width$}")?;
+            }
+            writeln!(out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Up to `most` indices of `range`, evenly spread, the first and last always in.
+fn sample(range: std::ops::Range<usize>, most: usize) -> Vec<usize> {
+    let len = range.len();
+    if len <= most {
+        return range.collect();
+    }
+    (0..most)
+        .map(|k| range.start + k * (len - 1) / (most - 1))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn evidence_samples_keep_both_ends() {
+        assert_eq!(super::sample(2..5, 8), [2, 3, 4]);
+        let picked = super::sample(1..101, 8);
+        assert_eq!(picked.len(), 8);
+        assert_eq!((picked[0], picked[7]), (1, 100));
+        assert!(picked.windows(2).all(|w| w[0] < w[1]));
+    }
+
     #[test]
     fn natural_order_compares_numbers_as_numbers() {
         let mut names = vec![
