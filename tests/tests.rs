@@ -37,3 +37,6 @@ mod torch_capture;
 
 // The snapdiff library: leak assertions, from a user's point of view.
 mod library;
+
+// The library from a crate outside the workspace, built as users build.
+mod user_crate;

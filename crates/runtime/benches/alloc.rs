@@ -39,6 +39,13 @@ fn alloc_free(c: &mut Criterion) {
             },
         ),
         (
+            "30 frames, call-frame tables",
+            AllocatorConfig {
+                stack_capture: StackCapture::Cfi,
+                ..Default::default()
+            },
+        ),
+        (
             "30 frames, frame pointers",
             AllocatorConfig {
                 stack_capture: StackCapture::FramePointers,

@@ -30,8 +30,9 @@ pub const ENV_STACKS: &str = "SNAPDIFF_STACKS";
 pub struct AllocatorConfig {
     /// Record the stack of every allocation. Default: on.
     pub record_stacks: bool,
-    /// How stacks are captured. Default: frame pointers where available
-    /// (falling back to unwinding).
+    /// How stacks are captured. Default: frame pointers when the program
+    /// is built with them (`-C force-frame-pointers=yes`), else the
+    /// call-frame tables ([`StackCapture::Cfi`]), which any build has.
     pub stack_capture: StackCapture,
     /// Capacity of the trace ring buffer (oldest events are dropped first);
     /// 0 records no trace. Default: 100,000 events.

@@ -20,14 +20,40 @@ pub(crate) const MAX_FRAMES: usize = 64;
 /// How return addresses are collected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StackCapture {
+    /// Unwind with the call-frame information (`.eh_frame`) that every
+    /// module carries, whatever its build, through framehop's unwind rules,
+    /// cached per address: about 0.5 µs for 30 frames once warm (see
+    /// docs/performance.md). Falls back to [`StackCapture::Unwind`] where
+    /// the tables cannot be read (outside Linux on x86_64 and aarch64).
+    Cfi,
     /// Walk frame pointers: tens of nanoseconds for a deep stack, but it
     /// needs every frame on the way to keep a frame pointer (build with
     /// `-C force-frame-pointers=yes`; see docs/runtime.md). Falls back to
-    /// [`StackCapture::Unwind`] where frame pointers are not available.
+    /// [`StackCapture::Cfi`] where this crate was built without them.
     FramePointers,
-    /// Unwind with DWARF call-frame information (the `backtrace` crate):
-    /// works for any build, about 3 µs for 30 frames.
+    /// Unwind with the system unwinder (the `backtrace` crate, which reads
+    /// the same tables without caching): works everywhere, about 5 µs for
+    /// 30 frames.
     Unwind,
+}
+
+impl StackCapture {
+    /// The method this one comes to in this process: frame pointers become
+    /// [`StackCapture::Cfi`] when the build has none, and the tables become
+    /// [`StackCapture::Unwind`] where they cannot be read.
+    ///
+    /// ```
+    /// use snapdiff_runtime::StackCapture;
+    /// # #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    /// assert_eq!(StackCapture::Cfi.in_effect(), StackCapture::Cfi);
+    /// ```
+    pub fn in_effect(self) -> StackCapture {
+        match self {
+            StackCapture::FramePointers if frame_pointers::usable() => StackCapture::FramePointers,
+            StackCapture::FramePointers | StackCapture::Cfi if cfi_available() => StackCapture::Cfi,
+            _ => StackCapture::Unwind,
+        }
+    }
 }
 
 /// Captures the current thread's return addresses into `out`, innermost first.
@@ -36,7 +62,9 @@ pub(crate) fn capture(method: StackCapture, out: &mut Vec<usize>) {
     out.clear();
     match method {
         StackCapture::FramePointers if frame_pointers::usable() => frame_pointers::walk(out),
+        StackCapture::FramePointers | StackCapture::Cfi if cfi_walk(out) => {}
         _ => {
+            out.clear();
             // SAFETY: on Linux this is `_Unwind_Backtrace`, which is thread-safe;
             // the crate's lock only matters for Windows' dbghelp.
             unsafe {
@@ -49,45 +77,83 @@ pub(crate) fn capture(method: StackCapture, out: &mut Vec<usize>) {
     }
 }
 
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+mod cfi;
+
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+fn cfi_walk(out: &mut Vec<usize>) -> bool {
+    cfi::walk(out)
+}
+
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+fn cfi_available() -> bool {
+    cfi::available()
+}
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+fn cfi_walk(_out: &mut Vec<usize>) -> bool {
+    false
+}
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+fn cfi_available() -> bool {
+    false
+}
+
+thread_local! {
+    /// This thread's stack range, looked up once.
+    static STACK: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
+}
+
+/// The current thread's stack, as `[low, high)`.
+fn thread_stack() -> Option<(usize, usize)> {
+    STACK.with(|s| {
+        if s.get().is_none() {
+            s.set(query_stack_range());
+        }
+        s.get()
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn query_stack_range() -> Option<(usize, usize)> {
+    // SAFETY: plain libc calls on an attribute object we own.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr = std::ptr::null_mut();
+        let mut size = 0;
+        let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        ok.then(|| (addr as usize, addr as usize + size))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn query_stack_range() -> Option<(usize, usize)> {
+    None
+}
+
 /// Frame-pointer walking, where the architecture keeps the chain in a register.
 mod frame_pointers {
-    use super::{Cell, MAX_FRAMES};
-
-    thread_local! {
-        /// This thread's stack range, looked up once.
-        static STACK: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
-    }
-
-    /// The current thread's stack, as `[low, high)`.
-    fn stack_range() -> Option<(usize, usize)> {
-        STACK.with(|s| {
-            if s.get().is_none() {
-                s.set(query_stack_range());
-            }
-            s.get()
-        })
-    }
-
-    #[cfg(target_os = "linux")]
-    fn query_stack_range() -> Option<(usize, usize)> {
-        // SAFETY: plain libc calls on an attribute object we own.
-        unsafe {
-            let mut attr: libc::pthread_attr_t = std::mem::zeroed();
-            if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
-                return None;
-            }
-            let mut addr = std::ptr::null_mut();
-            let mut size = 0;
-            let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
-            libc::pthread_attr_destroy(&mut attr);
-            ok.then(|| (addr as usize, addr as usize + size))
-        }
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    fn query_stack_range() -> Option<(usize, usize)> {
-        None
-    }
+    use super::{MAX_FRAMES, thread_stack as stack_range};
 
     /// Whether this build keeps frame pointers, checked once: a walk from a
     /// known function must find its return address inside the caller's code.

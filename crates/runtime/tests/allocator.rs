@@ -92,7 +92,11 @@ fn stack_of_allocate_here(capture: StackCapture) -> Vec<snapdiff_format::Frame> 
 
 #[test]
 fn a_block_carries_the_stack_that_allocated_it() {
-    for capture in [StackCapture::FramePointers, StackCapture::Unwind] {
+    for capture in [
+        StackCapture::Cfi,
+        StackCapture::FramePointers,
+        StackCapture::Unwind,
+    ] {
         let frames = stack_of_allocate_here(capture);
         let innermost = frames
             .first()
@@ -124,18 +128,22 @@ fn a_block_carries_the_stack_that_allocated_it() {
 }
 
 #[test]
-fn frame_pointers_and_unwinding_see_the_same_stack() {
+fn every_capture_method_sees_the_same_stack() {
     let names = |capture| -> Vec<String> {
         stack_of_allocate_here(capture)
             .iter()
-            .take(3)
             .map(|f| f.name.to_string())
             .collect()
     };
-    assert_eq!(
-        names(StackCapture::FramePointers),
-        names(StackCapture::Unwind)
-    );
+    // The whole stack, up to the thread's start: frame pointers stop at
+    // `start_thread`, the tables go on to `clone3` (whose own frame has no
+    // frame pointer), and the system unwinder to the null address past it.
+    let fp = names(StackCapture::FramePointers);
+    let cfi = names(StackCapture::Cfi);
+    let unwound = names(StackCapture::Unwind);
+    assert!(fp.len() > 10, "{fp:?}");
+    assert_eq!(cfi[..fp.len()], fp);
+    assert_eq!(unwound[..cfi.len()], cfi);
 }
 
 /// One training step: activations come and go, one buffer is kept forever.
