@@ -5,7 +5,6 @@
 //! the method the runtime captures stacks with.
 
 use snapdiff::testing::LeakCheck;
-use snapdiff::runtime::StackCapture;
 use snapdiff::{Allocator, AllocatorConfig, DeviceBuffer, HostBackend, Stream};
 
 #[inline(never)]
