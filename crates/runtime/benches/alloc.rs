@@ -97,5 +97,33 @@ fn snapshot_100k(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, alloc_free, snapshot_100k);
+/// Dumping 1,000,000 live blocks from 1,000 call sites to a `.snap` file,
+/// after the first dump has symbolized their stacks.
+fn dump_1m(c: &mut Criterion) {
+    let a = Allocator::with_config(
+        HostBackend::with_capacity(8 << 30),
+        AllocatorConfig::default(),
+    );
+    let mut live = Vec::with_capacity(1_000_000);
+    for i in 0..1_000_000 {
+        nested(i % 1000 / 40, &mut || {
+            nested(i % 40, &mut || {
+                live.push(a.alloc(512, Stream::DEFAULT).unwrap())
+            })
+        });
+    }
+    let dir = std::env::temp_dir().join(format!("snapdiff-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("dump.snap");
+    a.dump(&path).unwrap();
+    let mut group = c.benchmark_group("dump");
+    group.sample_size(10);
+    group.bench_function("1M live blocks, 1000 sites", |b| {
+        b.iter(|| a.dump(&path).unwrap())
+    });
+    group.finish();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+criterion_group!(benches, alloc_free, snapshot_100k, dump_1m);
 criterion_main!(benches);
