@@ -174,6 +174,66 @@ fn capture_lists_the_snapshots_and_reports_the_trend() {
 }
 
 #[test]
+fn a_job_that_runs_out_of_memory_gets_the_oom_report() {
+    let dir = tempdir();
+    // The leak fills the 64 MiB host device in about 500 steps.
+    let run = snapdiff([
+        "capture",
+        "-o",
+        dir.path().to_str().unwrap(),
+        "--every",
+        "100",
+        "--",
+        SNAPDIFF,
+        "train",
+        "--steps",
+        "1000",
+        "--capacity-mib",
+        "64",
+        "--leak",
+        "keep-activations",
+        "--log-every",
+        "0",
+    ]);
+    // The job's own failure is the exit code.
+    let out = run.expect_code(2).stdout();
+    let oom_dump = snapshots_in(dir.path())
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with("-oom.snap"))
+        .expect("the runtime dumped at the error");
+    assert!(
+        out.contains(&format!("out of memory: {}", oom_dump.display())),
+        "{out}"
+    );
+    let report = &out[out.find("out of memory: ").unwrap()..];
+    // The request: the step's next 128 KiB activation gradient.
+    assert!(
+        report.contains("out of memory asking for 128 KiB on stream 0"),
+        "{report}"
+    );
+    assert!(report.contains("the device was full"), "{report}");
+    // What grew: the leaking line, without which the request would fit.
+    let grew = report
+        .lines()
+        .find(|l| l.contains("kept growing before the error"))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_names_keep_activations_line(grew);
+    assert!(
+        report.contains("without that growth the request would have fit"),
+        "{report}"
+    );
+
+    // The same report from `snapdiff oom`, as JSON.
+    let json = snapdiff(["oom".as_ref(), oom_dump.as_os_str(), "--json".as_ref()])
+        .expect_code(0)
+        .json();
+    let o = &json["devices"][0];
+    assert_eq!(o["requested_bytes"], 128 << 10);
+    assert_eq!(o["fits_without_fragmentation"], false, "{o:#}");
+    assert_eq!(o["device_free"], 0, "{o:#}");
+}
+
+#[test]
 fn termination_is_passed_on_and_the_exit_snapshot_written() {
     let dir = tempdir();
     let child = Command::new(SNAPDIFF)

@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use snapdiff_format::{Action, BlockState, Pool, Snapshot, StackId, TraceEvent};
 use snapdiff_runtime::{
-    Allocator, AllocatorConfig, Backend, BackendError, DeviceBuffer, DeviceDesc, MemoryInfo, Stream,
+    AllocError, Allocator, AllocatorConfig, Backend, BackendError, DeviceBuffer, DeviceDesc,
+    MemoryInfo, Stream,
 };
 
 /// PyTorch's large-pool split threshold: a large block keeps up to this much
@@ -165,6 +166,13 @@ struct BackendLog {
     freed: Vec<u64>,
     /// Where the next unexpected segment goes (far above any real address).
     next_free_address: u64,
+    /// Bytes held in segments, and the most the device can hold.
+    reserved: u64,
+    capacity: u64,
+    /// Addresses of the segments held now: a job that diverges from the
+    /// trace (a leak pins a segment PyTorch freed) must not be handed a
+    /// held address again when the trace reuses it.
+    held: HashSet<u64>,
 }
 
 /// A backend that hands out the addresses PyTorch's `cudaMalloc` returned.
@@ -183,6 +191,7 @@ impl ReplayBackend {
         ReplayBackend {
             log: Arc::new(Mutex::new(BackendLog {
                 next_free_address: 1 << 60,
+                capacity: u64::MAX / 2,
                 ..Default::default()
             })),
             ordinal,
@@ -197,28 +206,38 @@ impl ReplayBackend {
 impl Backend for ReplayBackend {
     fn allocate(&self, size: u64, stream: Stream) -> Result<u64, BackendError> {
         let mut log = self.log.lock().unwrap();
-        match log.expected {
-            Some((address, expected)) if expected == size => {
+        if log.reserved + size > log.capacity {
+            return Err(BackendError::OutOfMemory);
+        }
+        log.reserved += size;
+        let address = match log.expected {
+            Some((address, expected)) if expected == size && !log.held.contains(&address) => {
                 log.expected = None;
-                Ok(address)
+                address
             }
             _ => {
                 log.unexpected.push((size, stream.0));
                 let address = log.next_free_address;
                 log.next_free_address += size.div_ceil(1 << 21) * (1 << 21);
-                Ok(address)
+                address
             }
-        }
+        };
+        log.held.insert(address);
+        Ok(address)
     }
 
-    fn free(&self, address: u64, _size: u64, _stream: Stream) {
-        self.log.lock().unwrap().freed.push(address);
+    fn free(&self, address: u64, size: u64, _stream: Stream) {
+        let mut log = self.log.lock().unwrap();
+        log.freed.push(address);
+        log.held.remove(&address);
+        log.reserved -= size;
     }
 
     fn memory_info(&self) -> MemoryInfo {
+        let log = self.log.lock().unwrap();
         MemoryInfo {
-            free: u64::MAX / 2,
-            total: u64::MAX / 2,
+            free: log.capacity - log.reserved,
+            total: log.capacity,
         }
     }
 
@@ -476,6 +495,20 @@ pub struct Job {
     pub extra: Extra,
     /// The runtime's trace ring: small values make it wrap.
     pub trace_entries: usize,
+    /// When set, the device holds only this many bytes more than the most
+    /// the job reserved in its first two iterations (the second settles
+    /// what the start state left), and the job stops at its first
+    /// out-of-memory error.
+    pub headroom: Option<u64>,
+}
+
+/// The request a job ran out of memory on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FailedRequest {
+    /// Bytes asked for, rounded, as the allocator's error gives them.
+    pub requested: u64,
+    /// The stack of the trace event the request replayed.
+    pub stack: Option<StackId>,
 }
 
 impl Job {
@@ -485,6 +518,7 @@ impl Job {
             step_marks: true,
             extra: Extra::Nothing,
             trace_entries: 1 << 24,
+            headroom: None,
         }
     }
 
@@ -497,6 +531,12 @@ impl Job {
     /// layout (segments, splitting, rounding) is the runtime's, following
     /// PyTorch's rules; the stacks are those of the real trace.
     pub fn run(&self, source: &Snapshot, device: u32) -> Snapshot {
+        self.run_to_oom(source, device).0
+    }
+
+    /// [`Job::run`], with the request that ran out of memory, if one did
+    /// (see [`Job::headroom`]); the snapshot is then taken at the error.
+    pub fn run_to_oom(&self, source: &Snapshot, device: u32) -> (Snapshot, Option<FailedRequest>) {
         let events = trace_of(source, device);
         let start = start_state(source, device).expect("a replayable trace");
         let config = AllocatorConfig {
@@ -518,42 +558,72 @@ impl Job {
         let mut kept = Vec::new();
         let mut periodic = Vec::new();
         let mut grown: Option<DeviceBuffer> = None;
-        for iteration in 0..self.iterations {
+        let mut failed = None;
+        // The iteration's live blocks by their trace address (kept when
+        // the job stops at an error, as a program's are at its dump).
+        let mut this_iteration: HashMap<u64, (usize, DeviceBuffer)> = HashMap::new();
+        'job: for iteration in 0..self.iterations {
             if self.step_marks {
                 replay.allocator.mark_step(iteration as u64);
             }
+            if let (2, Some(headroom)) = (iteration, self.headroom) {
+                let peak = replay.allocator.stats().peak_reserved_bytes;
+                replay.backend.log.lock().unwrap().capacity = peak + headroom;
+            }
             let mut alloc = |replay: &Replay, size: u64, stream: i64, stack: Option<StackId>| {
                 stacks.push(stack);
-                replay.alloc(size, Stream(stream as u64))
+                match replay.allocator.alloc(size as usize, Stream(stream as u64)) {
+                    Ok(b) => Ok(b),
+                    Err(AllocError::OutOfMemory { requested, .. }) => {
+                        Err(FailedRequest { requested, stack })
+                    }
+                    Err(e) => panic!("{e}"),
+                }
             };
             match self.extra {
                 Extra::GrowOneBlock { stack, bytes } => {
                     drop(grown.take());
                     let size = bytes * (iteration as u64 + 1);
-                    grown = Some(alloc(&replay, size, 0, Some(stack)));
+                    match alloc(&replay, size, 0, Some(stack)) {
+                        Ok(b) => grown = Some(b),
+                        Err(f) => {
+                            failed = Some(f);
+                            break 'job;
+                        }
+                    }
                 }
                 Extra::Periodic {
                     stack,
                     bytes,
                     period,
                 } => {
-                    periodic.push(alloc(&replay, bytes, 0, Some(stack)));
+                    match alloc(&replay, bytes, 0, Some(stack)) {
+                        Ok(b) => periodic.push(b),
+                        Err(f) => {
+                            failed = Some(f);
+                            break 'job;
+                        }
+                    }
                     if periodic.len() == period {
                         periodic.clear();
                     }
                 }
                 Extra::Nothing | Extra::KeepBlock { .. } => {}
             }
-            let mut this_iteration: HashMap<u64, (usize, DeviceBuffer)> = HashMap::new();
             let mut i = 0;
             while i < events.len() {
                 let e = &events[i];
                 match &e.action {
                     Action::SegmentAlloc => replay.backend.expect(Some((e.address, e.size))),
-                    Action::Alloc => {
-                        let b = alloc(&replay, e.size, e.stream, e.stack);
-                        this_iteration.insert(e.address, (i, b));
-                    }
+                    Action::Alloc => match alloc(&replay, e.size, e.stream, e.stack) {
+                        Ok(b) => {
+                            this_iteration.insert(e.address, (i, b));
+                        }
+                        Err(f) => {
+                            failed = Some(f);
+                            break 'job;
+                        }
+                    },
                     a if *a == free_at => match this_iteration.remove(&e.address) {
                         Some((at, b)) => {
                             if matches!(self.extra, Extra::KeepBlock { alloc } if alloc == at) {
@@ -575,12 +645,12 @@ impl Job {
             }
             // What the trace left allocated belongs to the step (the last
             // step's outputs, say) and is freed before the next one.
-            drop(this_iteration);
+            this_iteration.clear();
         }
         let mut snap = replay.allocator.snapshot();
-        drop((kept, periodic, grown));
+        drop((kept, periodic, grown, this_iteration));
         with_source_stacks(&mut snap, source, &stacks);
-        snap
+        (snap, failed)
     }
 }
 
@@ -635,6 +705,8 @@ fn with_source_stacks(snap: &mut Snapshot, source: &Snapshot, stacks: &[Option<S
                 }
             }
             Action::SegmentAlloc => made_by_next.push(i),
+            // The request that failed: the last stack handed out.
+            Action::Oom => e.stack = *next.next().expect("the failed request's stack"),
             Action::SegmentFree => e.stack = segment_stack.get(&e.address).copied().flatten(),
             _ => e.stack = block_stack.get(&e.address).copied().flatten(),
         }

@@ -81,6 +81,12 @@ fn sources() -> Vec<Source> {
 /// keeping it is a leak. The smallest such of at least `min` bytes, as
 /// (event index, bytes, user line).
 fn transient_alloc(src: &Source, min: u64) -> (usize, u64, (String, u64)) {
+    find_transient_alloc(src, min)
+        .unwrap_or_else(|| panic!("{}: no transient allocation at a user line", src.name))
+}
+
+/// [`transient_alloc`], or `None` when there is no such allocation.
+fn find_transient_alloc(src: &Source, min: u64) -> Option<(usize, u64, (String, u64))> {
     let events = trace_of(&src.snap, src.device);
     let mut open = std::collections::HashMap::new();
     let mut transient = Vec::new();
@@ -99,7 +105,6 @@ fn transient_alloc(src: &Source, min: u64) -> (usize, u64, (String, u64)) {
         .filter(|(_, e)| e.size >= min)
         .filter_map(|(i, e)| Some((i, e.size, user_line(&src.snap, e.stack?)?)))
         .min_by_key(|&(i, size, _)| (size, i))
-        .unwrap_or_else(|| panic!("{}: no transient allocation at a user line", src.name))
 }
 
 fn write(dir: &Path, name: &str, snap: &Snapshot) -> PathBuf {
@@ -358,5 +363,62 @@ fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
                 "{notes}"
             );
         }
+    }
+}
+
+#[test]
+fn a_leak_that_ends_out_of_memory_is_named_with_the_request_that_failed() {
+    let dir = tempdir();
+    for src in sources() {
+        // A leak of a real transient block each step (of 16 MiB or more
+        // where the trace has one, else 1 MiB or more), on
+        // a device with room for 8 steps of it beyond the most the job's
+        // first step reserved (the allocator's cache absorbs some more).
+        let (alloc, size, line) =
+            find_transient_alloc(&src, 16 << 20).unwrap_or_else(|| transient_alloc(&src, 1 << 20));
+        let job = Job {
+            headroom: Some(8 * size),
+            ..Job::steady(300).with(Extra::KeepBlock { alloc })
+        };
+        let (snapshot, failed) = job.run_to_oom(&src.snap, src.device);
+        let failed = failed
+            .unwrap_or_else(|| panic!("{}: no out-of-memory error, leaking {size} B", src.name));
+        let file = write(dir.path(), &format!("{}-oom.snap", src.name), &snapshot);
+        let report = snapdiff(["oom".as_ref(), file.as_os_str(), "--json".as_ref()])
+            .expect_code(0)
+            .json();
+        let case = &src.name;
+        let devices = report["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 1, "{case}: {report:#}");
+        let o = &devices[0];
+        // The request that failed, as the allocator's error gave it.
+        assert_eq!(o["requested_bytes"], failed.requested, "{case}");
+        if let Some(expected) = failed.stack.and_then(|s| user_line(&src.snap, s)) {
+            assert_eq!(line_of(&o["request"]), expected, "{case}: {o:#}");
+        }
+        // What grew: the leaking line, and the request fits without it.
+        let grew = o["grew"].as_array().unwrap();
+        assert!(!grew.is_empty(), "{case}: {o:#}");
+        assert_eq!(line_of(&grew[0]), line, "{case}: {o:#}");
+        assert_eq!(o["fits_without_growth"], true, "{case}: {o:#}");
+        // The dump is the error's: its free pieces are known, so whether
+        // the request would have fit in one piece is too (the kept blocks
+        // pin segments, so the free memory is often in pieces).
+        assert!(o["cache"].is_object(), "{case}: {o:#}");
+        assert!(
+            o["fits_without_fragmentation"].is_boolean(),
+            "{case}: {o:#}"
+        );
+        // What held the memory: the leaking line, with at least what grew.
+        let held = o["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| line_of(s) == line)
+            .unwrap_or_else(|| panic!("{case}: the leaking line holds memory: {o:#}"));
+        assert!(
+            held["bytes"].as_u64() >= grew[0]["growth_bytes"].as_u64(),
+            "{case}: {o:#}"
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! - [`trend`]: sites whose memory keeps growing over many checkpoints.
 //! - [`summary`]: totals per device, pool and stream; fragmentation; top sites.
 //! - [`peak`]: the moment a device held the most memory, by site and [`category`].
+//! - [`oom`]: an out-of-memory error: the request, free pieces, what held the rest.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
@@ -19,6 +20,7 @@ pub mod culprit;
 pub mod frame_class;
 pub mod group;
 mod iterations;
+pub mod oom;
 pub mod peak;
 pub mod replay;
 pub mod stack_key;

@@ -134,6 +134,32 @@ fn device_peak(
     categories: &Categories,
 ) -> DevicePeak {
     let (allocated_bytes, event_index) = at.highest;
+    let (categories, sites) = live_breakdown(at, namer, categories);
+    let reserved = reserved_over(snap, trace, event_index);
+    let reserved_bytes = reserved.map(|r| r.at);
+    DevicePeak {
+        device: trace.device,
+        event_index,
+        events: trace.events.len(),
+        time_us: event_index
+            .checked_sub(1)
+            .and_then(|i| trace.events[i].time_us),
+        allocated_bytes,
+        reserved_bytes,
+        cache_bytes: reserved_bytes.map(|r| r.saturating_sub(allocated_bytes)),
+        highest_reserved: reserved.map(|r| r.highest),
+        categories,
+        sites,
+    }
+}
+
+/// What was live at the first cut of `at`, by category and by site,
+/// largest first.
+pub(crate) fn live_breakdown(
+    at: &Replayed,
+    namer: &SiteNamer,
+    categories: &Categories,
+) -> (Vec<CategoryTotal>, Vec<PeakSite>) {
     let live: &FxHashMap<StackKey, Totals> = &at.points[0];
     let mut sites: Vec<PeakSite> = live
         .iter()
@@ -172,30 +198,14 @@ fn device_peak(
     }
     let mut categories: Vec<CategoryTotal> = by_category.into_values().collect();
     categories.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.category.cmp(&b.category)));
-
-    let reserved = reserved_over(snap, trace, event_index);
-    let reserved_bytes = reserved.map(|r| r.at);
-    DevicePeak {
-        device: trace.device,
-        event_index,
-        events: trace.events.len(),
-        time_us: event_index
-            .checked_sub(1)
-            .and_then(|i| trace.events[i].time_us),
-        allocated_bytes,
-        reserved_bytes,
-        cache_bytes: reserved_bytes.map(|r| r.saturating_sub(allocated_bytes)),
-        highest_reserved: reserved.map(|r| r.highest),
-        categories,
-        sites,
-    }
+    (categories, sites)
 }
 
 /// Reserved bytes at one moment, and at their highest.
 #[derive(Clone, Copy)]
-struct Reserved {
-    at: u64,
-    highest: HighestReserved,
+pub(crate) struct Reserved {
+    pub(crate) at: u64,
+    pub(crate) highest: HighestReserved,
 }
 
 /// Reserved bytes after `index` events of `trace`, and their highest over
@@ -203,7 +213,11 @@ struct Reserved {
 /// the device's segments hold at the end back to the start. `None` when the
 /// trace has no segment events to follow (a trace recorded with
 /// `trace_alloc_record_context` off, or a file without segments).
-fn reserved_over(snap: &Snapshot, trace: &DeviceTrace, index: usize) -> Option<Reserved> {
+pub(crate) fn reserved_over(
+    snap: &Snapshot,
+    trace: &DeviceTrace,
+    index: usize,
+) -> Option<Reserved> {
     let change = |action: &Action, size: u64| -> i128 {
         match action {
             Action::SegmentAlloc | Action::SegmentMap => i128::from(size),

@@ -24,6 +24,7 @@ pub(crate) enum Command {
     Trend(TrendArgs),
     Summary(SummaryArgs),
     Peak(PeakArgs),
+    Oom(OomArgs),
     Convert(ConvertArgs),
     /// Run the built-in training workload (what `demo` captures).
     #[command(hide = true)]
@@ -96,6 +97,21 @@ pub(crate) struct DemoArgs {
 /// unknown), with the allocator's cache beside them.
 #[derive(Debug, Args)]
 pub(crate) struct PeakArgs {
+    /// Snapshot file with a trace (.snap, .json, PyTorch pickle or torch.save zip).
+    pub(crate) file: PathBuf,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+}
+
+/// Explain an out-of-memory error from the snapshot taken at it.
+///
+/// Says what was asked for and where, how much was free and in how many
+/// pieces (would it have fit if the free memory were one piece?), what held
+/// the memory by category and site, and what kept growing before the error.
+/// For snapshots dumped at the error: PyTorch's OOM observer, capture's
+/// `oom` dumps, snapdiff-runtime's own.
+#[derive(Debug, Args)]
+pub(crate) struct OomArgs {
     /// Snapshot file with a trace (.snap, .json, PyTorch pickle or torch.save zip).
     pub(crate) file: PathBuf,
     #[command(flatten)]

@@ -107,6 +107,24 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         {
             over.push(format!("{process}: {}", render::size(bytes)));
         }
+        // A job that died of an out-of-memory error: what it asked for and
+        // what held the memory, from the dump taken at the error.
+        if let Some(oom_dump) = files.iter().rev().find(|f| {
+            f.file_stem()
+                .is_some_and(|s| s.to_string_lossy().ends_with("-oom"))
+        }) && !args.report.json
+        {
+            writeln!(
+                out,
+                "
+out of memory: {}",
+                oom_dump.display()
+            )?;
+            match render::read(oom_dump) {
+                Ok(snap) => crate::cmd::oom::report(&snap, &args.report, &mut out)?,
+                Err(e) => eprintln!("snapdiff: {}", render::escape_controls(&e.to_string())),
+            }
+        }
     }
     if !growing.is_empty() && growing.len() < processes.len() && !args.report.json {
         writeln!(

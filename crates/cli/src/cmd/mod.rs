@@ -4,6 +4,7 @@ mod capture;
 mod compare;
 mod convert;
 mod demo;
+mod oom;
 mod peak;
 mod summary;
 mod trend;
@@ -20,6 +21,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Trend(args) => trend::run(args),
         Command::Summary(args) => summary::run(args),
         Command::Peak(args) => peak::run(args),
+        Command::Oom(args) => oom::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => match snapdiff_train::run(&args) {
             Ok(_) => Ok(Exit::Clean),

@@ -3,9 +3,9 @@
 use std::io::Write;
 
 use snapdiff_analyze::category::Category;
-use snapdiff_analyze::peak::{DevicePeak, PeakOptions, peak};
+use snapdiff_analyze::peak::{CategoryTotal, DevicePeak, PeakOptions, PeakSite, peak};
 
-use crate::args::PeakArgs;
+use crate::args::{PeakArgs, ReportArgs};
 use crate::exit::Exit;
 use crate::json;
 use crate::render::{self, align_right, size, table};
@@ -58,14 +58,29 @@ fn print_device(p: &DevicePeak, args: &PeakArgs, out: &mut dyn Write) -> anyhow:
             _ => writeln!(out)?,
         }
     }
-    let share = |bytes: u64| {
-        format!(
-            "{:.0}%",
-            100.0 * bytes as f64 / p.allocated_bytes.max(1) as f64
-        )
-    };
-    let mut categories = table(["what", "blocks", "bytes", "share"]);
-    for c in &p.categories {
+    print_live(
+        &p.categories,
+        &p.sites,
+        p.allocated_bytes,
+        p.cache_bytes,
+        &args.report,
+        out,
+    )
+}
+
+/// What was live at one moment: by category (with the allocator's cache
+/// when known), then by site, each with its share of `allocated`.
+pub(crate) fn print_live(
+    categories: &[CategoryTotal],
+    sites: &[PeakSite],
+    allocated: u64,
+    cache_bytes: Option<u64>,
+    report: &ReportArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let share = |bytes: u64| format!("{:.0}%", 100.0 * bytes as f64 / allocated.max(1) as f64);
+    let mut by_category = table(["what", "blocks", "bytes", "share"]);
+    for c in categories {
         let mut what = c.category.label().to_owned();
         if c.before_recording_bytes > 0 && c.category != Category::BeforeRecording {
             what.push_str(&format!(
@@ -73,48 +88,48 @@ fn print_device(p: &DevicePeak, args: &PeakArgs, out: &mut dyn Write) -> anyhow:
                 size(c.before_recording_bytes)
             ));
         }
-        categories.add_row(vec![
+        by_category.add_row(vec![
             what,
             c.blocks.to_string(),
             size(c.bytes),
             share(c.bytes),
         ]);
     }
-    if let Some(cache) = p.cache_bytes {
-        categories.add_row(vec![
+    if let Some(cache) = cache_bytes {
+        by_category.add_row(vec![
             "allocator cache (reserved, not allocated)".to_owned(),
             String::new(),
             size(cache),
             String::new(),
         ]);
     }
-    align_right(&mut categories, &[1, 2, 3]);
-    writeln!(out, "{categories}")?;
+    align_right(&mut by_category, &[1, 2, 3]);
+    writeln!(out, "{by_category}")?;
 
-    let shown = &p.sites[..p.sites.len().min(args.report.top_limit())];
+    let shown = &sites[..sites.len().min(report.top_limit())];
     if shown.is_empty() {
         return Ok(());
     }
-    let mut sites = table(["", "culprit", "what", "blocks", "bytes", "share"]);
-    let base = render::paths_base(shown.iter().map(|s| &s.site), &args.report);
+    let mut by_site = table(["", "culprit", "what", "blocks", "bytes", "share"]);
+    let base = render::paths_base(shown.iter().map(|s| &s.site), report);
     for (i, s) in shown.iter().enumerate() {
-        sites.add_row(vec![
+        by_site.add_row(vec![
             (i + 1).to_string(),
-            render::site_cell(&s.site, args.report.frames, &base),
+            render::site_cell(&s.site, report.frames, &base),
             s.category.label().to_owned(),
             s.blocks.to_string(),
             size(s.bytes),
             share(s.bytes),
         ]);
     }
-    align_right(&mut sites, &[0, 3, 4, 5]);
-    writeln!(out, "{sites}")?;
+    align_right(&mut by_site, &[0, 3, 4, 5]);
+    writeln!(out, "{by_site}")?;
     render::paths_note(out, &base)?;
-    if p.sites.len() > shown.len() {
+    if sites.len() > shown.len() {
         writeln!(
             out,
             "... and {} more sites (--top N shows more, --top 0 all)",
-            p.sites.len() - shown.len()
+            sites.len() - shown.len()
         )?;
     }
     Ok(())

@@ -108,5 +108,12 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
         write!(out, ": {}", actions.join(", "))?;
     }
     writeln!(out)?;
+    if summary.actions.iter().any(|(a, _)| a == "oom") {
+        writeln!(
+            out,
+            "note: the trace holds an out-of-memory error: snapdiff oom {} explains it",
+            args.file.display()
+        )?;
+    }
     Ok(Exit::Clean)
 }
