@@ -144,3 +144,76 @@ pickle.dump(snap, open(sys.argv[2], "wb"), protocol=4)
             .contains("no trace allocates")
     );
 }
+
+/// Each step of the first busy trace of `file`, cut after each `snapshot`
+/// marker and at the end, computed by CPython from the pickle: (start,
+/// peak, allocated, freed, retained) per step, one line each.
+const CPYTHON_STEPS: &str = r#"
+import pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+trace = next(t for t in snap["device_traces"] if any(e["action"] == "alloc" for e in t))
+free = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
+live, seen, allocated = {}, set(), set()
+for e in trace:
+    if e["action"] == "alloc":
+        allocated.add(e["addr"]); seen.add(e["addr"])
+    elif e["action"] == free:
+        if e["addr"] not in allocated and e["addr"] not in seen:
+            live[e["addr"]] = e["size"]
+        allocated.discard(e["addr"]); seen.add(e["addr"])
+for s in snap["segments"]:
+    for b in s["blocks"]:
+        if s["device"] == 0 and b["state"] != "inactive" and b["address"] not in seen:
+            live[b["address"]] = b["requested_size"] or b["size"]
+cuts = sorted(set([i + 1 for i, e in enumerate(trace) if e["action"] == "snapshot"] + [len(trace)]))
+total = sum(live.values())
+steps, current = [], None
+for i, e in enumerate(trace):
+    while len(steps) < len(cuts) and cuts[len(steps)] <= i:
+        if steps: steps[-1][4] = total
+        steps.append([total, total, 0, 0, total])
+    step = steps[-1] if steps else [0, 0, 0, 0, 0]
+    if e["action"] == "alloc":
+        if e["addr"] in live:
+            old = live.pop(e["addr"]); total -= old; step[3] += old
+        live[e["addr"]] = e["size"]; total += e["size"]; step[2] += e["size"]
+        step[1] = max(step[1], total)
+    elif e["action"] == free and e["addr"] in live:
+        old = live.pop(e["addr"]); total -= old; step[3] += old
+    step[4] = total
+while len(steps) < len(cuts):
+    if steps: steps[-1][4] = total
+    steps.append([total, total, 0, 0, total])
+for start, peak, alloc, freed, end in steps[:len(cuts) - 1]:
+    print(start, peak, alloc, freed, end - start)
+"#;
+
+#[test]
+fn steps_of_a_marked_trace_are_what_cpython_finds() {
+    let Some(path) = shared_torch("eor-nn-counterfactuals.pickle") else {
+        return;
+    };
+    let file = path.to_str().unwrap();
+    let report = snapdiff(["steps", "--json", file]).expect_code(0).json();
+    let device = &report["devices"][0];
+    assert_eq!(device["source"], "snapshot_markers", "{device:#}");
+    let got: Vec<String> = device["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {} {} {} {}",
+                s["start_bytes"],
+                s["peak_bytes"],
+                s["allocated_bytes"],
+                s["freed_bytes"],
+                s["retained_bytes"]
+            )
+        })
+        .collect();
+    let expected = python_script(CPYTHON_STEPS, &[path.as_os_str()]);
+    let expected: Vec<&str> = expected.lines().collect();
+    assert_eq!(got, expected);
+    assert!(got.len() >= 3, "{got:?}");
+}

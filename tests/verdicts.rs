@@ -422,3 +422,50 @@ fn a_leak_that_ends_out_of_memory_is_named_with_the_request_that_failed() {
         );
     }
 }
+
+#[test]
+fn each_step_of_a_leaking_job_retains_the_leak_at_its_line() {
+    let dir = tempdir();
+    for src in sources() {
+        let (alloc, size, line) = transient_alloc(&src, 64 << 10);
+        let job = Job::steady(6).with(Extra::KeepBlock { alloc });
+        let file = dump(&src, &job, dir.path(), "steps");
+        let report = snapdiff(["steps".as_ref(), file.as_os_str(), "--json".as_ref()])
+            .expect_code(0)
+            .json();
+        let case = &src.name;
+        let device = &report["devices"][0];
+        assert_eq!(device["source"], "step_marks", "{case}: {report:#}");
+        let steps = device["steps"].as_array().unwrap();
+        let numbers: Vec<u64> = steps.iter().map(|s| s["step"].as_u64().unwrap()).collect();
+        assert_eq!(numbers, [0, 1, 2, 3, 4, 5], "{case}");
+        // After the first step (which also frees what was live before the
+        // trace), every step keeps exactly the leaked block, at its line.
+        for s in &steps[1..] {
+            assert_eq!(s["retained_bytes"], size, "{case}: {s:#}");
+            assert_eq!(line_of(&s["retained_by"][0]), line, "{case}: {s:#}");
+            assert_eq!(s["retained_by"][0]["bytes"], size, "{case}: {s:#}");
+        }
+        // The peak rises by the leak, and the growing site explains it.
+        assert_eq!(device["peak_growth"], 4 * size, "{case}: {device:#}");
+        assert_eq!(
+            device["explained_by_growth"],
+            4 * size,
+            "{case}: {device:#}"
+        );
+        // `peak` says how much of its peak the growing site holds.
+        let peak = snapdiff(["peak".as_ref(), file.as_os_str(), "--json".as_ref()])
+            .expect_code(0)
+            .json();
+        let growth = &peak["devices"][0]["growth"];
+        let grew = growth["growth_bytes"].as_u64().unwrap();
+        assert!(grew > 0 && grew % size == 0, "{case}: {growth:#}");
+        // The peak may come early (the first step also frees what was
+        // live before the trace), holding fewer of the kept blocks.
+        let held = growth["held_bytes"].as_u64().unwrap();
+        assert!(
+            held > 0 && held % size == 0 && held <= grew + size,
+            "{case}: {growth:#}"
+        );
+    }
+}

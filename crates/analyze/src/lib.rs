@@ -10,6 +10,7 @@
 //! - [`summary`]: totals per device, pool and stream; fragmentation; top sites.
 //! - [`peak`]: the moment a device held the most memory, by site and [`category`].
 //! - [`oom`]: an out-of-memory error: the request, free pieces, what held the rest.
+//! - [`steps`]: each step of a trace: its start, peak, and what it retained.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
@@ -24,6 +25,7 @@ pub mod oom;
 pub mod peak;
 pub mod replay;
 pub mod stack_key;
+pub mod steps;
 pub mod summary;
 pub mod trend;
 

@@ -16,6 +16,7 @@ use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, Totals};
 use crate::replay::{Replayed, replay};
 use crate::stack_key::{StackKey, StackKeys};
+use crate::trend::{TrendOptions, trend_trace};
 
 /// Options of [`peak`].
 #[derive(Clone, Debug, Default)]
@@ -58,6 +59,19 @@ pub struct DevicePeak {
     pub categories: Vec<CategoryTotal>,
     /// Live bytes by site, largest first.
     pub sites: Vec<PeakSite>,
+    /// What the sites that keep growing (as `trend` finds them) gained
+    /// after warm-up, and held at the peak: how much of the peak a leak
+    /// explains. `None` when no site keeps growing.
+    pub growth: Option<PeakGrowth>,
+}
+
+/// The part of a peak that sites that keep growing explain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PeakGrowth {
+    /// Their growth after warm-up, over the whole trace.
+    pub growth_bytes: u64,
+    /// What they held at the peak.
+    pub held_bytes: u64,
 }
 
 /// The highest reserved memory and when it was reached.
@@ -103,6 +117,13 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
     let keys = StackKeys::new(snap);
     let namer = SiteNamer::new(snap, &options.rules);
     let categories = Categories::new(snap);
+    let trend_options = TrendOptions {
+        rules: options.rules.clone(),
+        ..TrendOptions::default()
+    };
+    let suspects = trend_trace(snap, &trend_options)
+        .map(|t| t.suspects)
+        .unwrap_or_default();
     let mut notes = Vec::new();
     let devices: Vec<DevicePeak> = snap
         .traces
@@ -112,7 +133,17 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
             // First the highest point, then the live sites there.
             let highest = replay(snap, &keys, trace, &[]).highest;
             let at = replay(snap, &keys, trace, &[highest.1]);
-            device_peak(snap, trace, &at, &namer, &categories)
+            let mut peak = device_peak(snap, trace, &at, &namer, &categories);
+            peak.growth = (!suspects.is_empty()).then(|| PeakGrowth {
+                growth_bytes: suspects.iter().map(|s| s.growth_bytes).sum(),
+                held_bytes: peak
+                    .sites
+                    .iter()
+                    .filter(|p| suspects.iter().any(|s| s.site.key == p.site.key))
+                    .map(|p| p.bytes)
+                    .sum(),
+            });
+            peak
         })
         .collect();
     if devices.is_empty() {
@@ -150,6 +181,7 @@ fn device_peak(
         highest_reserved: reserved.map(|r| r.highest),
         categories,
         sites,
+        growth: None,
     }
 }
 

@@ -29,6 +29,21 @@ pub struct Replayed {
     /// The most bytes live at once, and the first cut at which they were:
     /// the number of events replayed by then.
     pub highest: (u64, usize),
+    /// Bytes live when recording began (blocks allocated before it).
+    pub start_bytes: u64,
+}
+
+/// How one event changed live memory, as [`replay_with`] reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveChange {
+    /// Index of the event in the trace.
+    pub event: usize,
+    /// The site of the block allocated or freed.
+    pub site: StackKey,
+    /// Bytes added (allocation) or removed (free, negative).
+    pub bytes: i64,
+    /// Bytes live after the event.
+    pub live_bytes: u64,
 }
 
 /// Replays the trace of one device and records the live totals per site
@@ -36,6 +51,19 @@ pub struct Replayed {
 /// equal to the number of events is the end of the trace). Sizes are the
 /// sizes the program requested, as trace events record them.
 pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[usize]) -> Replayed {
+    replay_with(snap, keys, trace, cuts, |_| {})
+}
+
+/// [`replay`], calling `visit` with each change of live memory in order:
+/// for analyses that follow memory through the whole trace (per step, say)
+/// without keeping the live totals of every point.
+pub fn replay_with(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    trace: &DeviceTrace,
+    cuts: &[usize],
+    mut visit: impl FnMut(LiveChange),
+) -> Replayed {
     let events = &trace.events;
     // Traces that record `free_completed` free a block then; older or
     // partial ones only have `free_requested`.
@@ -101,6 +129,7 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
 
     let mut live_bytes: u64 = live.values().map(|&(size, _)| size).sum();
     out.highest = (live_bytes, 0);
+    out.start_bytes = live_bytes;
     let mut cuts = cuts.iter().copied().peekable();
     for (i, e) in events.iter().enumerate() {
         while cuts.next_if(|&c| c <= i).is_some() {
@@ -112,16 +141,36 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
             if let Some(&(old, _)) = live.get(&e.address) {
                 live_bytes -= old;
             }
+            if let Some(&(old, old_key)) = live.get(&e.address) {
+                visit(LiveChange {
+                    event: i,
+                    site: old_key,
+                    bytes: -(old as i64),
+                    live_bytes,
+                });
+            }
             add(&mut live, &mut totals, e.address, e.size, key);
             live_bytes += e.size;
             if live_bytes > out.highest.0 {
                 out.highest = (live_bytes, i + 1);
             }
+            visit(LiveChange {
+                event: i,
+                site: key,
+                bytes: e.size as i64,
+                live_bytes,
+            });
         } else if e.action == free_action
             && let Some((size, key)) = live.remove(&e.address)
         {
             remove_from(&mut totals, key, size);
             live_bytes -= size;
+            visit(LiveChange {
+                event: i,
+                site: key,
+                bytes: -(size as i64),
+                live_bytes,
+            });
         }
     }
     for _ in cuts {

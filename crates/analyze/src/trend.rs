@@ -362,20 +362,42 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
 }
 
 /// Where to cut a trace, and the step each cut starts when known.
-struct Cuts {
-    source: CheckpointSource,
+pub(crate) struct Cuts {
+    pub(crate) source: CheckpointSource,
     /// Event indices: each checkpoint is the state after that many events.
-    at: Vec<usize>,
+    pub(crate) at: Vec<usize>,
     /// The step (or iteration found in the trace) each cut starts, when the
     /// cutting knows it.
-    steps: Option<Vec<u64>>,
+    pub(crate) steps: Option<Vec<u64>>,
 }
 
-/// Chooses where to cut a trace: after each step mark, else after each
+/// Chooses where to cut a trace into at most `options.checkpoints`
+/// checkpoints (see [`step_cuts`]), else evenly.
+fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &TrendOptions) -> Cuts {
+    let n = options.checkpoints.max(1);
+    step_cuts(snap, keys, trace_index, n).unwrap_or_else(|| {
+        let len = snap.traces[trace_index].events.len();
+        let mut cuts: Vec<usize> = (1..=n).map(|k| k * len / n).collect();
+        cuts.dedup();
+        Cuts {
+            source: CheckpointSource::EvenlySpaced,
+            at: cuts,
+            steps: None,
+        }
+    })
+}
+
+/// Where a trace's steps start: after each step mark, else after each
 /// `snapshot` marker, else at annotation times, else at the same phase of
 /// the iterations its allocation sites repeat in, else at the low points
-/// its memory keeps coming back to, else evenly.
-fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &TrendOptions) -> Cuts {
+/// its memory keeps coming back to; at most `n` of the last two, spread
+/// over the trace. `None` when the trace shows no steps.
+pub(crate) fn step_cuts(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    trace_index: usize,
+    n: usize,
+) -> Option<Cuts> {
     let events = &snap.traces[trace_index].events;
     let len = events.len();
     let plain = |source, at| Cuts {
@@ -401,11 +423,11 @@ fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &Tre
             steps.push(steps[steps.len() - 1] + 1);
             marks.push(len);
         }
-        return Cuts {
+        return Some(Cuts {
             source: CheckpointSource::StepMarks,
             at: marks,
             steps: Some(steps),
-        };
+        });
     }
     // Snapshot markers are where earlier dumps were taken; the end of the
     // trace is this one's.
@@ -413,7 +435,7 @@ fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &Tre
     if !markers.is_empty() {
         markers.push(len);
         markers.dedup();
-        return plain(CheckpointSource::SnapshotMarkers, markers);
+        return Some(plain(CheckpointSource::SnapshotMarkers, markers));
     }
     let device = snap.traces[trace_index].device;
     let mut times: Vec<i64> = snap
@@ -431,10 +453,9 @@ fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &Tre
         cuts.push(len);
         cuts.dedup();
         if cuts.len() > 1 {
-            return plain(CheckpointSource::Annotations, cuts);
+            return Some(plain(CheckpointSource::Annotations, cuts));
         }
     }
-    let n = options.checkpoints.max(1);
     if let Some(found) = iterations::find(events, keys) {
         // At most n checkpoints, spread over the iterations.
         let count = found.starts.len();
@@ -445,18 +466,13 @@ fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &Tre
         } else {
             (0..count).collect()
         };
-        return Cuts {
+        return Some(Cuts {
             source: CheckpointSource::Iterations,
             at: chosen.iter().map(|&k| found.starts[k]).collect(),
             steps: Some(chosen.iter().map(|&k| k as u64).collect()),
-        };
+        });
     }
-    if let Some(cuts) = iteration_troughs(events, n) {
-        return plain(CheckpointSource::Troughs, cuts);
-    }
-    let mut cuts: Vec<usize> = (1..=n).map(|k| k * len / n).collect();
-    cuts.dedup();
-    plain(CheckpointSource::EvenlySpaced, cuts)
+    iteration_troughs(events, n).map(|cuts| plain(CheckpointSource::Troughs, cuts))
 }
 
 /// Cuts after the low points a trace's live memory keeps falling back to:

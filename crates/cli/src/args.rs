@@ -25,6 +25,7 @@ pub(crate) enum Command {
     Summary(SummaryArgs),
     Peak(PeakArgs),
     Oom(OomArgs),
+    Steps(StepsArgs),
     Convert(ConvertArgs),
     /// Run the built-in training workload (what `demo` captures).
     #[command(hide = true)]
@@ -114,6 +115,24 @@ pub(crate) struct PeakArgs {
 pub(crate) struct OomArgs {
     /// Snapshot file with a trace (.snap, .json, PyTorch pickle or torch.save zip).
     pub(crate) file: PathBuf,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+}
+
+/// Follow a trace step by step: what each step allocated, its peak, and
+/// what it retained.
+///
+/// Steps are found as `trend` finds checkpoints (step marks, snapshot
+/// markers, annotations, the iterations of the training loop), all of them.
+/// A step that retains memory (live at its end less at its start) names the
+/// sites that retained it.
+#[derive(Debug, Args)]
+pub(crate) struct StepsArgs {
+    /// Snapshot file with a trace (.snap, .json, PyTorch pickle or torch.save zip).
+    pub(crate) file: PathBuf,
+    /// Also break down what was live at step N's peak, by category and site.
+    #[arg(long, value_name = "N")]
+    pub(crate) step: Option<u64>,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
 }

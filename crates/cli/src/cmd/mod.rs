@@ -6,6 +6,7 @@ mod convert;
 mod demo;
 mod oom;
 mod peak;
+mod steps;
 mod summary;
 mod trend;
 
@@ -22,6 +23,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Summary(args) => summary::run(args),
         Command::Peak(args) => peak::run(args),
         Command::Oom(args) => oom::run(args),
+        Command::Steps(args) => steps::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => match snapdiff_train::run(&args) {
             Ok(_) => Ok(Exit::Clean),

@@ -58,6 +58,15 @@ fn print_device(p: &DevicePeak, args: &PeakArgs, out: &mut dyn Write) -> anyhow:
             _ => writeln!(out)?,
         }
     }
+    if let Some(g) = p.growth {
+        writeln!(
+            out,
+            "  sites that keep growing (snapdiff trend shows them) held {} at the peak; they grew \
+             {} after warm-up",
+            size(g.held_bytes),
+            size(g.growth_bytes)
+        )?;
+    }
     print_live(
         &p.categories,
         &p.sites,

@@ -299,9 +299,9 @@ fn natural_key(text: &str) -> Vec<(u8, u128, String)> {
     key
 }
 
-/// The trend as tables for people.
-fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let source = match trend.checkpoint_source {
+/// Where checkpoints (or steps) were cut, for people.
+pub(crate) fn source_label(source: CheckpointSource) -> &'static str {
+    match source {
         CheckpointSource::Snapshots => "one per snapshot",
         CheckpointSource::SnapshotMarkers => "at the trace's snapshot markers",
         CheckpointSource::StepMarks => "at the trace's step marks",
@@ -309,7 +309,12 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         CheckpointSource::Iterations => "at the same point of each iteration found in the trace",
         CheckpointSource::Troughs => "at the low points between the trace's iterations",
         CheckpointSource::EvenlySpaced => "evenly spaced through the trace",
-    };
+    }
+}
+
+/// The trend as tables for people.
+fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let source = source_label(trend.checkpoint_source);
     write!(
         out,
         "{} checkpoints ({source}), the first {} as warm-up",
