@@ -8,8 +8,9 @@
 //! (`Module._call_impl`). A stack that shows none of these is `Unknown`:
 //! nothing is guessed.
 
+use rustc_hash::FxHashMap;
 use serde::Serialize;
-use snapdiff_format::{Frame, Snapshot, StackId};
+use snapdiff_format::{Action, Frame, Snapshot, StackId};
 
 /// What a block is for. Declared from the strongest evidence to the
 /// weakest: a stack with an optimizer's frame is the optimizer's even when
@@ -40,6 +41,17 @@ pub enum Category {
 }
 
 impl Category {
+    /// Every category, strongest evidence first.
+    const ALL: [Category; 6] = [
+        Category::OptimizerState,
+        Category::Backward,
+        Category::Parameters,
+        Category::Activations,
+        Category::BeforeRecording,
+        Category::Unknown,
+    ];
+    const COUNT: usize = Category::ALL.len();
+
     /// The category as reports name it.
     pub fn label(self) -> &'static str {
         match self {
@@ -58,28 +70,120 @@ impl Category {
 pub struct Categories<'a> {
     snap: &'a Snapshot,
     frames: Vec<Option<Category>>,
+    /// What the allocations made with each stack say beyond their frames:
+    /// the annotated region they fell in (`record_function`, as PyTorch's
+    /// `external_annotations` record them) and their compile context.
+    regions: FxHashMap<StackId, Category>,
 }
 
 impl<'a> Categories<'a> {
-    /// What each distinct frame of `snap` says on its own.
+    /// What each distinct frame of `snap` says on its own, and what its
+    /// annotations and compile contexts say of the allocations in them.
     pub fn new(snap: &'a Snapshot) -> Categories<'a> {
         Categories {
             snap,
             frames: snap.frames.iter().map(frame_category).collect(),
+            regions: region_categories(snap),
         }
     }
 
-    /// The category of stack `stack`: the strongest evidence among its frames.
+    /// The category of stack `stack`: the strongest evidence among its
+    /// frames and the regions its allocations were made in.
     pub fn of(&self, stack: Option<StackId>) -> Category {
         stack
             .and_then(|s| {
                 self.snap.stacks[s as usize]
                     .iter()
                     .filter_map(|&f| self.frames[f as usize])
+                    .chain(self.regions.get(&s).copied())
                     .min()
             })
             .unwrap_or(Category::Unknown)
     }
+}
+
+/// What the name of an annotated region or a compile context says of the
+/// allocations made in it: PyTorch names an optimizer's step
+/// `Optimizer.step#AdamW.step`, the profiler's passes `## forward ##` and
+/// `## backward ##`, and AOT autograd's compiled graphs forward and
+/// backward.
+fn region_category(name: &str) -> Option<Category> {
+    let name = name.to_ascii_lowercase();
+    if name.starts_with("optimizer.step") {
+        Some(Category::OptimizerState)
+    } else if name.contains("backward") {
+        Some(Category::Backward)
+    } else if name.contains("forward") {
+        Some(Category::Activations)
+    } else {
+        None
+    }
+}
+
+/// The strongest category the regions give each stack's allocations.
+fn region_categories(snap: &Snapshot) -> FxHashMap<StackId, Category> {
+    // Annotated regions with a category: (device, start, end, category),
+    // each START paired with the next END of the same name and device.
+    let mut open: FxHashMap<(u32, &str), Vec<i64>> = FxHashMap::default();
+    let mut regions: Vec<(u32, i64, i64, Category)> = Vec::new();
+    let mut annotations: Vec<_> = snap.annotations.iter().collect();
+    annotations.sort_by_key(|a| a.time_us);
+    for a in annotations {
+        let (Some(name), Some(stage), Some(time)) = (&a.name, &a.stage, a.time_us) else {
+            continue;
+        };
+        let Some(category) = region_category(name) else {
+            continue;
+        };
+        match stage.as_str() {
+            "START" => open.entry((a.device, name)).or_default().push(time),
+            "END" => {
+                if let Some(start) = open.get_mut(&(a.device, name.as_str())).and_then(Vec::pop) {
+                    regions.push((a.device, start, time, category));
+                }
+            }
+            _ => {}
+        }
+    }
+    let contexts: Vec<Option<Category>> = snap.strings.iter().map(|s| region_category(s)).collect();
+    let mut by_stack: FxHashMap<StackId, Category> = FxHashMap::default();
+    for trace in &snap.traces {
+        // A sweep through the trace (in time order) over the device's
+        // regions' starts and ends, counting the regions open per category.
+        let mine = || regions.iter().filter(|r| r.0 == trace.device);
+        let mut starts: Vec<(i64, Category)> = mine().map(|r| (r.1, r.3)).collect();
+        let mut ends: Vec<(i64, Category)> = mine().map(|r| (r.2, r.3)).collect();
+        starts.sort_unstable();
+        ends.sort_unstable();
+        let (mut next_start, mut next_end) = (0, 0);
+        let mut open_regions = [0u32; Category::COUNT];
+        for e in trace.events.iter().filter(|e| e.action == Action::Alloc) {
+            let Some(stack) = e.stack else { continue };
+            let in_region = e.time_us.and_then(|t| {
+                while let Some(&(start, c)) = starts.get(next_start)
+                    && start <= t
+                {
+                    open_regions[c as usize] += 1;
+                    next_start += 1;
+                }
+                while let Some(&(end, c)) = ends.get(next_end)
+                    && end < t
+                {
+                    open_regions[c as usize] = open_regions[c as usize].saturating_sub(1);
+                    next_end += 1;
+                }
+                Category::ALL
+                    .into_iter()
+                    .find(|&c| open_regions[c as usize] > 0)
+            });
+            let in_context = e.compile_context.and_then(|c| contexts[c as usize]);
+            if let Some(c) = in_region.into_iter().chain(in_context).min() {
+                let entry = by_stack.entry(stack).or_insert(c);
+                *entry = (*entry).min(c);
+            }
+        }
+    }
+    by_stack
 }
 
 /// What one frame says about its stack, if anything.
@@ -111,4 +215,59 @@ fn frame_category(frame: &Frame) -> Option<Category> {
         return Some(Category::Activations);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use snapdiff_format::{Annotation, DeviceTrace, Snapshot, TraceEvent};
+
+    use super::*;
+    use crate::stack_key::test_frame;
+
+    #[test]
+    fn annotated_regions_and_compile_contexts_name_what_their_allocations_are() {
+        let mut snap = Snapshot::default();
+        // Three stacks of one frame of plain user code, which says nothing.
+        for k in 0..3 {
+            snap.frames
+                .push(test_frame("f", &format!("train{k}.py"), 1));
+            snap.stacks.push(vec![k]);
+        }
+        snap.strings = vec!["N/A".into(), "[0/0] backward".into()];
+        let region = |stage: &str, time: i64| Annotation {
+            device: 0,
+            time_us: Some(time),
+            name: Some("Optimizer.step#AdamW.step".into()),
+            stage: Some(stage.into()),
+            extra: vec![],
+        };
+        snap.annotations = vec![region("START", 100), region("END", 200)];
+        let alloc = |stack: u32, time: i64, context: u32| TraceEvent {
+            action: Action::Alloc,
+            stack: Some(stack),
+            time_us: Some(time),
+            compile_context: Some(context),
+            ..TraceEvent::default()
+        };
+        snap.traces.push(DeviceTrace {
+            device: 0,
+            events: vec![alloc(0, 50, 0), alloc(1, 150, 0), alloc(2, 250, 1)],
+        });
+        let categories = Categories::new(&snap);
+        assert_eq!(
+            categories.of(Some(0)),
+            Category::Unknown,
+            "before the region"
+        );
+        assert_eq!(
+            categories.of(Some(1)),
+            Category::OptimizerState,
+            "inside it"
+        );
+        assert_eq!(
+            categories.of(Some(2)),
+            Category::Backward,
+            "compiled backward"
+        );
+    }
 }
