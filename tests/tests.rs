@@ -38,5 +38,8 @@ mod torch_capture;
 // The snapdiff library: leak assertions, from a user's point of view.
 mod library;
 
+// Flame graphs, folded stacks and pprof profiles, read by their tools.
+mod pictures;
+
 // The library from a crate outside the workspace, built as users build.
 mod user_crate;

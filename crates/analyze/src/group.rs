@@ -44,7 +44,8 @@ impl Totals {
         self.allocated = self.allocated.saturating_sub(allocated);
     }
 
-    fn merge(&mut self, other: Totals) {
+    /// Adds another site's (or chunk's) totals.
+    pub fn merge(&mut self, other: Totals) {
         self.blocks += other.blocks;
         self.bytes += other.bytes;
         self.allocated += other.allocated;

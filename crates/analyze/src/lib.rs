@@ -11,6 +11,7 @@
 //! - [`peak`]: the moment a device held the most memory, by site and [`category`].
 //! - [`oom`]: an out-of-memory error: the request, free pieces, what held the rest.
 //! - [`steps`]: each step of a trace: its start, peak, and what it retained.
+//! - [`profile`]: live memory by stack at one moment, for flame graphs and pprof.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
@@ -23,6 +24,7 @@ pub mod group;
 mod iterations;
 pub mod oom;
 pub mod peak;
+pub mod profile;
 pub mod replay;
 pub mod stack_key;
 pub mod steps;

@@ -26,6 +26,8 @@ pub(crate) enum Command {
     Peak(PeakArgs),
     Oom(OomArgs),
     Steps(StepsArgs),
+    Flamegraph(FlamegraphArgs),
+    Pprof(PprofArgs),
     Convert(ConvertArgs),
     /// Run the built-in training workload (what `demo` captures).
     #[command(hide = true)]
@@ -135,6 +137,59 @@ pub(crate) struct StepsArgs {
     pub(crate) step: Option<u64>,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
+}
+
+/// Draw live memory by stack as a flame graph (SVG), or write folded stacks.
+///
+/// The width of each frame is the bytes live under it: when the snapshot
+/// was taken, or at --at. With --diff BEFORE AFTER, a differential flame
+/// graph of growth: widths are AFTER's bytes, red grew and blue shrank.
+#[derive(Debug, Args)]
+pub(crate) struct FlamegraphArgs {
+    /// Snapshot file (two with --diff: BEFORE AFTER).
+    #[arg(required = true, num_args = 1..=2, value_name = "FILE")]
+    pub(crate) files: Vec<PathBuf>,
+    /// File to write (`-`: standard output).
+    #[arg(short, long, value_name = "OUT")]
+    pub(crate) output: PathBuf,
+    /// Draw the growth from BEFORE to AFTER.
+    #[arg(long)]
+    pub(crate) diff: bool,
+    /// When: peak, event:N (after N events of the trace), step:N (at step
+    /// N's start). Default: when the snapshot was taken.
+    #[arg(long, value_name = "WHEN", value_parser = crate::pictures::parse_moment)]
+    pub(crate) at: Option<snapdiff_analyze::profile::Moment>,
+    /// Write folded stacks (for speedscope, inferno and the like) instead of an SVG.
+    #[arg(long)]
+    pub(crate) folded: bool,
+    /// Replace OUT if it exists.
+    #[arg(long, short)]
+    pub(crate) force: bool,
+}
+
+/// Write live memory by stack as a pprof profile (gzipped profile.proto).
+///
+/// Sample types inuse_space (bytes) and inuse_objects (blocks); with --diff
+/// BEFORE AFTER, growth_space (bytes) and AFTER's inuse_space. Frames carry
+/// function, file and line: `go tool pprof -top OUT`, `-web`, Pyroscope.
+#[derive(Debug, Args)]
+pub(crate) struct PprofArgs {
+    /// Snapshot file (two with --diff: BEFORE AFTER).
+    #[arg(required = true, num_args = 1..=2, value_name = "FILE")]
+    pub(crate) files: Vec<PathBuf>,
+    /// File to write (e.g. out.pb.gz).
+    #[arg(short, long, value_name = "OUT")]
+    pub(crate) output: PathBuf,
+    /// Profile the growth from BEFORE to AFTER.
+    #[arg(long)]
+    pub(crate) diff: bool,
+    /// When: peak, event:N (after N events of the trace), step:N (at step
+    /// N's start). Default: when the snapshot was taken.
+    #[arg(long, value_name = "WHEN", value_parser = crate::pictures::parse_moment)]
+    pub(crate) at: Option<snapdiff_analyze::profile::Moment>,
+    /// Replace OUT if it exists.
+    #[arg(long, short)]
+    pub(crate) force: bool,
 }
 
 /// Show what a snapshot holds: totals per pool, fragmentation, top sites, trace events.

@@ -8,6 +8,7 @@ mod cmd;
 mod exit;
 mod json;
 mod manifest;
+mod pictures;
 mod processes;
 mod render;
 

@@ -58,8 +58,10 @@ impl Error {
         }
     }
 
+    /// An I/O error while doing what `message` says (e.g. "cannot write"),
+    /// for encoders given to [`write_atomically`](crate::write_atomically).
     #[cold]
-    pub(crate) fn io(message: impl Into<String>, source: std::io::Error) -> Error {
+    pub fn io(message: impl Into<String>, source: std::io::Error) -> Error {
         let mut e = Error::new(ErrorKind::Io, message);
         e.inner.source = Some(source);
         e

@@ -4,8 +4,10 @@ mod capture;
 mod compare;
 mod convert;
 mod demo;
+mod flamegraph;
 mod oom;
 mod peak;
+mod pprof;
 mod steps;
 mod summary;
 mod trend;
@@ -24,6 +26,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Peak(args) => peak::run(args),
         Command::Oom(args) => oom::run(args),
         Command::Steps(args) => steps::run(args),
+        Command::Flamegraph(args) => flamegraph::run(args),
+        Command::Pprof(args) => pprof::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => match snapdiff_train::run(&args) {
             Ok(_) => Ok(Exit::Clean),

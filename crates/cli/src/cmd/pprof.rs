@@ -1,0 +1,20 @@
+//! `snapdiff pprof FILE -o OUT`.
+
+use snapdiff_analyze::profile::Moment;
+
+use crate::args::PprofArgs;
+use crate::exit::Exit;
+use crate::pictures::{self, pprof};
+
+/// The top-level entry point for `snapdiff pprof`.
+pub(crate) fn run(args: PprofArgs) -> anyhow::Result<Exit> {
+    let moment = args.at.unwrap_or(Moment::End);
+    let drawn = pictures::sites_of(&args.files, args.diff, moment)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    pictures::write_output(&args.output, args.force, |out| {
+        pprof::write(&drawn, now, out)
+    })?;
+    Ok(Exit::Clean)
+}

@@ -1,0 +1,66 @@
+//! Folded stacks (`outer;...;inner bytes`, Brendan Gregg's format, which
+//! inferno, speedscope and others read) and flame graphs drawn from them.
+
+use std::io::Write;
+
+use snapdiff_analyze::group::{Site, SiteFrame};
+
+use super::Drawn;
+
+/// One line per site: its frames outermost first, then the bytes (or the
+/// bytes before and after, for a difference).
+pub(crate) fn lines(drawn: &Drawn) -> Vec<String> {
+    match drawn {
+        Drawn::One(sites) => sites
+            .iter()
+            .filter(|s| s.bytes > 0)
+            .map(|s| format!("{} {}", stack(&s.site), s.bytes))
+            .collect(),
+        Drawn::Diff(pairs) => pairs
+            .iter()
+            .map(|(s, before, after)| format!("{} {before} {after}", stack(&s.site)))
+            .collect(),
+    }
+}
+
+/// A site's frames, outermost first, `;` between them.
+fn stack(site: &Site) -> String {
+    if site.frames.is_empty() {
+        return "(no stack recorded)".to_owned();
+    }
+    let labels: Vec<String> = site.frames.iter().rev().map(label).collect();
+    labels.join(";")
+}
+
+/// A frame as the picture names it: `function (folder/file:line)`, C++
+/// argument lists left out, and `;` (the format's separator) made `:`.
+fn label(frame: &SiteFrame) -> String {
+    let file = frame.file.replace('\\', "/");
+    // The file's last two parts: enough to tell it, short enough to read.
+    let short = match file.rmatch_indices('/').nth(1) {
+        Some((i, _)) => &file[i + 1..],
+        None => &file,
+    };
+    let name = snapdiff_analyze::culprit::short_name(&frame.name);
+    match (short, frame.line) {
+        ("" | "??", _) => name.to_owned(),
+        (file, 0) => format!("{name} ({file})"),
+        (file, line) => format!("{name} ({file}:{line})"),
+    }
+    .replace(';', ":")
+}
+
+/// Draws `drawn` as an SVG flame graph.
+pub(crate) fn flamegraph(drawn: &Drawn, title: &str, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title.to_owned();
+    options.count_name = "bytes".to_owned();
+    options.name_type = "Site:".to_owned();
+    options.deterministic = true;
+    if matches!(drawn, Drawn::Diff(_)) {
+        options.subtitle =
+            Some("width: bytes in AFTER; red: grew since BEFORE, blue: shrank".to_owned());
+    }
+    let lines = lines(drawn);
+    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
+}
