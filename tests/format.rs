@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use snapdiff_format::{ErrorKind, Snapshot, read_bytes, read_path, write_json, write_snap};
+use snapdiff_format::{
+    ErrorKind, Snapshot, read_bytes, read_path, write_json, write_snap, write_torch_pickle,
+};
 
 use crate::util::{fixture, pickle4, python_json, shared_torch_fixtures, snapdiff, tempdir};
 
@@ -177,6 +179,24 @@ fn pickle_to_snap_to_json_loses_nothing() {
             via_json,
             original,
             "{}: .snap -> .json -> read",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn pytorch_pickles_written_back_read_the_same() {
+    for path in all_torch_files() {
+        let original = read_path(&path).unwrap();
+        let mut bytes = Vec::new();
+        write_torch_pickle(&original, &mut bytes).unwrap();
+        let mut again = read_bytes(&bytes).unwrap();
+        // Where the file came from is the one thing that differs.
+        again.meta = original.meta.clone();
+        assert_eq!(
+            again,
+            original,
+            "{}: pickle -> model -> pickle -> read",
             path.display()
         );
     }

@@ -655,3 +655,80 @@ fn legacy_torch_save_files_read_like_the_pickle_inside() {
     assert_eq!(totals(&legacy), totals(&real));
     assert!(totals(&legacy)[2].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn a_rust_jobs_dump_converted_to_a_pickle_opens_in_pytorchs_viewer() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    // A Rust training job under capture: the runtime's own .snap dumps.
+    snapdiff([
+        "capture".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--every".as_ref(),
+        "10".as_ref(),
+        "--no-report".as_ref(),
+        "--".as_ref(),
+        SNAPDIFF.as_ref(),
+        "train".as_ref(),
+        "--steps".as_ref(),
+        "20".as_ref(),
+        "--leak".as_ref(),
+        "keep-activations".as_ref(),
+        "--log-every".as_ref(),
+        "0".as_ref(),
+    ])
+    .expect_code(0);
+    let mut snaps: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+        .collect();
+    snaps.sort();
+    let snap = snaps.last().unwrap();
+    let pickle = dir.path().join("last.pickle");
+    snapdiff(["convert".as_ref(), snap.as_os_str(), pickle.as_os_str()]).expect_code(0);
+    // snapdiff reads it back as it read the .snap.
+    let summary = |f: &Path| -> Value {
+        let mut s = snapdiff(["summary".as_ref(), f.as_os_str(), "--json".as_ref()]).json();
+        s.as_object_mut().unwrap().remove("frames");
+        s
+    };
+    assert_eq!(summary(&pickle), summary(snap));
+    // PyTorch's own reader draws it, and its totals are the .snap's.
+    let check = r#"
+import json, pickle, sys
+from torch.cuda import _memory_viz as viz
+d = pickle.load(open(sys.argv[1], "rb"))
+viz.segsum(d); viz.trace(d); viz.trace_plot(d)
+blocks = [b for s in d["segments"] for b in s["blocks"]]
+print(json.dumps({
+    "reserved": sum(s["total_size"] for s in d["segments"]),
+    "allocated": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+    "events": len(d["device_traces"][0]),
+    "frames": sum(1 for b in blocks if b["frames"]),
+}))
+"#;
+    let output = Command::new("python3")
+        .args(["-c", check])
+        .arg(&pickle)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let torch: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let ours = summary(snap);
+    assert_eq!(torch["reserved"], ours["reserved_bytes"], "{torch}");
+    assert_eq!(torch["allocated"], ours["allocated_bytes"], "{torch}");
+    assert_eq!(torch["events"], ours["trace_events"], "{torch}");
+    assert!(
+        torch["frames"].as_u64() > Some(0),
+        "blocks carry their stacks: {torch}"
+    );
+}

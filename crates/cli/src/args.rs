@@ -307,7 +307,8 @@ pub(crate) struct TrendArgs {
 pub(crate) struct ConvertArgs {
     /// Snapshot file to read (any supported kind).
     pub(crate) input: PathBuf,
-    /// File to write: NAME.snap or NAME.json.
+    /// File to write: NAME.snap, NAME.json, or NAME.pickle (PyTorch's
+    /// snapshot schema, for its memory viewer and torch.cuda._memory_viz).
     pub(crate) output: PathBuf,
     /// Replace OUT if it exists.
     #[arg(long, short)]

@@ -42,6 +42,7 @@ pub use crate::model::{
     Frame, FrameId, HistoryEntry, Meta, Pool, Segment, Snapshot, StackId, StrId, Totals,
     TraceEvent,
 };
+pub use crate::pickle::write_torch_pickle;
 pub use crate::snap::{
     Existing, FORMAT_VERSION, MAGIC, read_json, read_snap, write_atomically, write_json, write_snap,
 };
@@ -170,17 +171,21 @@ pub fn read_path_parts(path: impl AsRef<Path>, parts: Parts) -> Result<Snapshot>
     read_bytes_parts(&data, parts).map_err(|e| e.with_path(path))
 }
 
-/// Writes `snap` to `path` atomically, as JSON if the name ends in `.json` and
-/// as `.snap` if it ends in `.snap`; `existing` says whether a file already
+/// Writes `snap` to `path` atomically, as JSON if the name ends in `.json`,
+/// as `.snap` if it ends in `.snap`, and as a PyTorch snapshot pickle if it
+/// ends in `.pickle` or `.pkl`; `existing` says whether a file already
 /// there may be replaced.
 pub fn write_path(path: impl AsRef<Path>, snap: &Snapshot, existing: Existing) -> Result<()> {
     let path = path.as_ref();
     match path.extension().and_then(|e| e.to_str()) {
         Some("json") => write_atomically(path, existing, |w| write_json(snap, w)),
         Some("snap") => write_atomically(path, existing, |w| write_snap(snap, w)),
+        Some("pickle" | "pkl") => {
+            write_atomically(path, existing, |w| pickle::write_torch_pickle(snap, w))
+        }
         _ => Err(Error::new(
             ErrorKind::Io,
-            "cannot tell the output format: name it .snap or .json",
+            "cannot tell the output format: name it .snap, .json or .pickle",
         )
         .with_path(path)),
     }

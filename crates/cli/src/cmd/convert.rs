@@ -9,9 +9,9 @@ use crate::exit::Exit;
 /// The top-level entry point for `snapdiff convert`.
 pub(crate) fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
     let ext = args.output.extension().and_then(|e| e.to_str());
-    if !matches!(ext, Some("snap" | "json")) {
+    if !matches!(ext, Some("snap" | "json" | "pickle" | "pkl")) {
         bail!(
-            "{}: cannot tell the output format: name it .snap or .json",
+            "{}: cannot tell the output format: name it .snap, .json or .pickle",
             args.output.display()
         );
     }

@@ -11,6 +11,9 @@ pub(crate) mod legacy_torch_save;
 mod lower;
 mod machine;
 pub(crate) mod torch_zip;
+mod write;
+
+pub use write::write_torch_pickle;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{Annotation, DeviceTrace, Meta, Pool, Segment, Snapshot};
