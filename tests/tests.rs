@@ -41,5 +41,8 @@ mod library;
 // Flame graphs, folded stacks and pprof profiles, read by their tools.
 mod pictures;
 
+// HTML reports, opened in a real browser.
+mod report;
+
 // The library from a crate outside the workspace, built as users build.
 mod user_crate;

@@ -12,6 +12,7 @@
 //! - [`oom`]: an out-of-memory error: the request, free pieces, what held the rest.
 //! - [`steps`]: each step of a trace: its start, peak, and what it retained.
 //! - [`profile`]: live memory by stack at one moment, for flame graphs and pprof.
+//! - [`timeline`]: live memory over a trace at a bounded number of points.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
@@ -29,6 +30,7 @@ pub mod replay;
 pub mod stack_key;
 pub mod steps;
 pub mod summary;
+pub mod timeline;
 pub mod trend;
 
 pub use crate::compare::{CompareOptions, Comparison, GroupDiff, compare};

@@ -26,6 +26,7 @@ pub(crate) enum Command {
     Peak(PeakArgs),
     Oom(OomArgs),
     Steps(StepsArgs),
+    Report(ReportPageArgs),
     Flamegraph(FlamegraphArgs),
     Pprof(PprofArgs),
     Convert(ConvertArgs),
@@ -137,6 +138,26 @@ pub(crate) struct StepsArgs {
     pub(crate) step: Option<u64>,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
+}
+
+/// Write a self-contained HTML report: the verdict, the timeline, the peak
+/// and a flame graph.
+///
+/// One file with a trace: its trend, timeline of live memory (top sites
+/// stacked, growing ones in red), peak and flame graph. Several snapshots:
+/// their trend. Two: their comparison. The page holds its data, script and
+/// styles: it opens from disk, offline.
+#[derive(Debug, Args)]
+pub(crate) struct ReportPageArgs {
+    /// Snapshot files (a trace, several snapshots, or BEFORE AFTER).
+    #[arg(required = true, value_name = "FILE")]
+    pub(crate) files: Vec<PathBuf>,
+    /// File to write (e.g. report.html).
+    #[arg(short, long, value_name = "OUT")]
+    pub(crate) output: PathBuf,
+    /// Replace OUT if it exists.
+    #[arg(long, short)]
+    pub(crate) force: bool,
 }
 
 /// Draw live memory by stack as a flame graph (SVG), or write folded stacks.

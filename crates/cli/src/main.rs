@@ -11,6 +11,7 @@ mod manifest;
 mod pictures;
 mod processes;
 mod render;
+mod report;
 
 use std::process::ExitCode;
 

@@ -8,6 +8,7 @@ mod flamegraph;
 mod oom;
 mod peak;
 mod pprof;
+mod report;
 mod steps;
 mod summary;
 mod trend;
@@ -26,6 +27,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Peak(args) => peak::run(args),
         Command::Oom(args) => oom::run(args),
         Command::Steps(args) => steps::run(args),
+        Command::Report(args) => report::run(args),
         Command::Flamegraph(args) => flamegraph::run(args),
         Command::Pprof(args) => pprof::run(args),
         Command::Convert(args) => convert::run(args),

@@ -169,6 +169,15 @@ pub(crate) fn report(
     Ok(Some(trend.suspected_bytes))
 }
 
+/// The trend of `files` with default options, for the report: of the first
+/// process's files when they come from several. `None` when none can be
+/// read or they have no trend (one file without a trace).
+pub(crate) fn trend_of(files: &[PathBuf]) -> Option<Trend> {
+    let (read, _) = read_all(files);
+    let (_, first) = split_by_process(read).into_iter().next()?;
+    judge(first, &TrendOptions::default()).ok()
+}
+
 /// A snapshot read, with its path.
 struct Read<'a> {
     path: &'a PathBuf,

@@ -52,7 +52,27 @@ fn label(frame: &SiteFrame) -> String {
 
 /// Draws `drawn` as an SVG flame graph.
 pub(crate) fn flamegraph(drawn: &Drawn, title: &str, out: &mut dyn Write) -> std::io::Result<()> {
+    draw(
+        drawn,
+        title,
+        inferno::flamegraph::Options::default().min_width,
+        out,
+    )
+}
+
+/// [`flamegraph`] for a report page: frames narrower than a pixel are left
+/// out, which keeps the graph of a million blocks small.
+pub(crate) fn flamegraph_for_page(
+    drawn: &Drawn,
+    title: &str,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    draw(drawn, title, 1.0, out)
+}
+
+fn draw(drawn: &Drawn, title: &str, min_width: f64, out: &mut dyn Write) -> std::io::Result<()> {
     let mut options = inferno::flamegraph::Options::default();
+    options.min_width = min_width;
     options.title = title.to_owned();
     options.count_name = "bytes".to_owned();
     options.name_type = "Site:".to_owned();

@@ -1,0 +1,179 @@
+// Draws snapdiff's report from the data embedded in the page: no library,
+// nothing fetched.
+"use strict";
+const data = JSON.parse(document.getElementById("data").textContent);
+const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+
+function size(bytes) {
+  const negative = bytes < 0;
+  let v = Math.abs(bytes), u = 0;
+  while (v >= 1024 && u < UNITS.length - 1) { v /= 1024; u++; }
+  const text = u === 0 ? `${v} B` : `${v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2)} ${UNITS[u]}`;
+  return negative ? `-${text}` : text;
+}
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  for (const c of children) e.append(c);
+  return e;
+}
+
+function svg(tag, attrs = {}) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+
+function culprit(site) {
+  const c = site.culprit;
+  if (c.kind === "no_stack") return "(no stack recorded)";
+  const where = c.file && c.file !== "??" ? `  ${c.file}${c.line ? ":" + c.line : ""}` : "";
+  return `${c.name}${where}`;
+}
+
+function stackText(site) {
+  return (site.frames || []).map(f => `${f.name}  ${f.file}:${f.line}`).join("\n");
+}
+
+function table(headers, rows) {
+  const t = el("table");
+  const head = el("tr");
+  for (const [h, num] of headers) head.append(el("th", num ? { class: "num" } : {}, h));
+  t.append(head);
+  for (const r of rows) t.append(r);
+  return t;
+}
+
+function cell(text, attrs = {}) { return el("td", attrs, text); }
+
+const tooltip = el("div", { id: "tooltip" });
+document.body.append(tooltip);
+function hover(target, text) {
+  target.addEventListener("mousemove", ev => {
+    tooltip.textContent = text();
+    tooltip.style.whiteSpace = "pre";
+    tooltip.style.display = "block";
+    tooltip.style.left = Math.min(ev.clientX + 14, window.innerWidth - 620) + "px";
+    tooltip.style.top = ev.clientY + 14 + "px";
+  });
+  target.addEventListener("mouseleave", () => { tooltip.style.display = "none"; });
+}
+
+function sparkline(series) {
+  const s = svg("svg", { class: "spark", viewBox: "0 0 160 28", preserveAspectRatio: "none" });
+  const max = Math.max(...series, 1), n = Math.max(series.length - 1, 1);
+  const pts = series.map((v, i) => `${(i / n) * 158 + 1},${27 - (v / max) * 25}`).join(" ");
+  s.append(svg("polyline", { points: pts, fill: "none", stroke: "#b3261e", "stroke-width": "1.5" }));
+  return s;
+}
+
+function verdict(section) {
+  const t = data.trend;
+  if (!t) return;
+  const box = el("p", { class: "verdict" + (t.suspects.length ? " leak" : ""), id: "verdict-text" });
+  if (t.checkpoint_source === "evenly_spaced") box.textContent = "No verdict: see the notes below.";
+  else if (!t.suspects.length) box.textContent = "No site's memory keeps growing: nothing here looks like a leak.";
+  else box.textContent = `${t.suspects.length} site${t.suspects.length > 1 ? "s" : ""} keep${t.suspects.length > 1 ? "" : "s"} growing: ${size(t.suspected_bytes)} after warm-up.`;
+  section.append(box);
+  section.append(el("p", { class: "note" }, `${t.checkpoints} checkpoints (${t.checkpoint_source.replaceAll("_", " ")}), the first ${t.warmup} as warm-up.`));
+  if (t.suspects.length) {
+    const rows = t.suspects.map((s, i) => {
+      const r = el("tr", { class: "suspect", "data-growth": String(s.growth_bytes) });
+      const name = cell(culprit(s), { class: "culprit" });
+      hover(name, () => stackText(s));
+      const perStep = s.growth_per_step != null ? size(Math.round(s.growth_per_step)) : size(s.growth_per_checkpoint);
+      const evidence = el("td");
+      evidence.append(sparkline(s.series));
+      const floors = s.floor.slice(t.warmup).map(size).join(" → ");
+      hover(evidence, () => `live: ${s.series.map(size).join(", ")}\nfloor: ${floors}\nblocks: ${s.blocks.join(", ")}`);
+      r.append(cell(String(i + 1), { class: "num" }), name, cell(size(s.growth_bytes), { class: "num grow" }), cell(perStep, { class: "num" }), evidence);
+      return r;
+    });
+    section.append(table([["", true], ["culprit", false], ["growth", true], ["per step", true], ["live bytes (hover: floor and blocks)", false]], rows));
+  }
+  for (const n of t.notes) section.append(el("p", { class: "note" }, "Note: " + n));
+}
+
+const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#edc948", "#b07aa1", "#76b7b2", "#ff9da7", "#9c755f", "#bab0ac", "#e15759"];
+
+function timeline(section) {
+  const tl = data.timeline;
+  if (!tl) return;
+  section.append(el("h2", {}, `Live memory over the trace (device ${tl.device})`));
+  const W = 1000, H = 300, n = tl.allocated.length;
+  const max = Math.max(...tl.allocated, 1);
+  const x = i => (n > 1 ? (i / (n - 1)) * (W - 70) : 0) + 60;
+  const y = v => H - 20 - (v / max) * (H - 30);
+  const chart = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, id: "timeline" });
+  for (let k = 0; k <= 4; k++) {
+    const v = (max * k) / 4;
+    chart.append(svg("line", { x1: 60, x2: W - 10, y1: y(v), y2: y(v), stroke: "#e3e3e3" }));
+    const label = svg("text", { x: 2, y: y(v) + 4, "font-size": "11", fill: "#666" });
+    label.textContent = size(Math.round(v));
+    chart.append(label);
+  }
+  // The sites, stacked from the bottom.
+  let base = new Array(n).fill(0);
+  tl.sites.forEach((site, k) => {
+    const top = base.map((b, i) => b + site.values[i]);
+    const pts = top.map((v, i) => `${x(i)},${y(v)}`).concat(base.map((v, i) => `${x(i)},${y(v)}`).reverse());
+    const area = svg("polygon", {
+      points: pts.join(" "),
+      fill: site.suspect ? "#e15759" : COLORS[k % COLORS.length],
+      "fill-opacity": site.suspect ? "0.85" : "0.55",
+      class: "site" + (site.suspect ? " suspect" : ""),
+    });
+    hover(area, () => `${site.label}${site.suspect ? "  (keeps growing)" : ""}\nat its highest: ${size(Math.max(...site.values))}\n\n${site.stack}`);
+    chart.append(area);
+    base = top;
+  });
+  const line = tl.allocated.map((v, i) => `${x(i)},${y(v)}`).join(" ");
+  const total = svg("polyline", { points: line, fill: "none", stroke: "#222", "stroke-width": "1.5" });
+  hover(total, () => `allocated, highest: ${size(max)}`);
+  chart.append(total);
+  section.append(chart);
+  const legend = el("div", { class: "legend" });
+  legend.append(el("span", {}, el("i", { style: "background:#222" }), "all allocated"));
+  tl.sites.forEach((site, k) => {
+    legend.append(el("span", {}, el("i", { style: `background:${site.suspect ? "#e15759" : COLORS[k % COLORS.length]}` }), site.label));
+  });
+  section.append(legend);
+  section.append(el("p", { class: "note" }, `${tl.events[tl.events.length - 1]} events in ${n} points; each point is the highest of its stretch.`));
+}
+
+function peak(section) {
+  const p = data.peak;
+  if (!p) return;
+  section.append(el("h2", {}, `At the peak: ${size(p.allocated_bytes)} allocated (device ${p.device}, after event ${p.event_index})`));
+  section.append(table([["what", false], ["blocks", true], ["bytes", true]], p.categories.map(c =>
+    el("tr", {}, cell(c.category.replaceAll("_", " ")), cell(String(c.blocks), { class: "num" }), cell(size(c.bytes), { class: "num" })))));
+  section.append(table([["culprit", false], ["what", false], ["blocks", true], ["bytes", true]], p.sites.map(s => {
+    const name = cell(culprit(s), { class: "culprit" });
+    hover(name, () => stackText(s));
+    return el("tr", { class: "peak-site", "data-bytes": String(s.bytes) }, name, cell(s.category.replaceAll("_", " ")), cell(String(s.blocks), { class: "num" }), cell(size(s.bytes), { class: "num" }));
+  })));
+}
+
+function comparison(section) {
+  const c = data.compare;
+  if (!c) return;
+  section.append(el("h2", {}, `${data.files[0]} → ${data.files[1]}`));
+  section.append(el("p", { id: "compare-text" }, `${size(c.leaked_bytes)} more live memory; allocated ${size(c.allocated_before)} → ${size(c.allocated_after)}, reserved ${size(c.reserved_before)} → ${size(c.reserved_after)}.`));
+  section.append(table([["culprit", false], ["blocks", true], ["bytes", true], ["change", true]], c.groups.map(g => {
+    const name = cell(culprit(g), { class: "culprit" });
+    hover(name, () => stackText(g));
+    const change = g.change === "rounding" ? "rounding" : size(g.delta_bytes);
+    return el("tr", { class: "group", "data-delta": String(g.delta_bytes) }, name,
+      cell(`${g.blocks_before} → ${g.blocks_after}`, { class: "num" }),
+      cell(`${size(g.bytes_before)} → ${size(g.bytes_after)}`, { class: "num" }),
+      cell(change, { class: "num " + (g.delta_bytes > 0 ? "grow" : g.delta_bytes < 0 ? "shrink" : "") }));
+  })));
+}
+
+const main = document.getElementById("report");
+verdict(main);
+comparison(main);
+timeline(main);
+peak(main);
+document.body.setAttribute("data-ready", "yes");

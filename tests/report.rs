@@ -1,0 +1,198 @@
+//! `snapdiff report` pages, opened in a real browser (Debian's `chromium`,
+//! headless, from disk, with no network): the script runs without a console
+//! message, the page shows what `--json` says, and a screenshot is saved
+//! under `target/report-screenshots/` for a person to look at.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::util::{root, snapdiff, tempdir};
+
+const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
+
+/// Headless chromium, or `None` (with a line saying why) when it is not
+/// installed and SNAPDIFF_REQUIRE_CHROMIUM is not set.
+fn chromium() -> Option<&'static str> {
+    let found = Command::new("chromium")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("SNAPDIFF_REQUIRE_CHROMIUM").is_none(),
+            "chromium is missing, and SNAPDIFF_REQUIRE_CHROMIUM says it must be there (apt-get install chromium)"
+        );
+        eprintln!("skipped: the report tests need chromium (apt-get install chromium)");
+        return None;
+    }
+    Some("chromium")
+}
+
+/// Opens `page` in headless chromium: its DOM after the script ran, and
+/// every console message. Saves a screenshot as `shot`.
+fn open(browser: &str, page: &Path, shot: &str) -> (String, Vec<String>) {
+    let url = format!("file://{}", page.display());
+    let flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+    ];
+    let out = Command::new(browser)
+        .args(flags)
+        .args(["--enable-logging=stderr", "--v=0", "--dump-dom", &url])
+        .output()
+        .unwrap();
+    let console = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .map(str::to_owned)
+        .collect();
+    let shots = root().join("target/report-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let status = Command::new(browser)
+        .args(flags)
+        .arg(format!("--screenshot={}", shots.join(shot).display()))
+        .args(["--window-size=1280,2200", &url])
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    (String::from_utf8_lossy(&out.stdout).into_owned(), console)
+}
+
+/// The value of attribute `name` of the first element of class `class`.
+fn attribute(dom: &str, class: &str, name: &str) -> Option<String> {
+    let at = dom.find(&format!("class=\"{class}\""))?;
+    let tag_start = dom[..at].rfind('<')?;
+    let tag = &dom[tag_start..tag_start + dom[tag_start..].find('>')?];
+    let value = tag.split(&format!("{name}=\"")).nth(1)?;
+    Some(value[..value.find('"')?].to_owned())
+}
+
+/// Snapshots of the demo's leaking training job, every 10 steps.
+fn leaking_job(dir: &Path) -> Vec<PathBuf> {
+    let out = dir.join("job");
+    snapdiff([
+        "capture".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--every".as_ref(),
+        "10".as_ref(),
+        "--no-report".as_ref(),
+        "--".as_ref(),
+        SNAPDIFF.as_ref(),
+        "train".as_ref(),
+        "--steps".as_ref(),
+        "40".as_ref(),
+        "--leak".as_ref(),
+        "keep-activations".as_ref(),
+        "--log-every".as_ref(),
+        "0".as_ref(),
+    ])
+    .expect_code(0);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn report(files: &[&Path], out: &Path) -> String {
+    let mut args: Vec<&std::ffi::OsStr> = vec!["report".as_ref()];
+    args.extend(files.iter().map(|f| f.as_os_str()));
+    args.extend(["-o".as_ref(), out.as_os_str()]);
+    snapdiff(args).expect_code(0);
+    let html = std::fs::read_to_string(out).unwrap();
+    // Self-contained: nothing to fetch.
+    for remote in [
+        "src=\"http",
+        "href=\"http",
+        "url(http",
+        "src=\"//",
+        "import(",
+    ] {
+        assert!(!html.contains(remote), "{}: {remote}", out.display());
+    }
+    html
+}
+
+#[test]
+fn reports_open_offline_in_a_browser_and_show_what_json_says() {
+    let dir = tempdir();
+    let files = leaking_job(dir.path());
+    let last = files.last().unwrap();
+    let Some(browser) = chromium() else {
+        // Without a browser, the pages are still written and self-contained.
+        report(&[last], &dir.path().join("one.html"));
+        return;
+    };
+
+    // One trace: verdict, timeline, peak and flame graph.
+    let page = dir.path().join("trace.html");
+    report(&[last], &page);
+    let (dom, console) = open(browser, &page, "trace.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    assert!(dom.contains("data-ready=\"yes\""), "the script ran");
+    let trend = snapdiff(["trend".as_ref(), last.as_os_str(), "--json".as_ref()]).json();
+    let suspect = &trend["suspects"][0];
+    assert_eq!(
+        attribute(&dom, "suspect", "data-growth").as_deref(),
+        Some(suspect["growth_bytes"].to_string().as_str()),
+        "the suspect's growth, as trend --json has it"
+    );
+    let model_rs = root().join("crates/train/src/model.rs");
+    let line = std::fs::read_to_string(&model_rs)
+        .unwrap()
+        .lines()
+        .position(|l| l.contains("leaks with --leak keep-activations"))
+        .unwrap()
+        + 1;
+    assert!(
+        dom.contains(&format!("forward  {}:{line}", model_rs.display())),
+        "the leaking line is named"
+    );
+    assert!(dom.contains("id=\"timeline\""), "the timeline is drawn");
+    assert!(
+        dom.contains("class=\"site suspect\""),
+        "the growing site is marked in it"
+    );
+    assert!(
+        dom.contains("class=\"peak-site\""),
+        "the peak's sites are listed"
+    );
+    assert!(
+        dom.contains("<iframe class=\"flame\""),
+        "the flame graph is there"
+    );
+
+    // Two files: their comparison, as compare --json has it.
+    let page = dir.path().join("compare.html");
+    report(&[&files[0], last], &page);
+    let (dom, console) = open(browser, &page, "compare.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    let compare = snapdiff([
+        "compare".as_ref(),
+        files[0].as_os_str(),
+        last.as_os_str(),
+        "--json".as_ref(),
+    ])
+    .json();
+    assert_eq!(
+        attribute(&dom, "group", "data-delta").as_deref(),
+        Some(compare["groups"][0]["delta_bytes"].to_string().as_str())
+    );
+
+    // Several snapshots: their trend.
+    let page = dir.path().join("snapshots.html");
+    let all: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    report(&all, &page);
+    let (dom, console) = open(browser, &page, "snapshots.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    assert!(dom.contains("1 site keeps growing"), "{dom}");
+}
