@@ -44,5 +44,8 @@ mod pictures;
 // HTML reports, opened in a real browser.
 mod report;
 
+// Each command's text and JSON on the real fixtures, kept as golden files.
+mod golden;
+
 // The library from a crate outside the workspace, built as users build.
 mod user_crate;
