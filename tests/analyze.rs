@@ -707,3 +707,41 @@ fn trend_names_the_same_line_in_every_environment_users_record_in() {
         );
     }
 }
+
+#[test]
+fn folders_are_read_by_trend_and_refused_by_summary_and_unrelated_files_are_said() {
+    let Some(eor) = shared_torch("eor-nn-counterfactuals.pickle") else {
+        return;
+    };
+    let Some(ft) = shared_torch("ftcourse-finetune.pickle") else {
+        return;
+    };
+    let dir = tempdir();
+    // trend DIR: the snapshots in it, whatever else is there.
+    for step in 1..5 {
+        let out = dir.path().join(format!("step-{step}.pickle"));
+        inject("snapshot", &eor, &out, 2 * step, 1 << 20, None);
+    }
+    std::fs::write(dir.path().join("notes.txt"), "not a snapshot").unwrap();
+    let report = snapdiff(["trend".as_ref(), dir.path().as_os_str(), "--json".as_ref()])
+        .expect_code(0)
+        .json();
+    assert_eq!(report["checkpoints"], 4, "{report:#}");
+    // summary DIR: one line saying what to do instead.
+    let run = snapdiff(["summary".as_ref(), dir.path().as_os_str()]);
+    run.expect_code(2);
+    assert_eq!(
+        run.stderr(),
+        format!(
+            "snapdiff: {}: is a folder, not a snapshot file (snapdiff trend FOLDER reads the \
+             snapshots in one)\n",
+            dir.path().display()
+        )
+    );
+    // Two programs' snapshots share no site: compare says so.
+    let notes = compare_json(&eor, &ft)["notes"].to_string();
+    assert!(
+        notes.contains("share no code path: different programs?"),
+        "{notes}"
+    );
+}

@@ -239,6 +239,17 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
             before.meta.producer, after.meta.producer
         ));
     }
+    // Sites with a stack (blocks without one share a key in every file).
+    let stacked = || groups.iter().filter(|g| g.site.key != StackKey::NONE);
+    let shared = stacked().any(|g| g.blocks_before > 0 && g.blocks_after > 0);
+    let both_live = stacked().any(|g| g.blocks_before > 0) && stacked().any(|g| g.blocks_after > 0);
+    if both_live && !shared {
+        notes.push(
+            "these snapshots share no code path: different programs? (each site of one is new or \
+             gone in the other)"
+                .to_owned(),
+        );
+    }
     let reserved_growth = tb.reserved_bytes as i64 - ta.reserved_bytes as i64;
     let allocated_growth = tb.allocated_bytes as i64 - ta.allocated_bytes as i64;
     if reserved_growth > 0 && allocated_growth <= 0 {

@@ -295,9 +295,13 @@ pub(crate) struct CompareArgs {
 
 /// Find the code whose memory keeps growing, over several snapshots or within one trace.
 ///
-/// With several files, each is a checkpoint (ordered by step or time). With
-/// one file, its trace is cut into checkpoints at its step marks, snapshot
-/// markers or annotations, else evenly. A site is a suspect when its memory
+/// With several files (or a folder of them), each is a checkpoint, in the
+/// order of the steps they record, else of their times, else of their file
+/// names with numbers compared as numbers (step-200 before step-1000); files
+/// of different processes (ranks) are judged apart. With one file, its trace
+/// is cut into checkpoints at its step marks, snapshot markers or
+/// annotations, else at its iterations, else at the low points between
+/// them; a trace with none of these gets no verdict. A site is a suspect when its memory
 /// keeps growing after warm-up; one-time allocations and periodic rise and
 /// fall are not. Exit code 1 when --fail-over is given and suspected growth
 /// exceeds it.

@@ -46,6 +46,7 @@ fn tabled(report: Value, top: usize) -> Value {
     let mut tables = Tables::default();
     let mut out = Map::new();
     out.insert("schema".to_owned(), SCHEMA.into());
+    out.insert("version".to_owned(), env!("CARGO_PKG_VERSION").into());
     match tables.rewrite(report, top) {
         Value::Object(fields) => out.extend(fields),
         other => {

@@ -14,6 +14,12 @@ pub(crate) fn table<I: IntoIterator<Item = &'static str>>(header: I) -> Table {
     t.load_preset(UTF8_BORDERS_ONLY)
         .set_content_arrangement(ContentArrangement::Dynamic)
         .set_header(header);
+    // A terminal that reports no columns (some CI runners, `stty cols 0`)
+    // would squeeze every cell to one character a line: its width is
+    // unknown, so the table is not fitted to it.
+    if t.width() == Some(0) {
+        t.set_content_arrangement(ContentArrangement::Disabled);
+    }
     t
 }
 
@@ -146,6 +152,13 @@ pub(crate) fn read_parts(
     parts: Parts,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
     use std::io::IsTerminal;
+    if path.is_dir() {
+        return Err(snapdiff_format::Error::new(
+            snapdiff_format::ErrorKind::Io,
+            "is a folder, not a snapshot file (snapdiff trend FOLDER reads the snapshots in one)",
+        )
+        .with_path(path));
+    }
     let large = std::fs::metadata(path).is_ok_and(|m| m.len() >= PROGRESS_FROM_BYTES);
     if !large || !std::io::stderr().is_terminal() {
         return snapdiff_format::read_path_parts(path, parts);

@@ -46,8 +46,10 @@ struct Inner {
 }
 
 impl Error {
+    /// An error of `kind` saying `message` (name the file with
+    /// [`Error::with_path`]).
     #[cold]
-    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
         Error {
             inner: Box::new(Inner {
                 kind,

@@ -71,20 +71,31 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
     capture::report_files(&mut out, &dir, &captured)?;
     writeln!(out)?;
     trend::report(&captured.snapshots, &capture_args.report, &mut out)?;
-    if let (Some(first), Some(last)) = (captured.snapshots.first(), captured.snapshots.last()) {
+    let leaks = args.leak != snapdiff_train::Leak::None;
+    if leaks {
         writeln!(
             out,
-            "\nThe culprit is the line of crates/train that allocates the buffers the leak keeps.\n\
-             To see it between two snapshots: snapdiff compare {} {} --frames 3",
+            "\nThe culprit is the line of crates/train that allocates the buffers the leak keeps."
+        )?;
+    }
+    match (
+        &args.keep,
+        captured.snapshots.first(),
+        captured.snapshots.last(),
+    ) {
+        // The snapshots stay: a command to look closer at them.
+        (Some(_), Some(first), Some(last)) => writeln!(
+            out,
+            "To see it between two snapshots: snapdiff compare {} {} --frames 3",
             first.display(),
             last.display()
-        )?;
-        if args.keep.is_none() {
-            writeln!(
-                out,
-                "(the snapshots are in a temporary folder; --keep DIR keeps them)"
-            )?;
-        }
+        )?,
+        // The temporary folder goes when the demo ends.
+        _ => writeln!(
+            out,
+            "(the snapshots were in a temporary folder, now removed; --keep DIR keeps them, to \
+             look closer with snapdiff compare or snapdiff report)"
+        )?,
     }
     Ok(captured.exit)
 }

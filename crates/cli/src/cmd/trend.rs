@@ -19,12 +19,13 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     options.warmup = args.warmup;
     options.checkpoints = args.checkpoints;
     options.device_memory = args.device_memory;
+    let files = snapshots_in(&args.files)?;
     // Files are read a process at a time as their names tell processes
     // apart; files whose names do not are told apart after reading, by
     // manifest or recorded process id.
     let mut trends = Vec::new();
     let mut errored = false;
-    for (_, files) in crate::processes::by_process(&args.files) {
+    for (_, files) in crate::processes::by_process(&files) {
         let (read, e) = read_all(&files);
         errored |= e;
         for (process, snapshots) in split_by_process(read) {
@@ -36,6 +37,41 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
         1 => print_one(&trends[0].1, errored, &args),
         _ => print_per_process(&trends, errored, &args),
     }
+}
+
+/// File names snapdiff reads as snapshots when given a folder.
+const SNAPSHOT_EXTENSIONS: [&str; 6] = ["snap", "pickle", "pkl", "json", "pt", "zip"];
+
+/// `files`, with each folder among them replaced by the snapshot files in
+/// it (by their extension; `manifest.jsonl` and others are passed over).
+fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for path in files {
+        if !path.is_dir() {
+            out.push(path.clone());
+            continue;
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| anyhow::anyhow!("{}: cannot read the folder: {e}", path.display()))?
+            .filter_map(|entry| Some(entry.ok()?.path()))
+            .filter(|p| {
+                p.is_file()
+                    && p.extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| SNAPSHOT_EXTENSIONS.contains(&e))
+            })
+            .collect();
+        if found.is_empty() {
+            anyhow::bail!(
+                "{}: no snapshot files in this folder (looked for .{})",
+                path.display(),
+                SNAPSHOT_EXTENSIONS.join(", .")
+            );
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
 }
 
 /// The report of one series of snapshots (or one trace).
