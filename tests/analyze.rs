@@ -745,3 +745,31 @@ fn folders_are_read_by_trend_and_refused_by_summary_and_unrelated_files_are_said
         "{notes}"
     );
 }
+
+#[test]
+fn completions_and_the_man_page_cover_every_command() {
+    let bash = snapdiff(["completions", "bash"]).expect_code(0).stdout();
+    let man = snapdiff(["man"]).expect_code(0).stdout();
+    assert!(man.contains(".TH snapdiff 1"), "{man}");
+    for command in [
+        "capture",
+        "compare",
+        "trend",
+        "summary",
+        "peak",
+        "oom",
+        "steps",
+        "report",
+        "flamegraph",
+        "pprof",
+        "convert",
+    ] {
+        assert!(
+            bash.contains(&format!("snapdiff__subcmd__{command}")),
+            "bash: {command}"
+        );
+        assert!(man.contains(command), "man: {command}");
+    }
+    let run = snapdiff(["completions", "tcsh"]);
+    run.expect_code(2);
+}

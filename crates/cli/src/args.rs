@@ -30,6 +30,8 @@ pub(crate) enum Command {
     Flamegraph(FlamegraphArgs),
     Pprof(PprofArgs),
     Convert(ConvertArgs),
+    Completions(CompletionsArgs),
+    Man(ManArgs),
     /// Run the built-in training workload (what `demo` captures).
     #[command(hide = true)]
     Train(snapdiff_train::TrainArgs),
@@ -327,7 +329,7 @@ pub(crate) struct TrendArgs {
     pub(crate) device_memory: Option<u64>,
 }
 
-/// Convert a snapshot to .snap or .json (chosen by OUT's extension).
+/// Convert a snapshot to .snap, .json or .pickle (chosen by OUT's extension).
 #[derive(Debug, Args)]
 pub(crate) struct ConvertArgs {
     /// Snapshot file to read (any supported kind).
@@ -339,6 +341,20 @@ pub(crate) struct ConvertArgs {
     #[arg(long, short)]
     pub(crate) force: bool,
 }
+
+/// Print a shell's completion script for snapdiff.
+///
+/// For example: `snapdiff completions bash > ~/.local/share/bash-completion/completions/snapdiff`.
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell: bash, elvish, fish, powershell or zsh.
+    #[arg(value_enum)]
+    pub(crate) shell: clap_complete::Shell,
+}
+
+/// Print snapdiff's man page (roff), e.g. `snapdiff man > snapdiff.1`.
+#[derive(Debug, Args)]
+pub(crate) struct ManArgs {}
 
 fn parse_size(text: &str) -> Result<u64, String> {
     snapdiff_format::units::parse_size(text).map_err(|e| e.to_string())

@@ -31,6 +31,17 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Flamegraph(args) => flamegraph::run(args),
         Command::Pprof(args) => pprof::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Completions(args) => {
+            use clap::CommandFactory;
+            let mut command = crate::args::Cli::command();
+            clap_complete::generate(args.shell, &mut command, "snapdiff", &mut std::io::stdout());
+            Ok(Exit::Clean)
+        }
+        Command::Man(_) => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(crate::args::Cli::command()).render(&mut std::io::stdout())?;
+            Ok(Exit::Clean)
+        }
         Command::Train(args) => match snapdiff_train::run(&args) {
             Ok(_) => Ok(Exit::Clean),
             Err(e) => Err(anyhow::anyhow!("train: {e}")),
