@@ -366,7 +366,11 @@ fn convert_writes_snap_and_json_and_refuses_to_overwrite() {
     let bad_ext = dir.path().join("a.txt");
     let run = snapdiff(["convert".as_ref(), input.as_os_str(), bad_ext.as_os_str()]);
     run.expect_code(2);
-    assert!(run.stderr().contains(".snap or .json"));
+    assert!(
+        run.stderr().contains("name it .snap, .json or .pickle"),
+        "{}",
+        run.stderr()
+    );
 }
 
 /// Writes `bytes` to a file, runs `snapdiff summary` on it, and checks for
