@@ -773,3 +773,48 @@ fn completions_and_the_man_page_cover_every_command() {
     let run = snapdiff(["completions", "tcsh"]);
     run.expect_code(2);
 }
+
+#[test]
+fn flags_say_how_a_trace_is_cut_and_into_how_many_checkpoints() {
+    let Some(eor) = shared_torch("eor-nn-counterfactuals.pickle") else {
+        return;
+    };
+    let trend = |flags: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> =
+            vec!["trend".as_ref(), eor.as_os_str(), "--json".as_ref()];
+        args.extend(flags.iter().map(std::ffi::OsStr::new));
+        snapdiff(args)
+    };
+    // By default, at its 9 snapshot markers and its end.
+    let default = trend(&[]).expect_code(0).json();
+    assert_eq!(default["checkpoint_source"], "snapshot_markers");
+    assert_eq!(default["checkpoints"], 10);
+    // --checkpoints limits the markers too, keeping the first and last.
+    let four = trend(&["--checkpoints", "4"]).expect_code(0).json();
+    assert_eq!(four["checkpoint_source"], "snapshot_markers");
+    assert_eq!(four["checkpoints"], 4);
+    let events = |r: &serde_json::Value| -> Vec<u64> {
+        r["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["event_index"].as_u64().unwrap())
+            .collect()
+    };
+    let (all, some) = (events(&default), events(&four));
+    assert_eq!((some[0], some[3]), (all[0], all[9]));
+    // --cut chooses the way, and a way the trace lacks is a clear error.
+    let even = trend(&["--cut", "evenly", "--checkpoints", "6"])
+        .expect_code(0)
+        .json();
+    assert_eq!(even["checkpoint_source"], "evenly_spaced");
+    assert_eq!(even["checkpoints"], 6);
+    let run = trend(&["--cut", "steps"]);
+    run.expect_code(2);
+    assert!(
+        run.stderr()
+            .contains("device 0's trace has no step marks to cut at"),
+        "{}",
+        run.stderr()
+    );
+}

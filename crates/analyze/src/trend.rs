@@ -49,6 +49,15 @@ pub struct TrendOptions {
     /// Total device memory, for the time-to-full estimate, when the snapshots
     /// do not record it. Default: none.
     pub device_memory: Option<u64>,
+    /// How to cut a trace, when not the first way that finds steps (see
+    /// [`CheckpointSource`]); a trace without what it asks for is an error.
+    /// Default: none.
+    pub cut: Option<CheckpointSource>,
+    /// Whether `checkpoints` limits every way of cutting (markers and step
+    /// marks too, thinned evenly), as when a user asks for a number.
+    /// Default: only cuts found in the trace (iterations, low points) and
+    /// even ones are limited.
+    pub limit_all: bool,
 }
 
 impl Default for TrendOptions {
@@ -58,6 +67,8 @@ impl Default for TrendOptions {
             warmup: DEFAULT_WARMUP,
             checkpoints: DEFAULT_CHECKPOINTS,
             device_memory: None,
+            cut: None,
+            limit_all: false,
         }
     }
 }
@@ -371,11 +382,48 @@ pub(crate) struct Cuts {
     pub(crate) steps: Option<Vec<u64>>,
 }
 
-/// Chooses where to cut a trace into at most `options.checkpoints`
-/// checkpoints (see [`step_cuts`]), else evenly.
-fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &TrendOptions) -> Cuts {
+/// The ways of finding a trace's steps, in the order they are tried.
+const STEP_SOURCES: [CheckpointSource; 5] = [
+    CheckpointSource::StepMarks,
+    CheckpointSource::SnapshotMarkers,
+    CheckpointSource::Annotations,
+    CheckpointSource::Iterations,
+    CheckpointSource::Troughs,
+];
+
+/// Chooses where to cut a trace into checkpoints: the first way of
+/// [`step_cuts`] that finds steps (or the one `options.cut` asks for), else
+/// evenly. `options.limit_all` thins every way's cuts to
+/// `options.checkpoints`, not only those found in the trace.
+///
+/// # Errors
+///
+/// When `options.cut` asks for a way the trace has nothing for.
+fn cuts_for(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    trace_index: usize,
+    options: &TrendOptions,
+) -> Result<Cuts, String> {
     let n = options.checkpoints.max(1);
-    step_cuts(snap, keys, trace_index, n).unwrap_or_else(|| {
+    let found = match options.cut {
+        None => step_cuts(snap, keys, trace_index, n),
+        Some(CheckpointSource::EvenlySpaced) => None,
+        Some(source) => Some(cuts_by(snap, keys, trace_index, n, source).ok_or_else(|| {
+            format!(
+                "device {}'s trace has no {} to cut at",
+                snap.traces[trace_index].device,
+                match source {
+                    CheckpointSource::StepMarks => "step marks",
+                    CheckpointSource::SnapshotMarkers => "snapshot markers",
+                    CheckpointSource::Annotations => "annotations",
+                    CheckpointSource::Iterations => "repeating iterations",
+                    _ => "low points between iterations",
+                }
+            )
+        })?),
+    };
+    let mut cuts = found.unwrap_or_else(|| {
         let len = snap.traces[trace_index].events.len();
         let mut cuts: Vec<usize> = (1..=n).map(|k| k * len / n).collect();
         cuts.dedup();
@@ -384,7 +432,25 @@ fn cuts_for(snap: &Snapshot, keys: &StackKeys, trace_index: usize, options: &Tre
             at: cuts,
             steps: None,
         }
-    })
+    });
+    if options.limit_all && cuts.at.len() > n {
+        let chosen = spread(cuts.at.len(), n);
+        cuts.at = chosen.iter().map(|&k| cuts.at[k]).collect();
+        cuts.steps = cuts
+            .steps
+            .map(|steps| chosen.iter().map(|&k| steps[k]).collect());
+    }
+    Ok(cuts)
+}
+
+/// At most `n` of `count` indices, spread evenly, first and last kept.
+fn spread(count: usize, n: usize) -> Vec<usize> {
+    if count <= n {
+        return (0..count).collect();
+    }
+    let mut chosen: Vec<usize> = (0..n).map(|k| k * (count - 1) / (n - 1).max(1)).collect();
+    chosen.dedup();
+    chosen
 }
 
 /// Where a trace's steps start: after each step mark, else after each
@@ -398,9 +464,22 @@ pub(crate) fn step_cuts(
     trace_index: usize,
     n: usize,
 ) -> Option<Cuts> {
+    STEP_SOURCES
+        .into_iter()
+        .find_map(|source| cuts_by(snap, keys, trace_index, n, source))
+}
+
+/// The cuts one way of finding steps gives, if it finds any.
+fn cuts_by(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    trace_index: usize,
+    n: usize,
+    source: CheckpointSource,
+) -> Option<Cuts> {
     let events = &snap.traces[trace_index].events;
     let len = events.len();
-    let plain = |source, at| Cuts {
+    let plain = |at| Cuts {
         source,
         at,
         steps: None,
@@ -413,66 +492,69 @@ pub(crate) fn step_cuts(
             .map(|(i, _)| i + 1)
             .collect()
     };
-    // Step marks first: where a program marks its steps, they are the
-    // checkpoints it means. Each cut is the start of a step; the trace's
-    // end, after the last step's work, is the start of the next.
-    let mut marks = after(Action::Step);
-    if !marks.is_empty() {
-        let mut steps: Vec<u64> = marks.iter().map(|&i| events[i - 1].size).collect();
-        if marks.last() != Some(&len) {
-            steps.push(steps[steps.len() - 1] + 1);
-            marks.push(len);
+    match source {
+        // Where a program marks its steps, they are the checkpoints it
+        // means. Each cut is the start of a step; the trace's end, after the
+        // last step's work, is the start of the next.
+        CheckpointSource::StepMarks => {
+            let mut marks = after(Action::Step);
+            if marks.is_empty() {
+                return None;
+            }
+            let mut steps: Vec<u64> = marks.iter().map(|&i| events[i - 1].size).collect();
+            if marks.last() != Some(&len) {
+                steps.push(steps[steps.len() - 1] + 1);
+                marks.push(len);
+            }
+            Some(Cuts {
+                source,
+                at: marks,
+                steps: Some(steps),
+            })
         }
-        return Some(Cuts {
-            source: CheckpointSource::StepMarks,
-            at: marks,
-            steps: Some(steps),
-        });
-    }
-    // Snapshot markers are where earlier dumps were taken; the end of the
-    // trace is this one's.
-    let mut markers = after(Action::Snapshot);
-    if !markers.is_empty() {
-        markers.push(len);
-        markers.dedup();
-        return Some(plain(CheckpointSource::SnapshotMarkers, markers));
-    }
-    let device = snap.traces[trace_index].device;
-    let mut times: Vec<i64> = snap
-        .annotations
-        .iter()
-        .filter(|a| a.device == device)
-        .filter_map(|a| a.time_us)
-        .collect();
-    times.sort_unstable();
-    if !times.is_empty() && events.iter().all(|e| e.time_us.is_some()) {
-        let mut cuts: Vec<usize> = times
-            .iter()
-            .map(|&t| events.partition_point(|e| e.time_us.unwrap_or(0) < t))
-            .collect();
-        cuts.push(len);
-        cuts.dedup();
-        if cuts.len() > 1 {
-            return Some(plain(CheckpointSource::Annotations, cuts));
+        // Where earlier dumps were taken; the end of the trace is this one's.
+        CheckpointSource::SnapshotMarkers => {
+            let mut markers = after(Action::Snapshot);
+            if markers.is_empty() {
+                return None;
+            }
+            markers.push(len);
+            markers.dedup();
+            Some(plain(markers))
         }
-    }
-    if let Some(found) = iterations::find(events, keys) {
+        CheckpointSource::Annotations => {
+            let device = snap.traces[trace_index].device;
+            let mut times: Vec<i64> = snap
+                .annotations
+                .iter()
+                .filter(|a| a.device == device)
+                .filter_map(|a| a.time_us)
+                .collect();
+            times.sort_unstable();
+            if times.is_empty() || !events.iter().all(|e| e.time_us.is_some()) {
+                return None;
+            }
+            let mut cuts: Vec<usize> = times
+                .iter()
+                .map(|&t| events.partition_point(|e| e.time_us.unwrap_or(0) < t))
+                .collect();
+            cuts.push(len);
+            cuts.dedup();
+            (cuts.len() > 1).then(|| plain(cuts))
+        }
         // At most n checkpoints, spread over the iterations.
-        let count = found.starts.len();
-        let chosen: Vec<usize> = if count > n {
-            let mut c: Vec<usize> = (0..n).map(|k| k * (count - 1) / (n - 1).max(1)).collect();
-            c.dedup();
-            c
-        } else {
-            (0..count).collect()
-        };
-        return Some(Cuts {
-            source: CheckpointSource::Iterations,
-            at: chosen.iter().map(|&k| found.starts[k]).collect(),
-            steps: Some(chosen.iter().map(|&k| k as u64).collect()),
-        });
+        CheckpointSource::Iterations => {
+            let found = iterations::find(events, keys)?;
+            let chosen = spread(found.starts.len(), n);
+            Some(Cuts {
+                source,
+                at: chosen.iter().map(|&k| found.starts[k]).collect(),
+                steps: Some(chosen.iter().map(|&k| k as u64).collect()),
+            })
+        }
+        CheckpointSource::Troughs => iteration_troughs(events, n).map(plain),
+        CheckpointSource::Snapshots | CheckpointSource::EvenlySpaced => None,
     }
-    iteration_troughs(events, n).map(|cuts| plain(CheckpointSource::Troughs, cuts))
 }
 
 /// Cuts after the low points a trace's live memory keeps falling back to:
@@ -581,7 +663,7 @@ pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, Str
     let mut trends: Vec<Trend> = busy
         .iter()
         .map(|&t| trend_of_device(snap, &keys, t, options))
-        .collect();
+        .collect::<Result<_, _>>()?;
     let mut trend = trends.remove(0);
     for other in trends {
         trend.suspected_bytes += other.suspected_bytes;
@@ -629,12 +711,12 @@ fn trend_of_device(
     keys: &StackKeys,
     trace_index: usize,
     options: &TrendOptions,
-) -> Trend {
+) -> Result<Trend, String> {
     let Cuts {
         source,
         at: cuts,
         steps,
-    } = cuts_for(snap, keys, trace_index, options);
+    } = cuts_for(snap, keys, trace_index, options)?;
     let trace = &snap.traces[trace_index];
     let replayed = replay(snap, keys, trace, &cuts);
     let freed_unseen = replayed.freed_unseen;
@@ -683,7 +765,7 @@ fn trend_of_device(
                 .to_owned(),
         );
     }
-    trend
+    Ok(trend)
 }
 
 #[cfg(test)]

@@ -320,13 +320,50 @@ pub(crate) struct TrendArgs {
     /// Checkpoints at the start that are warm-up (what they allocate is not growth).
     #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::trend::DEFAULT_WARMUP)]
     pub(crate) warmup: usize,
-    /// Checkpoints to cut a trace into when it has no markers.
-    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::trend::DEFAULT_CHECKPOINTS,
-          value_parser = parse_checkpoints)]
-    pub(crate) checkpoints: usize,
+    /// At most N checkpoints of a trace, however it is cut (default: 10 when
+    /// cut at iterations found in it or evenly; every mark or marker else).
+    #[arg(long, value_name = "N", value_parser = parse_checkpoints)]
+    pub(crate) checkpoints: Option<usize>,
+    /// How to cut a trace: at its step marks, snapshot markers,
+    /// annotations, the iterations found in it, the low points between
+    /// them, or evenly (no verdict). Default: the first of these it has.
+    #[arg(long, value_name = "HOW", value_enum)]
+    pub(crate) cut: Option<Cut>,
     /// Total device memory, for the time-to-full estimate, when the files do not record it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub(crate) device_memory: Option<u64>,
+}
+
+/// Ways of cutting a trace into checkpoints (`--cut`).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum Cut {
+    /// At the program's step marks (snapdiff-runtime's mark_step).
+    Steps,
+    /// At the snapshot markers (where earlier dumps were taken).
+    Markers,
+    /// At the times of the trace's annotations (record_function).
+    Annotations,
+    /// At the same point of each iteration found in the trace.
+    Iterations,
+    /// At the low points between iterations.
+    Troughs,
+    /// Evenly (for the series only: no verdict).
+    Evenly,
+}
+
+impl Cut {
+    /// The analysis's name for it.
+    pub(crate) fn source(self) -> snapdiff_analyze::trend::CheckpointSource {
+        use snapdiff_analyze::trend::CheckpointSource as S;
+        match self {
+            Cut::Steps => S::StepMarks,
+            Cut::Markers => S::SnapshotMarkers,
+            Cut::Annotations => S::Annotations,
+            Cut::Iterations => S::Iterations,
+            Cut::Troughs => S::Troughs,
+            Cut::Evenly => S::EvenlySpaced,
+        }
+    }
 }
 
 /// Convert a snapshot to .snap, .json or .pickle (chosen by OUT's extension).

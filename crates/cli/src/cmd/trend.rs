@@ -17,7 +17,12 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     let mut options = TrendOptions::default();
     options.rules = render::rules(&args.report)?;
     options.warmup = args.warmup;
-    options.checkpoints = args.checkpoints;
+    if let Some(n) = args.checkpoints {
+        // A number the user asked for limits every way of cutting.
+        options.checkpoints = n;
+        options.limit_all = true;
+    }
+    options.cut = args.cut.map(crate::args::Cut::source);
     options.device_memory = args.device_memory;
     let files = snapshots_in(&args.files)?;
     // Files are read a process at a time as their names tell processes
