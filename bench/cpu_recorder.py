@@ -4,7 +4,7 @@
 """
 import os, sys, time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "crates/cli/src/cmd/capture/python"))
+sys.path.insert(0, os.path.join(ROOT, "python/snapdiff/hook"))
 import torch, torch.nn.functional as F
 sys.path.insert(0, os.path.join(ROOT, "tests/support"))
 from torch_train import Net

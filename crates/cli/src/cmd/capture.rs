@@ -25,15 +25,15 @@ use crate::render;
 const PYTHON_HOOK: [(&str, &str); 3] = [
     (
         "sitecustomize.py",
-        include_str!("capture/python/sitecustomize.py"),
+        include_str!("../../../../python/snapdiff/hook/sitecustomize.py"),
     ),
     (
         "snapdiff_capture.py",
-        include_str!("capture/python/snapdiff_capture.py"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_capture.py"),
     ),
     (
         "snapdiff_cpu_recorder.py",
-        include_str!("capture/python/snapdiff_cpu_recorder.py"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_cpu_recorder.py"),
     ),
 ];
 

@@ -1,0 +1,47 @@
+"""snapdiff finds GPU memory leaks in training jobs: the line of code whose
+memory keeps growing, step after step.
+
+This package comes with the `snapdiff` command (`python -m snapdiff` runs
+it too) and gives Python:
+
+- `compare(before, after)`, `trend(files)`, `peak(file)`: the command's
+  reports as dataclasses (sites with their culprit line, bytes, blocks and
+  series);
+- `recording(folder, every=10)`: PyTorch's memory history on, with dumps
+  every N steps named as `snapdiff capture` names them (the CPU recorder
+  when there is no GPU);
+- a pytest plugin: `@pytest.mark.snapdiff(max_leak="1 MiB", warmup=2,
+  steps=10)` and the `snapdiff_steps` fixture fail a test whose steps keep
+  memory.
+"""
+
+from snapdiff._api import (
+    Comparison,
+    Culprit,
+    DevicePeak,
+    Group,
+    Peak,
+    Site,
+    Suspect,
+    Trend,
+    compare,
+    peak,
+    trend,
+)
+from snapdiff._recording import Recording, recording
+
+__all__ = [
+    "Comparison",
+    "Culprit",
+    "DevicePeak",
+    "Group",
+    "Peak",
+    "Recording",
+    "Site",
+    "Suspect",
+    "Trend",
+    "compare",
+    "peak",
+    "recording",
+    "trend",
+]

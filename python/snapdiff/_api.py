@@ -1,0 +1,185 @@
+"""The command's reports as plain dataclasses, read from its `--json`."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from snapdiff._cli import run_json
+
+
+@dataclass
+class Culprit:
+    """The frame to look at first: the innermost line of your own code."""
+
+    name: str
+    file: str
+    line: int
+    kind: str
+
+    def __str__(self):
+        return f"{self.name}  {self.file}:{self.line}"
+
+
+@dataclass
+class Site:
+    """The allocations of one code path: its culprit and its frames
+    (innermost first, as `function file:line`)."""
+
+    culprit: Culprit
+    frames: List[str]
+
+
+@dataclass
+class Group:
+    """One site's change between two snapshots (bytes are requested sizes)."""
+
+    site: Site
+    change: str
+    blocks_before: int
+    blocks_after: int
+    bytes_before: int
+    bytes_after: int
+    delta_bytes: int
+
+
+@dataclass
+class Comparison:
+    """`snapdiff compare`."""
+
+    leaked_bytes: int
+    allocated_before: int
+    allocated_after: int
+    reserved_before: int
+    reserved_after: int
+    groups: List[Group]
+    notes: List[str]
+
+
+@dataclass
+class Suspect:
+    """A site whose memory keeps growing, with the evidence."""
+
+    site: Site
+    growth_bytes: int
+    growth_per_step: Optional[float]
+    growth_per_checkpoint: int
+    series: List[int]
+    floor: List[int]
+    blocks: List[int]
+
+
+@dataclass
+class Trend:
+    """`snapdiff trend`."""
+
+    checkpoints: int
+    checkpoint_source: str
+    suspects: List[Suspect]
+    suspected_bytes: int
+    notes: List[str] = field(default_factory=list)
+
+
+@dataclass
+class DevicePeak:
+    """One device's highest point and what held it."""
+
+    device: int
+    allocated_bytes: int
+    event_index: int
+    categories: dict
+    sites: List[Site]
+    site_bytes: List[int]
+
+
+@dataclass
+class Peak:
+    """`snapdiff peak`."""
+
+    devices: List[DevicePeak]
+    notes: List[str]
+
+
+def _site(report, entry):
+    c = entry["culprit"]
+    frames = report.get("frames", [])
+    stack = report.get("stacks", [])[entry["stack"]] if entry.get("stack") is not None else []
+    return Site(
+        culprit=Culprit(c["name"], c["file"], c["line"], c["kind"]),
+        frames=[
+            f"{frames[i]['name']}  {frames[i]['file']}:{frames[i]['line']}" for i in stack
+        ],
+    )
+
+
+def compare(before, after):
+    """What holds more memory in `after` than in `before`, by site."""
+    r = run_json(["compare", before, after])
+    return Comparison(
+        leaked_bytes=r["leaked_bytes"],
+        allocated_before=r["allocated_before"],
+        allocated_after=r["allocated_after"],
+        reserved_before=r["reserved_before"],
+        reserved_after=r["reserved_after"],
+        groups=[
+            Group(
+                site=_site(r, g),
+                change=g["change"],
+                blocks_before=g["blocks_before"],
+                blocks_after=g["blocks_after"],
+                bytes_before=g["bytes_before"],
+                bytes_after=g["bytes_after"],
+                delta_bytes=g["delta_bytes"],
+            )
+            for g in r["groups"]
+        ],
+        notes=r["notes"],
+    )
+
+
+def trend(files, warmup=None):
+    """The sites whose memory keeps growing over `files` (snapshots, a
+    folder of them, or one trace)."""
+    args = ["trend", *([files] if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__") else files)]
+    if warmup is not None:
+        args += ["--warmup", warmup]
+    r = run_json(args)
+    if "processes" in r:
+        raise ValueError(
+            "the files come from several processes; give one process's files at a time"
+        )
+    return Trend(
+        checkpoints=r["checkpoints"],
+        checkpoint_source=r["checkpoint_source"],
+        suspects=[
+            Suspect(
+                site=_site(r, s),
+                growth_bytes=s["growth_bytes"],
+                growth_per_step=s.get("growth_per_step"),
+                growth_per_checkpoint=s["growth_per_checkpoint"],
+                series=s["series"],
+                floor=s["floor"],
+                blocks=s["blocks"],
+            )
+            for s in r["suspects"]
+        ],
+        suspected_bytes=r["suspected_bytes"],
+        notes=r["notes"],
+    )
+
+
+def peak(file):
+    """The moment each device held the most memory, and what held it."""
+    r = run_json(["peak", file])
+    return Peak(
+        devices=[
+            DevicePeak(
+                device=d["device"],
+                allocated_bytes=d["allocated_bytes"],
+                event_index=d["event_index"],
+                categories={c["category"]: c["bytes"] for c in d["categories"]},
+                sites=[_site(r, s) for s in d["sites"]],
+                site_bytes=[s["bytes"] for s in d["sites"]],
+            )
+            for d in r["devices"]
+        ],
+        notes=r["notes"],
+    )

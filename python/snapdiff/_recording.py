@@ -1,0 +1,114 @@
+"""`snapdiff.recording(folder, every=10)`: recording from Python, without
+the command, with the dumps `snapdiff capture` would write.
+
+It drives the capture hook's own machinery (`hook/snapdiff_capture.py`):
+the same file names (`rank{R}-step{N}.pickle`, `pid{P}-...` without a
+rank), the same `manifest.jsonl`, PyTorch's memory history on CUDA, and the
+CPU recorder when torch sees no CUDA device. Steps are counted by
+`Recording.step()`, not by an optimizer.
+"""
+
+import os
+import sys
+
+_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
+
+
+def _capture_module():
+    if _HOOK not in sys.path:
+        sys.path.append(_HOOK)
+    import snapdiff_capture
+
+    return snapdiff_capture
+
+
+class _Settings:
+    """What `snapdiff capture` would have put in the environment."""
+
+    def __init__(self, folder, every, max_entries, stacks):
+        self.dir = str(folder)
+        self.every = int(every or 0)
+        self.entries = int(max_entries)
+        self.stacks = bool(stacks)
+        self.interval = None
+
+
+class Recording:
+    """A recording in progress; see `recording`."""
+
+    def __init__(self, folder, every=10, max_entries=100000, stacks=True):
+        import torch
+
+        os.makedirs(folder, exist_ok=True)
+        self.folder = str(folder)
+        capture = _capture_module()
+        self._capture = capture.Capture(
+            torch, _Settings(folder, every, max_entries, stacks), deferred=False
+        )
+
+    def start(self):
+        self._capture.start_recording()
+        return self
+
+    @property
+    def steps(self):
+        """Steps counted so far."""
+        return self._capture.steps
+
+    def step(self):
+        """Counts one training step; dumps when the step count is a
+        multiple of `every`."""
+        self._capture.steps += 1
+        every = self._capture.settings.every
+        if every > 0 and self._capture.steps % every == 0:
+            self._capture.dump("step")
+
+    def dump(self, reason="step"):
+        """Dumps a snapshot now (`reason` ends up in its name unless "step")."""
+        self._capture.dump(reason)
+
+    def stop(self, final_dump=True):
+        """Dumps once more (`-exit`) and stops recording."""
+        capture = self._capture
+        if final_dump:
+            capture.dump("exit")
+        capture.recording = False
+        if capture.cpu is not None:
+            capture.cpu.stop()
+        else:
+            try:
+                capture.torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                pass
+
+    def files(self):
+        """The snapshots written so far, in step order."""
+        names = [n for n in os.listdir(self.folder) if n.endswith(".pickle")]
+        return [os.path.join(self.folder, n) for n in sorted(names, key=_natural)]
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def _natural(name):
+    import re
+
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def recording(folder, every=10, max_entries=100000, stacks=True):
+    """Records PyTorch's memory in `folder` while the `with` block runs::
+
+        with snapdiff.recording("snapshots", every=10) as rec:
+            for batch in loader:
+                train_step(batch)
+                rec.step()
+
+    then `snapdiff trend snapshots` (or `snapdiff.trend("snapshots")`).
+    Without a CUDA device, CPU tensors are recorded instead.
+    """
+    return Recording(folder, every, max_entries, stacks)

@@ -1,0 +1,127 @@
+"""snapdiff's pytest plugin: leak tests for a training step.
+
+    @pytest.mark.snapdiff(max_leak="1 MiB", warmup=2, steps=10)
+    def test_train_step_does_not_leak(snapdiff_steps):
+        for _ in snapdiff_steps:
+            train_step(model, batch)
+
+The loop runs `warmup + steps` times, with PyTorch's memory recorded (CUDA
+memory history, or the CPU recorder without a GPU) and a snapshot after each
+step. When it ends, `snapdiff trend` judges the snapshots after warm-up; the
+test fails when the sites that keep growing keep more than `max_leak` per
+step, with snapdiff's report (the line that holds the memory, the bytes per
+step, its stack) as the failure message. `--snapdiff-dir DIR` keeps the
+snapshots of failing tests in DIR, for `snapdiff report`.
+"""
+
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import pytest
+
+from snapdiff._cli import run
+
+_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4,
+          "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
+          "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
+
+
+def parse_size(text):
+    """`"1 MiB"`, `"512KiB"`, `4096` -> bytes."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ValueError(f"max_leak={text!r}: expected a size such as '1 MiB' or 4096")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--snapdiff-dir",
+        metavar="DIR",
+        help="keep the snapshots of failing snapdiff leak tests in DIR (for snapdiff report)",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "snapdiff(max_leak='0 B', warmup=1, steps=5): a leak test; the snapdiff_steps "
+        "fixture runs warmup + steps steps and fails the test when more than max_leak "
+        "a step is kept after warm-up",
+    )
+
+
+class Steps:
+    """The steps of a leak test: iterate over it, one training step per item."""
+
+    def __init__(self, request, folder, max_leak, warmup, steps):
+        self.request = request
+        self.folder = folder
+        self.max_leak = max_leak
+        self.warmup = warmup
+        self.steps = steps
+        self.report = None
+
+    def __iter__(self):
+        from snapdiff._recording import Recording
+
+        recording = Recording(self.folder, every=1).start()
+        try:
+            for i in range(self.warmup + self.steps):
+                yield i
+                recording.step()
+        finally:
+            recording.stop(final_dump=False)
+        self.judge()
+
+    def judge(self):
+        args = ["trend", self.folder, "--warmup", str(self.warmup)]
+        _, out, _ = run([*args, "--json"])
+        report = json.loads(out)
+        per_step = sum(
+            s.get("growth_per_step") or s["growth_per_checkpoint"] for s in report["suspects"]
+        )
+        self.report = report
+        if per_step > self.max_leak:
+            _, text, _ = run([*args, "--frames", "6", "--full-paths"])
+            self.request.node._snapdiff_failed = True
+            pytest.fail(
+                f"snapdiff: {_size(per_step)} a step kept after warm-up, over the "
+                f"{_size(self.max_leak)} allowed (max_leak)\n\n{text}",
+                pytrace=False,
+            )
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+
+
+@pytest.fixture
+def snapdiff_steps(request):
+    """The steps of a leak test; see the module's documentation."""
+    marker = request.node.get_closest_marker("snapdiff")
+    options = dict(marker.kwargs) if marker else {}
+    folder = tempfile.mkdtemp(prefix="snapdiff-pytest-")
+    steps = Steps(
+        request,
+        folder,
+        max_leak=parse_size(options.get("max_leak", 0)),
+        warmup=int(options.get("warmup", 1)),
+        steps=int(options.get("steps", 5)),
+    )
+    request.node._snapdiff_failed = False
+    yield steps
+    keep = request.config.getoption("--snapdiff-dir")
+    if keep and request.node._snapdiff_failed:
+        target = os.path.join(keep, re.sub(r"[^\w.-]+", "_", request.node.nodeid))
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(folder, target)
+    shutil.rmtree(folder, ignore_errors=True)

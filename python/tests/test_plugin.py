@@ -1,0 +1,151 @@
+"""The wheel as users get it: its pytest plugin on real PyTorch programs
+(CPU tensors, through the CPU recorder), its Python API, and its command.
+
+Run against an installed wheel: `python -m pytest python/tests` (`.ci/run`
+builds the wheel, installs it in a fresh virtual environment and runs this).
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import snapdiff
+
+MODEL = """
+import pytest
+import torch
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+optimizer = torch.optim.AdamW(model.parameters())
+batch = torch.randn(32, 64)
+kept = []
+cache = []
+
+def train_step(keep=False, periodic=False, step=0):
+    loss = model(batch).square().mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if keep:
+        kept.append(torch.ones(4096))  # LEAKS 16 KiB A STEP
+    if periodic:
+        cache.append(torch.ones(4096))
+        if len(cache) == 3:
+            cache.clear()
+"""
+
+
+def write_tests(pytester, body):
+    return pytester.makepyfile(test_training=MODEL + body)
+
+
+def leak_line(path):
+    lines = path.read_text().splitlines()
+    return next(i + 1 for i, l in enumerate(lines) if "LEAKS 16 KiB A STEP" in l)
+
+
+def test_a_leaking_step_fails_naming_the_line_and_the_bytes(pytester):
+    path = write_tests(pytester, """
+@pytest.mark.snapdiff(max_leak="1 KiB", warmup=2, steps=8)
+def test_train_step_does_not_leak(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step(keep=True)
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "16.00 KiB a step kept after warm-up, over the 1.00 KiB allowed" in out, out
+    assert f"{path}:{leak_line(path)}" in out, out
+    assert "16.0 KiB" in out, out
+
+
+def test_a_steady_step_passes(pytester):
+    write_tests(pytester, """
+@pytest.mark.snapdiff(max_leak="0 B", warmup=2, steps=8)
+def test_train_step_does_not_leak(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step()
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_memory_that_rises_and_falls_passes(pytester):
+    write_tests(pytester, """
+@pytest.mark.snapdiff(max_leak="0 B", warmup=2, steps=10)
+def test_train_step_does_not_leak(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step(periodic=True)
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_snapdiff_dir_keeps_the_snapshots_of_failing_tests(pytester, tmp_path):
+    write_tests(pytester, """
+@pytest.mark.snapdiff(max_leak="1 KiB", warmup=1, steps=4)
+def test_leaks(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step(keep=True)
+""")
+    kept = tmp_path / "kept"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--snapdiff-dir={kept}")
+    result.assert_outcomes(failed=1)
+    (folder,) = list(kept.iterdir())
+    assert len(list(folder.glob("*.pickle"))) == 5
+    assert (folder / "manifest.jsonl").exists()
+
+
+def test_recording_and_the_python_api(tmp_path):
+    import torch
+
+    model = torch.nn.Linear(32, 32)
+    kept = []
+    with snapdiff.recording(tmp_path, every=1) as rec:
+        for _ in range(8):
+            model(torch.randn(4, 32)).sum().backward()
+            kept.append(torch.ones(1024))
+            rec.step()
+    names = sorted(os.listdir(tmp_path))
+    assert f"pid{os.getpid()}-step8.pickle" in names, names
+    assert "manifest.jsonl" in names
+    trend = snapdiff.trend(str(tmp_path))
+    assert trend.suspects, trend
+    top = trend.suspects[0]
+    assert top.site.culprit.file == __file__
+    assert top.growth_per_step == 4096
+    files = rec.files()
+    comparison = snapdiff.compare(files[1], files[-2])
+    assert comparison.groups[0].delta_bytes > 0
+    assert comparison.groups[0].site.culprit.file == __file__
+
+
+def test_python_m_snapdiff_is_the_command():
+    done = subprocess.run(
+        [os.sys.executable, "-m", "snapdiff", "--version"], capture_output=True, text=True
+    )
+    assert done.returncode == 0
+    assert done.stdout.startswith("snapdiff "), done.stdout
+
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "../../../shared/fixtures/torch")
+
+
+@pytest.mark.skipif(not os.environ.get("SNAPDIFF_CARGO_BIN"), reason="SNAPDIFF_CARGO_BIN not set")
+def test_the_wheels_command_says_what_the_cargo_build_says():
+    cargo = os.environ["SNAPDIFF_CARGO_BIN"]
+    wheel = snapdiff._cli.binary()
+    assert os.path.realpath(wheel) != os.path.realpath(cargo)
+    names = sorted(n for n in os.listdir(FIXTURES) if n.endswith(".pickle"))
+    assert names
+    for name in names:
+        path = os.path.join(FIXTURES, name)
+        for command in (["summary"], ["trend"], ["peak"]):
+            outs = [
+                subprocess.run([b, *command, path, "--json"], capture_output=True, text=True)
+                for b in (wheel, cargo)
+            ]
+            assert outs[0].returncode == outs[1].returncode, (name, command)
+            assert json.loads(outs[0].stdout) == json.loads(outs[1].stdout), (name, command)
