@@ -67,6 +67,22 @@ pub(crate) fn paths_note(out: &mut dyn Write, base: &str) -> std::io::Result<()>
     writeln!(out, "paths from {base} (--full-paths shows them whole)")
 }
 
+/// [`site_cell`] for a site some of whose blocks were allocated before
+/// recording began: when it has no stack, that is the reason, and the cell
+/// says so.
+pub(crate) fn site_cell_before(
+    site: &Site,
+    before_recording: bool,
+    frames: usize,
+    base: &str,
+) -> String {
+    if before_recording && site.culprit.kind == CulpritKind::NoStack {
+        "(allocated before recording began)".to_owned()
+    } else {
+        site_cell(site, frames, base)
+    }
+}
+
 /// A site for a table cell: its culprit, and `frames` more frames of its
 /// stack, with paths shown from `base` (see [`paths_base`]).
 pub(crate) fn site_cell(site: &Site, frames: usize, base: &str) -> String {

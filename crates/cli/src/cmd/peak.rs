@@ -124,7 +124,7 @@ pub(crate) fn print_live(
     for (i, s) in shown.iter().enumerate() {
         by_site.add_row(vec![
             (i + 1).to_string(),
-            render::site_cell(&s.site, report.frames, &base),
+            render::site_cell_before(&s.site, s.before_recording, report.frames, &base),
             s.category.label().to_owned(),
             s.blocks.to_string(),
             size(s.bytes),

@@ -429,8 +429,9 @@ fn print_table(trend: &Trend, report: &ReportArgs, out: &mut dyn Write) -> anyho
         let shown = &trend.suspects[..trend.suspects.len().min(report.top_limit())];
         let base = render::paths_base(shown.iter().map(|s| &s.site), report);
         for (i, s) in shown.iter().enumerate() {
-            let mut cell = render::site_cell(&s.site, report.frames, &base);
-            if s.before_recording {
+            let mut cell =
+                render::site_cell_before(&s.site, s.before_recording, report.frames, &base);
+            if s.before_recording && s.site.culprit.kind != snapdiff_analyze::CulpritKind::NoStack {
                 cell.push_str("\n  (some blocks allocated before recording began)");
             }
             t.add_row(vec![
