@@ -4,11 +4,11 @@ use serde_json::Value;
 
 use crate::util::{python_script, shared_torch, snapdiff, tempdir};
 
-/// The highest bytes live in the trace of `file`'s first busy device, and
-/// after how many events, computed by CPython from the pickle itself: the
-/// blocks live before recording (freed without an alloc, or live at the end
-/// and never mentioned) plus each alloc, minus each completed free.
-const CPYTHON_PEAK: &str = r#"
+/// CPython's reading of a pickle's first busy trace, before the rest of a
+/// script: `trace`, the `free` action it records, and `live`, the blocks
+/// live when recording began (freed without an alloc, or live at the end
+/// and never mentioned), by address.
+const LIVE_BEFORE_RECORDING: &str = r#"
 import pickle, sys
 snap = pickle.load(open(sys.argv[1], "rb"))
 trace = next(t for t in snap["device_traces"] if any(e["action"] == "alloc" for e in t))
@@ -25,6 +25,18 @@ for s in snap["segments"]:
     for b in s["blocks"]:
         if s["device"] == 0 and b["state"] != "inactive" and b["address"] not in seen:
             live[b["address"]] = b["requested_size"] or b["size"]
+"#;
+
+/// `script` after [`LIVE_BEFORE_RECORDING`].
+fn with_live_before_recording(script: &str) -> String {
+    format!("{LIVE_BEFORE_RECORDING}{script}")
+}
+
+/// The highest bytes live in the trace of `file`'s first busy device, and
+/// after how many events, computed by CPython from the pickle itself: the
+/// blocks live before recording (freed without an alloc, or live at the end
+/// and never mentioned) plus each alloc, minus each completed free.
+const CPYTHON_PEAK: &str = r#"
 total = sum(live.values()); best = (total, 0)
 for i, e in enumerate(trace):
     if e["action"] == "alloc":
@@ -51,7 +63,7 @@ fn peak_of_a_training_step_is_where_cpython_finds_it_with_its_categories() {
     assert_eq!(report["schema"], 2);
     let device = &report["devices"][0];
 
-    let expected = python_script(CPYTHON_PEAK, &[file]);
+    let expected = python_script(&with_live_before_recording(CPYTHON_PEAK), &[file]);
     let (bytes, index) = expected.trim().split_once(' ').unwrap();
     assert_eq!(device["allocated_bytes"].to_string(), bytes);
     assert_eq!(device["event_index"].to_string(), index);
@@ -149,22 +161,6 @@ pickle.dump(snap, open(sys.argv[2], "wb"), protocol=4)
 /// marker and at the end, computed by CPython from the pickle: (start,
 /// peak, allocated, freed, retained) per step, one line each.
 const CPYTHON_STEPS: &str = r#"
-import pickle, sys
-snap = pickle.load(open(sys.argv[1], "rb"))
-trace = next(t for t in snap["device_traces"] if any(e["action"] == "alloc" for e in t))
-free = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
-live, seen, allocated = {}, set(), set()
-for e in trace:
-    if e["action"] == "alloc":
-        allocated.add(e["addr"]); seen.add(e["addr"])
-    elif e["action"] == free:
-        if e["addr"] not in allocated and e["addr"] not in seen:
-            live[e["addr"]] = e["size"]
-        allocated.discard(e["addr"]); seen.add(e["addr"])
-for s in snap["segments"]:
-    for b in s["blocks"]:
-        if s["device"] == 0 and b["state"] != "inactive" and b["address"] not in seen:
-            live[b["address"]] = b["requested_size"] or b["size"]
 cuts = sorted(set([i + 1 for i, e in enumerate(trace) if e["action"] == "snapshot"] + [len(trace)]))
 total = sum(live.values())
 steps, current = [], None
@@ -212,7 +208,10 @@ fn steps_of_a_marked_trace_are_what_cpython_finds() {
             )
         })
         .collect();
-    let expected = python_script(CPYTHON_STEPS, &[path.as_os_str()]);
+    let expected = python_script(
+        &with_live_before_recording(CPYTHON_STEPS),
+        &[path.as_os_str()],
+    );
     let expected: Vec<&str> = expected.lines().collect();
     assert_eq!(got, expected);
     assert!(got.len() >= 3, "{got:?}");

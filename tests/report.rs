@@ -6,9 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::{root, snapdiff, tempdir};
-
-const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
+use crate::util::{leaking_training_job, root, snapdiff, tempdir};
 
 /// Headless chromium, or `None` (with a line saying why) when it is not
 /// installed and SNAPDIFF_REQUIRE_CHROMIUM is not set.
@@ -73,36 +71,6 @@ fn attribute(dom: &str, class: &str, name: &str) -> Option<String> {
     Some(value[..value.find('"')?].to_owned())
 }
 
-/// Snapshots of the demo's leaking training job, every 10 steps.
-fn leaking_job(dir: &Path) -> Vec<PathBuf> {
-    let out = dir.join("job");
-    snapdiff([
-        "capture".as_ref(),
-        "-o".as_ref(),
-        out.as_os_str(),
-        "--every".as_ref(),
-        "10".as_ref(),
-        "--no-report".as_ref(),
-        "--".as_ref(),
-        SNAPDIFF.as_ref(),
-        "train".as_ref(),
-        "--steps".as_ref(),
-        "40".as_ref(),
-        "--leak".as_ref(),
-        "keep-activations".as_ref(),
-        "--log-every".as_ref(),
-        "0".as_ref(),
-    ])
-    .expect_code(0);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
-        .collect();
-    files.sort();
-    files
-}
-
 fn report(files: &[&Path], out: &Path) -> String {
     let mut args: Vec<&std::ffi::OsStr> = vec!["report".as_ref()];
     args.extend(files.iter().map(|f| f.as_os_str()));
@@ -125,7 +93,7 @@ fn report(files: &[&Path], out: &Path) -> String {
 #[test]
 fn reports_open_offline_in_a_browser_and_show_what_json_says() {
     let dir = tempdir();
-    let files = leaking_job(dir.path());
+    let files = leaking_training_job(&dir.path().join("job"), 40, 10);
     let last = files.last().unwrap();
     let Some(browser) = chromium() else {
         // Without a browser, the pages are still written and self-contained.

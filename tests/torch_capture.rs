@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::util::{Run, root, shared_torch, snapdiff, tempdir};
+use crate::util::{Run, leaking_training_job, root, shared_torch, snapdiff, tempdir};
 
 const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
 
@@ -662,32 +662,8 @@ fn a_rust_jobs_dump_converted_to_a_pickle_opens_in_pytorchs_viewer() {
         return;
     }
     let dir = tempdir();
-    let out = dir.path().join("out");
     // A Rust training job under capture: the runtime's own .snap dumps.
-    snapdiff([
-        "capture".as_ref(),
-        "-o".as_ref(),
-        out.as_os_str(),
-        "--every".as_ref(),
-        "10".as_ref(),
-        "--no-report".as_ref(),
-        "--".as_ref(),
-        SNAPDIFF.as_ref(),
-        "train".as_ref(),
-        "--steps".as_ref(),
-        "20".as_ref(),
-        "--leak".as_ref(),
-        "keep-activations".as_ref(),
-        "--log-every".as_ref(),
-        "0".as_ref(),
-    ])
-    .expect_code(0);
-    let mut snaps: Vec<PathBuf> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
-        .collect();
-    snaps.sort();
+    let snaps = leaking_training_job(&dir.path().join("out"), 20, 10);
     let snap = snaps.last().unwrap();
     let pickle = dir.path().join("last.pickle");
     snapdiff(["convert".as_ref(), snap.as_os_str(), pickle.as_os_str()]).expect_code(0);

@@ -168,3 +168,35 @@ pub fn python_script<S: AsRef<std::ffi::OsStr>>(script: &str, args: &[S]) -> Str
 pub fn pickle4(body: &[u8]) -> Vec<u8> {
     [&[0x80, 4][..], body].concat()
 }
+
+/// The `.snap` dumps of the built-in training job leaking
+/// (`keep-activations`) for `steps` steps under capture, one every `every`
+/// steps, written into `dir`, in step order.
+pub fn leaking_training_job(dir: &Path, steps: u32, every: u32) -> Vec<PathBuf> {
+    let (steps, every) = (steps.to_string(), every.to_string());
+    snapdiff([
+        "capture".as_ref(),
+        "-o".as_ref(),
+        dir.as_os_str(),
+        "--every".as_ref(),
+        every.as_ref(),
+        "--no-report".as_ref(),
+        "--".as_ref(),
+        env!("CARGO_BIN_EXE_snapdiff").as_ref(),
+        "train".as_ref(),
+        "--steps".as_ref(),
+        steps.as_ref(),
+        "--leak".as_ref(),
+        "keep-activations".as_ref(),
+        "--log-every".as_ref(),
+        "0".as_ref(),
+    ] as [&std::ffi::OsStr; 15])
+    .expect_code(0);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+        .collect();
+    files.sort();
+    files
+}

@@ -169,25 +169,11 @@ pub(crate) struct ReportPageArgs {
 /// graph of growth: widths are AFTER's bytes, red grew and blue shrank.
 #[derive(Debug, Args)]
 pub(crate) struct FlamegraphArgs {
-    /// Snapshot file (two with --diff: BEFORE AFTER).
-    #[arg(required = true, num_args = 1..=2, value_name = "FILE")]
-    pub(crate) files: Vec<PathBuf>,
-    /// File to write (`-`: standard output).
-    #[arg(short, long, value_name = "OUT")]
-    pub(crate) output: PathBuf,
-    /// Draw the growth from BEFORE to AFTER.
-    #[arg(long)]
-    pub(crate) diff: bool,
-    /// When: peak, event:N (after N events of the trace), step:N (at step
-    /// N's start). Default: when the snapshot was taken.
-    #[arg(long, value_name = "WHEN", value_parser = crate::pictures::parse_moment)]
-    pub(crate) at: Option<snapdiff_analyze::profile::Moment>,
+    #[command(flatten)]
+    pub(crate) picture: PictureArgs,
     /// Write folded stacks (for speedscope, inferno and the like) instead of an SVG.
     #[arg(long)]
     pub(crate) folded: bool,
-    /// Replace OUT if it exists.
-    #[arg(long, short)]
-    pub(crate) force: bool,
 }
 
 /// Write live memory by stack as a pprof profile (gzipped profile.proto).
@@ -197,13 +183,20 @@ pub(crate) struct FlamegraphArgs {
 /// function, file and line: `go tool pprof -top OUT`, `-web`, Pyroscope.
 #[derive(Debug, Args)]
 pub(crate) struct PprofArgs {
+    #[command(flatten)]
+    pub(crate) picture: PictureArgs,
+}
+
+/// What `flamegraph` and `pprof` draw, and where they write it.
+#[derive(Debug, Args)]
+pub(crate) struct PictureArgs {
     /// Snapshot file (two with --diff: BEFORE AFTER).
     #[arg(required = true, num_args = 1..=2, value_name = "FILE")]
     pub(crate) files: Vec<PathBuf>,
-    /// File to write (e.g. out.pb.gz).
+    /// File to write (`-`: standard output).
     #[arg(short, long, value_name = "OUT")]
     pub(crate) output: PathBuf,
-    /// Profile the growth from BEFORE to AFTER.
+    /// Show the growth from BEFORE to AFTER.
     #[arg(long)]
     pub(crate) diff: bool,
     /// When: peak, event:N (after N events of the trace), step:N (at step

@@ -8,7 +8,12 @@ use crate::exit::Exit;
 use crate::pictures::{self, Drawn, folded};
 
 /// The top-level entry point for `snapdiff flamegraph`.
-pub(crate) fn run(args: FlamegraphArgs) -> anyhow::Result<Exit> {
+pub(crate) fn run(
+    FlamegraphArgs {
+        picture: args,
+        folded: as_folded,
+    }: FlamegraphArgs,
+) -> anyhow::Result<Exit> {
     let moment = args.at.unwrap_or(Moment::End);
     let drawn = pictures::sites_of(&args.files, args.diff, moment)?;
     let empty = match &drawn {
@@ -31,7 +36,7 @@ pub(crate) fn run(args: FlamegraphArgs) -> anyhow::Result<Exit> {
         format!("Live memory by stack: {}", names[0])
     };
     pictures::write_output(&args.output, args.force, |out| {
-        if args.folded {
+        if as_folded {
             for line in folded::lines(&drawn) {
                 writeln!(out, "{line}")?;
             }

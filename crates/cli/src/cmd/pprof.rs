@@ -7,7 +7,7 @@ use crate::exit::Exit;
 use crate::pictures::{self, pprof};
 
 /// The top-level entry point for `snapdiff pprof`.
-pub(crate) fn run(args: PprofArgs) -> anyhow::Result<Exit> {
+pub(crate) fn run(PprofArgs { picture: args }: PprofArgs) -> anyhow::Result<Exit> {
     let moment = args.at.unwrap_or(Moment::End);
     let drawn = pictures::sites_of(&args.files, args.diff, moment)?;
     let now = std::time::SystemTime::now()
