@@ -167,8 +167,10 @@ struct Series<'a> {
     before_recording: rustc_hash::FxHashSet<StackKey>,
 }
 
-/// The floor of `series`: at each point, the least value from there to the end.
-fn floor_of(series: &[u64]) -> Vec<u64> {
+/// The floor of `series`: at each point, the least value from there to the
+/// end. A leak's floor keeps rising; activations that come and go do not
+/// move it. The one definition, used by `trend` and by leak tests.
+pub fn floor_of(series: &[u64]) -> Vec<u64> {
     let mut floor = vec![0u64; series.len()];
     let mut min = u64::MAX;
     for i in (0..series.len()).rev() {

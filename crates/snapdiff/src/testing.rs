@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use regex::Regex;
 use snapdiff_analyze::group::{Site, SiteFrame, SiteNamer, live_groups};
+use snapdiff_analyze::trend::floor_of;
 use snapdiff_analyze::{Culprit, CulpritRules, StackKey, StackKeys};
 use snapdiff_format::Snapshot;
 use snapdiff_format::units::format_size;
@@ -216,27 +217,15 @@ impl LeakReport {
         let from = warmup.min(points.len().saturating_sub(1));
         let mut groups = Vec::new();
         for key in keys {
-            let series: Vec<(u64, u64)> = grouped
+            let (bytes, blocks): (Vec<u64>, Vec<u64>) = grouped
                 .iter()
                 .map(|g| g.totals.get(&key).map_or((0, 0), |t| (t.bytes, t.blocks)))
-                .collect();
-            // The least the site holds from each checkpoint on.
-            let floor = |i: usize| {
-                series[i..]
-                    .iter()
-                    .map(|&(bytes, _)| bytes)
-                    .min()
-                    .unwrap_or(0)
-            };
-            let floor_blocks = |i: usize| {
-                series[i..]
-                    .iter()
-                    .map(|&(_, blocks)| blocks)
-                    .min()
-                    .unwrap_or(0)
-            };
-            let last = series.len().saturating_sub(1);
-            let grown = floor(last).saturating_sub(floor(from));
+                .unzip();
+            // The least the site holds from each checkpoint on, as trend
+            // counts it.
+            let (floor, floor_blocks) = (floor_of(&bytes), floor_of(&blocks));
+            let last = bytes.len().saturating_sub(1);
+            let grown = floor[last].saturating_sub(floor[from]);
             if grown == 0 {
                 continue;
             }
@@ -252,7 +241,7 @@ impl LeakReport {
                 groups.push(LeakGroup {
                     site,
                     delta_bytes: grown,
-                    blocks: floor_blocks(last).saturating_sub(floor_blocks(from)),
+                    blocks: floor_blocks[last].saturating_sub(floor_blocks[from]),
                 });
             }
         }
