@@ -107,6 +107,19 @@ pub(crate) fn site_cell(site: &Site, frames: usize, base: &str) -> String {
     cell
 }
 
+/// A count for people, thousands apart: `1,048,576`.
+pub(crate) fn count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
 /// A series of byte counts as a sparkline of at most 24 characters (long
 /// series are shown by the maximum of each stretch).
 pub(crate) fn sparkline(series: &[u64]) -> String {
@@ -318,6 +331,14 @@ impl<W: Write> Write for TerminalText<W> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(super::count(0), "0");
+        assert_eq!(super::count(999), "999");
+        assert_eq!(super::count(1000), "1,000");
+        assert_eq!(super::count(1_048_576), "1,048,576");
+    }
+
     use super::*;
 
     fn through_terminal_text(pieces: &[&[u8]]) -> String {

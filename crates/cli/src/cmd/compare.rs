@@ -134,7 +134,11 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
             t.add_row(vec![
                 (i + 1).to_string(),
                 render::site_cell(&g.site, args.report.frames, &base),
-                format!("{} -> {}", g.blocks_before, g.blocks_after),
+                format!(
+                    "{} -> {}",
+                    render::count(g.blocks_before),
+                    render::count(g.blocks_after)
+                ),
                 bytes,
                 change,
                 share,

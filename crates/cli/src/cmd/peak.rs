@@ -99,7 +99,7 @@ pub(crate) fn print_live(
         }
         by_category.add_row(vec![
             what,
-            c.blocks.to_string(),
+            render::count(c.blocks),
             size(c.bytes),
             share(c.bytes),
         ]);
@@ -126,7 +126,7 @@ pub(crate) fn print_live(
             (i + 1).to_string(),
             render::site_cell_before(&s.site, s.before_recording, report.frames, &base),
             s.category.label().to_owned(),
-            s.blocks.to_string(),
+            render::count(s.blocks),
             size(s.bytes),
             share(s.bytes),
         ]);

@@ -30,12 +30,12 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
     totals.add_row(vec![
         "reserved".to_owned(),
         size(t.reserved_bytes),
-        format!("{} segments", t.segments),
+        format!("{} segments", render::count(t.segments)),
     ]);
     totals.add_row(vec![
         "allocated".to_owned(),
         size(t.allocated_bytes),
-        format!("{} blocks in all", t.blocks),
+        format!("{} blocks in all", render::count(t.blocks)),
     ]);
     totals.add_row(vec![
         "active".to_owned(),
@@ -71,7 +71,7 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
                 p.device.to_string(),
                 p.pool.to_owned(),
                 p.stream.to_string(),
-                p.totals.segments.to_string(),
+                render::count(p.totals.segments),
                 size(p.totals.reserved_bytes),
                 size(p.totals.allocated_bytes),
                 size(p.totals.active_bytes),
@@ -88,7 +88,7 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
             sites.add_row(vec![
                 (i + 1).to_string(),
                 render::site_cell(&s.site, args.report.frames, &base),
-                s.blocks.to_string(),
+                render::count(s.blocks),
                 size(s.bytes),
                 format!("{:.0}%", 100.0 * s.share),
             ]);
