@@ -54,7 +54,9 @@ pub(crate) struct CaptureArgs {
         default_value = "snapdiff-capture"
     )]
     pub(crate) output: PathBuf,
-    /// Dump a snapshot every N training steps.
+    /// Dump a snapshot every N training steps: in a PyTorch job, steps of
+    /// the first optimizer that steps (a second optimizer, say a GAN's,
+    /// does not count twice); in a Rust job, Allocator::mark_step calls.
     #[arg(long, value_name = "N", conflicts_with = "interval", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) every: Option<u64>,
     /// Dump a snapshot every interval (e.g. 90s, 500ms, 2min, 1h30m).
