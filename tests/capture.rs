@@ -222,6 +222,11 @@ fn a_job_that_runs_out_of_memory_gets_the_oom_report() {
         report.contains("without that growth the request would have fit"),
         "{report}"
     );
+    // 128 KiB a step: the step's activations, kept.
+    assert!(
+        report.contains("it grew 128 KiB a step, for about"),
+        "{report}"
+    );
 
     // The same report from `snapdiff oom`, as JSON.
     let json = snapdiff(["oom".as_ref(), oom_dump.as_os_str(), "--json".as_ref()])

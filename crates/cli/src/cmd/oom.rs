@@ -125,6 +125,16 @@ fn print_device(o: &DeviceOom, report: &ReportArgs, out: &mut dyn Write) -> anyh
                 n => format!(" and {} more sites (snapdiff trend shows them)", n - 1),
             }
         )?;
+        // How fast, and so for how many steps it had been eating the room.
+        let per_step: f64 = o.grew.iter().filter_map(|s| s.growth_per_step).sum();
+        if per_step >= 1.0 {
+            writeln!(
+                out,
+                "  it grew {} a step, for about {} steps",
+                size(per_step.round() as u64),
+                (growth as f64 / per_step).round() as u64
+            )?;
+        }
         match o.fits_without_growth {
             Some(true) => writeln!(out, "  without that growth the request would have fit")?,
             Some(false) => writeln!(
