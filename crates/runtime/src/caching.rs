@@ -122,7 +122,11 @@ fn key_list(key: FreeKey) -> u16 {
 /// A key no block has, kept in the free map at all times: a `BTreeMap` frees
 /// its root node whenever it becomes empty and allocates one on the next
 /// insert, and in a steady allocate-free loop the map empties on every call.
-const SENTINEL: FreeKey = u128::MAX;
+/// It is the smallest key, so that it sorts before every block: the blocks
+/// a steady loop removes and inserts are then at the end of their node,
+/// and no key has to be moved aside for them. A range query starts above
+/// it (no block has size 0), so it is never found.
+const SENTINEL: FreeKey = 0;
 
 /// Segments, blocks and free lists of one device.
 pub(crate) struct Caching {
