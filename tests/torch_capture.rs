@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::util::{Run, leaking_training_job, root, shared_torch, snapdiff, tempdir};
+use crate::util::{
+    Run, leaking_training_job, python_script, root, shared_torch, snapdiff, tempdir,
+};
 
 const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
 
@@ -688,17 +690,7 @@ print(json.dumps({
     "frames": sum(1 for b in blocks if b["frames"]),
 }))
 "#;
-    let output = Command::new("python3")
-        .args(["-c", check])
-        .arg(&pickle)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let torch: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let torch: Value = serde_json::from_str(&python_script(check, &[&pickle])).unwrap();
     let ours = summary(snap);
     assert_eq!(torch["reserved"], ours["reserved_bytes"], "{torch}");
     assert_eq!(torch["allocated"], ours["allocated_bytes"], "{torch}");

@@ -138,7 +138,8 @@ def compare(before, after):
 def trend(files, warmup=None):
     """The sites whose memory keeps growing over `files` (snapshots, a
     folder of them, or one trace)."""
-    args = ["trend", *([files] if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__") else files)]
+    one = isinstance(files, (str, bytes)) or hasattr(files, "__fspath__")
+    args = ["trend", *([files] if one else files)]
     if warmup is not None:
         args += ["--warmup", warmup]
     r = run_json(args)

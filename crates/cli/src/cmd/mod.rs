@@ -11,7 +11,7 @@ mod pprof;
 mod report;
 mod steps;
 mod summary;
-mod trend;
+pub(crate) mod trend;
 
 use crate::args::{Cli, Command};
 use crate::exit::Exit;

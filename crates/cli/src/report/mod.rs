@@ -11,9 +11,10 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use snapdiff_analyze::peak::{PeakOptions, peak};
-use snapdiff_analyze::profile::Moment;
+use snapdiff_analyze::profile::{Moment, live_by_site};
 use snapdiff_analyze::timeline::timeline;
-use snapdiff_analyze::{CompareOptions, StackKeys, Trend, compare};
+use snapdiff_analyze::{CompareOptions, StackKeys, compare};
+use snapdiff_analyze::{CulpritRules, TrendOptions, trend_trace};
 use snapdiff_format::{Action, Parts};
 
 use crate::pictures::{Drawn, folded};
@@ -29,11 +30,17 @@ const PAGE: &str = include_str!("page.html");
 const STYLE: &str = include_str!("report.css");
 const SCRIPT: &str = include_str!("report.js");
 
-/// The report of `files`, as one HTML page. `trend` is their trend, when
-/// they have one.
-pub(crate) fn page(files: &[PathBuf], trend: Option<&Trend>) -> anyhow::Result<String> {
+/// The report of `files`, as one HTML page. One file is read once, for its
+/// trend, timeline, peak and flame graph alike.
+pub(crate) fn page(files: &[PathBuf]) -> anyhow::Result<String> {
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-    let mut data = json!({ "files": names, "trend": trend });
+    let mut data = json!({ "files": names });
+    // Two files are a comparison; three and more have a trend (one file's
+    // is taken below, from the snapshot read there).
+    let mut trend = (files.len() > 2)
+        .then(|| crate::cmd::trend::trend_of(files))
+        .flatten();
+    let mut live = None;
     if let [before, after] = files {
         let read = |p| crate::render::read_parts(p, Parts::WithoutEvents);
         let (a, b) = (read(before)?, read(after)?);
@@ -43,6 +50,12 @@ pub(crate) fn page(files: &[PathBuf], trend: Option<&Trend>) -> anyhow::Result<S
     }
     if let [file] = files {
         let snap = crate::render::read(file)?;
+        trend = trend_trace(&snap, &TrendOptions::default()).ok();
+        let trend = trend.as_ref();
+        live = Some(
+            live_by_site(&snap, &CulpritRules::default(), Moment::End)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?,
+        );
         let found = peak(&snap, &PeakOptions::default());
         if let Some(mut p) = found.devices.into_iter().next() {
             let keys = StackKeys::new(&snap);
@@ -91,7 +104,13 @@ pub(crate) fn page(files: &[PathBuf], trend: Option<&Trend>) -> anyhow::Result<S
         }
         crate::render::release([snap]);
     }
-    let flame = flamegraph(files.last().expect("one file at least"))?;
+    data["trend"] = serde_json::to_value(&trend)?;
+    let last = files.last().expect("one file at least");
+    let drawn = match live {
+        Some(sites) => Drawn::One(sites),
+        None => crate::pictures::sites_of(std::slice::from_ref(last), false, Moment::End)?,
+    };
+    let flame = flamegraph(&drawn, last)?;
     let title = "snapdiff report";
     Ok(PAGE
         .replace("{{TITLE}}", title)
@@ -110,14 +129,13 @@ pub(crate) fn page(files: &[PathBuf], trend: Option<&Trend>) -> anyhow::Result<S
 /// of the page holding the SVG as a `data:` address: its own document, so
 /// that inferno's script for zooming and searching runs as it does in a
 /// file of its own, and nothing is fetched.
-fn flamegraph(file: &std::path::Path) -> anyhow::Result<String> {
-    let drawn = crate::pictures::sites_of(&[file.to_path_buf()], false, Moment::End)?;
-    if matches!(&drawn, Drawn::One(sites) if sites.is_empty()) {
+fn flamegraph(drawn: &Drawn, file: &std::path::Path) -> anyhow::Result<String> {
+    if matches!(drawn, Drawn::One(sites) if sites.is_empty()) {
         return Ok(String::new());
     }
     let mut svg = Vec::new();
     folded::flamegraph_for_page(
-        &drawn,
+        drawn,
         &format!("Live memory by stack: {}", file.display()),
         &mut svg,
     )?;
