@@ -263,12 +263,21 @@ pub(crate) struct ReportArgs {
 }
 
 impl ReportArgs {
-    /// How many sites to show: `--top`, where 0 means all.
-    pub(crate) fn top_limit(&self) -> usize {
-        match self.top {
-            0 => usize::MAX,
-            n => n,
+    /// The layout of text reports these flags ask for.
+    pub(crate) fn text(&self) -> snapdiff_render::TextOptions {
+        snapdiff_render::TextOptions {
+            top: self.top,
+            frames: self.frames,
+            full_paths: self.full_paths,
         }
+    }
+
+    /// The culprit rules that `--focus`, `--ignore` and `--library` ask for.
+    pub(crate) fn rules(&self) -> anyhow::Result<snapdiff_analyze::CulpritRules> {
+        Ok(
+            snapdiff_analyze::CulpritRules::new(self.focus.as_deref(), self.ignore.as_deref())?
+                .with_library(self.library.as_deref())?,
+        )
     }
 }
 

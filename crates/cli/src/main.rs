@@ -1,17 +1,17 @@
-//! The `snapdiff` command: argument parsing, dispatch and rendering.
+//! The `snapdiff` command: argument parsing, reading files, and dispatch.
 //!
-//! All analysis lives in the library crates; this crate only turns flags into
-//! options, calls them, and prints the results (see `crates/cli/README.md`).
+//! All analysis lives in `snapdiff-analyze` and all output in
+//! `snapdiff-render`; this crate only turns flags into options, reads the
+//! files, calls them, and picks the exit code (see `crates/cli/README.md`).
 
 mod args;
 mod cmd;
 mod exit;
-mod json;
+mod input;
 mod manifest;
+mod output;
 mod pictures;
 mod processes;
-mod render;
-mod report;
 
 use std::process::ExitCode;
 
@@ -43,7 +43,10 @@ fn main() -> ExitCode {
             if broken_pipe {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("snapdiff: {}", render::escape_controls(&one_line(&err)));
+            eprintln!(
+                "snapdiff: {}",
+                snapdiff_render::text::escape_controls(&one_line(&err))
+            );
             exit::Exit::Error.into()
         }
     }

@@ -18,7 +18,6 @@ use snapdiff_runtime::config::{
 use crate::args::CaptureArgs;
 use crate::exit::Exit;
 use crate::manifest;
-use crate::render;
 
 /// The Python start-up hook, put on the command's PYTHONPATH: records
 /// PyTorch's memory history once torch is imported (see the files' own notes).
@@ -66,7 +65,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     let mut out: Box<dyn std::io::Write> = if args.report.json {
         Box::new(std::io::stdout().lock())
     } else {
-        Box::new(crate::render::text_out())
+        Box::new(crate::output::text_out())
     };
     use std::io::Write;
     report_files(&mut out, &args.output, &captured)?;
@@ -105,7 +104,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         if let (Some(bytes), Some(limit)) = (suspected, args.fail_over)
             && bytes > limit
         {
-            over.push(format!("{process}: {}", render::size(bytes)));
+            over.push(format!("{process}: {}", snapdiff_render::text::size(bytes)));
         }
         // A job that died of an out-of-memory error: what it asked for and
         // what held the memory, from the dump taken at the error.
@@ -120,9 +119,12 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
 out of memory: {}",
                 oom_dump.display()
             )?;
-            match render::read(oom_dump) {
+            match crate::input::read(oom_dump) {
                 Ok(snap) => crate::cmd::oom::report(&snap, &args.report, &mut out)?,
-                Err(e) => eprintln!("snapdiff: {}", render::escape_controls(&e.to_string())),
+                Err(e) => eprintln!(
+                    "snapdiff: {}",
+                    snapdiff_render::text::escape_controls(&e.to_string())
+                ),
             }
         }
     }
@@ -130,7 +132,7 @@ out of memory: {}",
         writeln!(
             out,
             "\nnote: {}",
-            crate::cmd::trend::one_rank_note(&growing)
+            snapdiff_render::trend::one_rank_note(&growing)
         )?;
     }
     out.flush()?;
@@ -143,7 +145,7 @@ out of memory: {}",
     if !over.is_empty() {
         eprintln!(
             "snapdiff: suspected growth over the {} limit (--fail-over) in {}",
-            render::size(limit),
+            snapdiff_render::text::size(limit),
             over.join("; ")
         );
         return Ok(Exit::OverThreshold);

@@ -21,7 +21,7 @@ pub(crate) fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
             args.output.display()
         );
     }
-    let mut snap = crate::render::read(&args.input)?;
+    let mut snap = crate::input::read(&args.input)?;
     // Readers keep frames in first-seen order; sorted, they compress far better.
     snap.sort_frames();
     // Checked again as the file is put in place: two runs racing to one

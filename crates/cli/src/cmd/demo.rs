@@ -22,7 +22,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         .get_name()
         .to_owned();
     let exe = std::env::current_exe()?;
-    let mut out = crate::render::text_out();
+    let mut out = crate::output::text_out();
     writeln!(
         out,
         "snapdiff demo: training a small MLP for {} steps with the leak '{leak}', under capture\n\
@@ -66,7 +66,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         command: command.iter().map(|s| s.to_os_string()).collect(),
     };
     let captured = capture::capture(&capture_args)?;
-    let mut out = crate::render::text_out();
+    let mut out = crate::output::text_out();
     writeln!(out)?;
     capture::report_files(&mut out, &dir, &captured)?;
     writeln!(out)?;

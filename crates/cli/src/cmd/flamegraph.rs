@@ -5,7 +5,9 @@ use snapdiff_analyze::profile::Moment;
 
 use crate::args::FlamegraphArgs;
 use crate::exit::Exit;
-use crate::pictures::{self, Drawn, folded};
+use snapdiff_render::flamegraph::{Drawn, folded_lines, write_svg};
+
+use crate::pictures;
 
 /// The top-level entry point for `snapdiff flamegraph`.
 pub(crate) fn run(
@@ -35,14 +37,14 @@ pub(crate) fn run(
     } else {
         format!("Live memory by stack: {}", names[0])
     };
-    pictures::write_output(&args.output, args.force, |out| {
+    crate::output::write_output(&args.output, args.force, |out| {
         if as_folded {
-            for line in folded::lines(&drawn) {
+            for line in folded_lines(&drawn) {
                 writeln!(out, "{line}")?;
             }
             Ok(())
         } else {
-            folded::flamegraph(&drawn, &title, out)
+            write_svg(&drawn, &title, out)
         }
     })?;
     Ok(Exit::Clean)

@@ -4,7 +4,7 @@ use snapdiff_analyze::profile::Moment;
 
 use crate::args::PprofArgs;
 use crate::exit::Exit;
-use crate::pictures::{self, pprof};
+use crate::pictures;
 
 /// The top-level entry point for `snapdiff pprof`.
 pub(crate) fn run(PprofArgs { picture: args }: PprofArgs) -> anyhow::Result<Exit> {
@@ -13,8 +13,8 @@ pub(crate) fn run(PprofArgs { picture: args }: PprofArgs) -> anyhow::Result<Exit
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    pictures::write_output(&args.output, args.force, |out| {
-        pprof::write(&drawn, now, out)
+    crate::output::write_output(&args.output, args.force, |out| {
+        snapdiff_render::pprof::write(&drawn, now, out)
     })?;
     Ok(Exit::Clean)
 }

@@ -1,13 +1,106 @@
-//! `snapdiff report FILE... -o report.html`.
+//! `snapdiff report FILE... -o report.html`: reads and analyses the files,
+//! and has `snapdiff_render::html` draw the page.
+
+use snapdiff_analyze::peak::{PeakOptions, peak};
+use snapdiff_analyze::profile::{Moment, live_by_site};
+use snapdiff_analyze::timeline::timeline;
+use snapdiff_analyze::{CompareOptions, CulpritRules, Site, StackKeys, TrendOptions};
+use snapdiff_analyze::{compare, trend_trace};
+use snapdiff_format::{Action, Parts};
+use snapdiff_render::flamegraph::Drawn;
+use snapdiff_render::html::{Page, write_page};
 
 use crate::args::ReportPageArgs;
 use crate::exit::Exit;
 
+/// Points of the timeline.
+const POINTS: usize = 1500;
+/// Sites stacked in the timeline, besides the suspects.
+const TIMELINE_SITES: usize = 8;
+/// Rows of the peak's and the comparison's site tables.
+const TABLE_ROWS: usize = 25;
+
 /// The top-level entry point for `snapdiff report`.
 pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
-    let page = crate::report::page(&args.files)?;
-    crate::pictures::write_output(&args.output, args.force, |out| {
-        out.write_all(page.as_bytes())
-    })?;
+    let files = &args.files;
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    // Two files are a comparison; three and more have a trend (one file's
+    // is taken below, from the snapshot read there).
+    let mut trend = (files.len() > 2)
+        .then(|| crate::cmd::trend::trend_of(files))
+        .flatten();
+    let mut cmp = None;
+    if let [before, after] = &files[..] {
+        let read = |p| crate::input::read_parts(p, Parts::WithoutEvents);
+        let (a, b) = (read(before)?, read(after)?);
+        let mut c = compare(&a, &b, &CompareOptions::default());
+        c.groups.truncate(TABLE_ROWS);
+        cmp = Some(c);
+        crate::input::release([a, b]);
+    }
+    let (mut live, mut device_peak, mut drawn_timeline) = (None, None, None);
+    if let [file] = &files[..] {
+        let snap = crate::input::read(file)?;
+        trend = trend_trace(&snap, &TrendOptions::default()).ok();
+        live = Some(
+            live_by_site(&snap, &CulpritRules::default(), Moment::End)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?,
+        );
+        if let Some(mut p) = peak(&snap, &PeakOptions::default())
+            .devices
+            .into_iter()
+            .next()
+        {
+            drawn_timeline = timeline_of(&snap, &p, trend.as_ref());
+            p.sites.truncate(TABLE_ROWS);
+            device_peak = Some(p);
+        }
+        crate::input::release([snap]);
+    }
+    let last = files.last().expect("one file at least");
+    let flame = match live {
+        Some(sites) => Drawn::One(sites),
+        None => crate::pictures::sites_of(std::slice::from_ref(last), false, Moment::End)?,
+    };
+    let empty = matches!(&flame, Drawn::One(sites) if sites.is_empty());
+    let last_name = last.display().to_string();
+    let page = Page {
+        files: names,
+        trend: trend.as_ref(),
+        compare: cmp.as_ref(),
+        peak: device_peak.as_ref(),
+        timeline: drawn_timeline
+            .as_ref()
+            .map(|(t, sites)| (t, sites.iter().collect())),
+        flame: (!empty).then_some((&flame, last_name.as_str())),
+    };
+    crate::output::write_output(&args.output, args.force, |out| write_page(&page, out))?;
     Ok(Exit::Clean)
+}
+
+/// Live memory over the trace of the peak's device, for the largest sites
+/// at the peak and those that keep growing, with those sites.
+fn timeline_of(
+    snap: &snapdiff_format::Snapshot,
+    p: &snapdiff_analyze::peak::DevicePeak,
+    trend: Option<&snapdiff_analyze::Trend>,
+) -> Option<(snapdiff_analyze::timeline::Timeline, Vec<Site>)> {
+    let trace = snap
+        .traces
+        .iter()
+        .find(|t| t.device == p.device && t.events.iter().any(|e| e.action == Action::Alloc))?;
+    let mut drawn: Vec<Site> = p
+        .sites
+        .iter()
+        .map(|s| s.site.clone())
+        .take(TIMELINE_SITES)
+        .collect();
+    for suspect in trend.iter().flat_map(|t| &t.suspects) {
+        if !drawn.iter().any(|s| s.key == suspect.site.key) {
+            drawn.push(suspect.site.clone());
+        }
+    }
+    let keys = StackKeys::new(snap);
+    let sites: Vec<_> = drawn.iter().map(|s| s.key).collect();
+    Some((timeline(snap, &keys, trace, &sites, POINTS), drawn))
 }

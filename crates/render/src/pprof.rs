@@ -13,7 +13,7 @@ use prost::Message;
 use rustc_hash::FxHashMap;
 use snapdiff_analyze::group::Site;
 
-use super::Drawn;
+use crate::flamegraph::Drawn;
 
 #[derive(Clone, PartialEq, Message)]
 struct Profile {
@@ -172,7 +172,7 @@ impl Builder {
 /// types `inuse_space` (bytes) and `inuse_objects` (blocks); a difference
 /// gives `growth_space` (bytes, negative where a site shrank) and the
 /// `inuse_space` of the second file.
-pub(crate) fn write(drawn: &Drawn, time_nanos: i64, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn write(drawn: &Drawn, time_nanos: i64, out: &mut dyn Write) -> std::io::Result<()> {
     let mut b = Builder::new();
     b.profile.time_nanos = time_nanos;
     match drawn {

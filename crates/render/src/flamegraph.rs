@@ -4,12 +4,46 @@
 use std::io::Write;
 
 use snapdiff_analyze::group::{Site, SiteFrame};
+use snapdiff_analyze::profile::SiteBytes;
 
-use super::Drawn;
+/// The sites a picture draws: of one snapshot, or of two paired by site as
+/// `(site, bytes before, bytes after)`.
+pub enum Drawn {
+    /// Live bytes by site in one snapshot.
+    One(Vec<SiteBytes>),
+    /// The sites of two snapshots, largest growth first.
+    Diff(Vec<(SiteBytes, u64, u64)>),
+}
 
-/// One line per site: its frames outermost first, then the bytes (or the
-/// bytes before and after, for a difference).
-pub(crate) fn lines(drawn: &Drawn) -> Vec<String> {
+impl Drawn {
+    /// The sites of `before` and `after` paired by site, largest growth
+    /// first; a site in only one of them has 0 bytes in the other.
+    pub fn diff(before: Vec<SiteBytes>, after: Vec<SiteBytes>) -> Drawn {
+        let mut earlier: rustc_hash::FxHashMap<_, _> =
+            before.into_iter().map(|s| (s.site.key, s)).collect();
+        let mut paired: Vec<(SiteBytes, u64, u64)> = Vec::new();
+        for s in after {
+            let was = earlier.remove(&s.site.key).map_or(0, |b| b.bytes);
+            let now = s.bytes;
+            paired.push((s, was, now));
+        }
+        paired.extend(earlier.into_values().map(|s| {
+            let was = s.bytes;
+            (s, was, 0)
+        }));
+        let growth = |p: &(SiteBytes, u64, u64)| p.2 as i64 - p.1 as i64;
+        paired.sort_by(|a, b| {
+            growth(b)
+                .cmp(&growth(a))
+                .then(a.0.site.key.cmp(&b.0.site.key))
+        });
+        Drawn::Diff(paired)
+    }
+}
+
+/// Folded stacks: one line per site, its frames outermost first, then the
+/// bytes (or the bytes before and after, for a difference).
+pub fn folded_lines(drawn: &Drawn) -> Vec<String> {
     match drawn {
         Drawn::One(sites) => sites
             .iter()
@@ -51,7 +85,7 @@ fn label(frame: &SiteFrame) -> String {
 }
 
 /// Draws `drawn` as an SVG flame graph.
-pub(crate) fn flamegraph(drawn: &Drawn, title: &str, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn write_svg(drawn: &Drawn, title: &str, out: &mut dyn Write) -> std::io::Result<()> {
     draw(
         drawn,
         title,
@@ -60,13 +94,9 @@ pub(crate) fn flamegraph(drawn: &Drawn, title: &str, out: &mut dyn Write) -> std
     )
 }
 
-/// [`flamegraph`] for a report page: frames narrower than a pixel are left
+/// [`write_svg`] for a report page: frames narrower than a pixel are left
 /// out, which keeps the graph of a million blocks small.
-pub(crate) fn flamegraph_for_page(
-    drawn: &Drawn,
-    title: &str,
-    out: &mut dyn Write,
-) -> std::io::Result<()> {
+pub fn write_svg_for_page(drawn: &Drawn, title: &str, out: &mut dyn Write) -> std::io::Result<()> {
     draw(drawn, title, 1.0, out)
 }
 
@@ -81,6 +111,6 @@ fn draw(drawn: &Drawn, title: &str, min_width: f64, out: &mut dyn Write) -> std:
         options.subtitle =
             Some("width: bytes in AFTER; red: grew since BEFORE, blue: shrank".to_owned());
     }
-    let lines = lines(drawn);
+    let lines = folded_lines(drawn);
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
 }

@@ -10,34 +10,24 @@
 //! The analyses serialize their results as they are; this module rewrites
 //! the serialized tree, so every command's report gets the same shape.
 
-use std::io::Write;
+use std::io::{self, Write};
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// The version of the `--json` layout.
-pub(crate) const SCHEMA: u64 = 2;
+pub const SCHEMA: u64 = 2;
 
 /// Arrays of sites, by the key they appear under in the analyses' output.
 const SITE_LISTS: &[&str] = &["groups", "top_sites", "suspects", "sites"];
 
-/// Prints `report` as schema-2 JSON on stdout, its site lists cut to `top`
+/// Writes `report` as schema-2 JSON to `out`, its site lists cut to `top`
 /// entries (0: all).
-pub(crate) fn print<T: Serialize>(report: &T, top: usize) -> anyhow::Result<()> {
-    write(&mut std::io::stdout().lock(), report, top)
-}
-
-/// Writes `report` as schema-2 JSON to `out`; see [`print`].
-pub(crate) fn write<T: Serialize>(
-    out: &mut dyn Write,
-    report: &T,
-    top: usize,
-) -> anyhow::Result<()> {
-    let value = tabled(serde_json::to_value(report)?, top);
+pub fn write<T: Serialize>(out: &mut dyn Write, report: &T, top: usize) -> io::Result<()> {
+    let value = tabled(serde_json::to_value(report).map_err(io::Error::other)?, top);
     serde_json::to_writer_pretty(&mut *out, &value)?;
-    writeln!(out)?;
-    Ok(())
+    writeln!(out)
 }
 
 /// `report` in schema 2: `schema`, then its own fields with site lists cut

@@ -1,15 +1,17 @@
-//! Shared pieces of the human-readable output.
+//! The pieces of every text report: tables with snapdiff's look, cells
+//! naming a site, sizes, counts, sparklines and durations for people, and a
+//! writer that keeps a file's control characters off the terminal.
+
+use std::io::Write;
 
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
-use snapdiff_analyze::{Culprit, CulpritKind, CulpritRules, Site};
-use snapdiff_format::Parts;
-use std::io::Write;
+use snapdiff_analyze::{Culprit, CulpritKind, Site};
 
-pub(crate) use snapdiff_format::units::{format_delta as delta, format_size as size};
+pub use snapdiff_format::units::{format_delta as delta, format_size as size};
 
 /// A table with snapdiff's look: header underlined, no inner grid.
-pub(crate) fn table<I: IntoIterator<Item = &'static str>>(header: I) -> Table {
+pub fn table<I: IntoIterator<Item = &'static str>>(header: I) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY)
         .set_content_arrangement(ContentArrangement::Dynamic)
@@ -24,7 +26,7 @@ pub(crate) fn table<I: IntoIterator<Item = &'static str>>(header: I) -> Table {
 }
 
 /// Right-aligns the given columns (numbers read better that way).
-pub(crate) fn align_right(t: &mut Table, columns: &[usize]) {
+pub fn align_right(t: &mut Table, columns: &[usize]) {
     for &c in columns {
         if let Some(col) = t.column_mut(c) {
             col.set_cell_alignment(comfy_table::CellAlignment::Right);
@@ -32,22 +34,11 @@ pub(crate) fn align_right(t: &mut Table, columns: &[usize]) {
     }
 }
 
-/// The culprit rules that `--focus`, `--ignore` and `--library` ask for.
-pub(crate) fn rules(report: &crate::args::ReportArgs) -> anyhow::Result<CulpritRules> {
-    Ok(
-        CulpritRules::new(report.focus.as_deref(), report.ignore.as_deref())?
-            .with_library(report.library.as_deref())?,
-    )
-}
-
 /// The folder a table's paths are shown from: the one holding every
 /// culprit of the program's own code among `sites` (or the working
 /// directory when it holds them all); empty with `--full-paths`.
-pub(crate) fn paths_base<'a>(
-    sites: impl IntoIterator<Item = &'a Site>,
-    report: &crate::args::ReportArgs,
-) -> String {
-    if report.full_paths {
+pub fn paths_base<'a>(sites: impl IntoIterator<Item = &'a Site>, full_paths: bool) -> String {
+    if full_paths {
         return String::new();
     }
     let cwd = std::env::current_dir().ok();
@@ -60,7 +51,7 @@ pub(crate) fn paths_base<'a>(
 }
 
 /// The line under a table saying which folder its paths are shown from.
-pub(crate) fn paths_note(out: &mut dyn Write, base: &str) -> std::io::Result<()> {
+pub fn paths_note(out: &mut dyn Write, base: &str) -> std::io::Result<()> {
     if base.is_empty() {
         return Ok(());
     }
@@ -70,12 +61,7 @@ pub(crate) fn paths_note(out: &mut dyn Write, base: &str) -> std::io::Result<()>
 /// [`site_cell`] for a site some of whose blocks were allocated before
 /// recording began: when it has no stack, that is the reason, and the cell
 /// says so.
-pub(crate) fn site_cell_before(
-    site: &Site,
-    before_recording: bool,
-    frames: usize,
-    base: &str,
-) -> String {
+pub fn site_cell_before(site: &Site, before_recording: bool, frames: usize, base: &str) -> String {
     if before_recording && site.culprit.kind == CulpritKind::NoStack {
         "(allocated before recording began)".to_owned()
     } else {
@@ -85,7 +71,7 @@ pub(crate) fn site_cell_before(
 
 /// A site for a table cell: its culprit, and `frames` more frames of its
 /// stack, with paths shown from `base` (see [`paths_base`]).
-pub(crate) fn site_cell(site: &Site, frames: usize, base: &str) -> String {
+pub fn site_cell(site: &Site, frames: usize, base: &str) -> String {
     let mut cell = site.culprit.display_from(base);
     if site.culprit.kind == CulpritKind::Fallback {
         cell.push_str("  (no frame of your code)");
@@ -108,7 +94,7 @@ pub(crate) fn site_cell(site: &Site, frames: usize, base: &str) -> String {
 }
 
 /// A count for people, thousands apart: `1,048,576`.
-pub(crate) fn count(n: u64) -> String {
+pub fn count(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, d) in digits.chars().enumerate() {
@@ -122,7 +108,7 @@ pub(crate) fn count(n: u64) -> String {
 
 /// A series of byte counts as a sparkline of at most 24 characters (long
 /// series are shown by the maximum of each stretch).
-pub(crate) fn sparkline(series: &[u64]) -> String {
+pub fn sparkline(series: &[u64]) -> String {
     const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
     const WIDTH: usize = 24;
     let points: Vec<u64> = if series.len() <= WIDTH {
@@ -152,7 +138,7 @@ pub(crate) fn sparkline(series: &[u64]) -> String {
 }
 
 /// A duration in seconds for people: `45 s`, `12 min`, `3.5 h`, `2.1 days`.
-pub(crate) fn duration(seconds: f64) -> String {
+pub fn duration(seconds: f64) -> String {
     if seconds < 10.0 {
         format!("{seconds:.1} s")
     } else if seconds < 90.0 {
@@ -166,103 +152,9 @@ pub(crate) fn duration(seconds: f64) -> String {
     }
 }
 
-/// Files at least this large show their progress on stderr while they are
-/// read, when stderr is a terminal.
-const PROGRESS_FROM_BYTES: u64 = 64 << 20;
-
-/// Reads a snapshot file, showing progress on stderr for large files when
-/// stderr is a terminal.
-pub(crate) fn read(path: &std::path::Path) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
-    read_parts(path, Parts::All)
-}
-
-/// The progress lines of the files being read, one each, shared by the
-/// threads that read several files at once.
-fn progress_lines() -> &'static indicatif::MultiProgress {
-    static LINES: std::sync::OnceLock<indicatif::MultiProgress> = std::sync::OnceLock::new();
-    LINES.get_or_init(indicatif::MultiProgress::new)
-}
-
-/// [`read`] of the `parts` a command needs. A large file's line shows a bar
-/// over the bytes read from disk (with rate and time left), then a spinner
-/// while it is parsed; the line goes when the file is read.
-pub(crate) fn read_parts(
-    path: &std::path::Path,
-    parts: Parts,
-) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
-    use std::io::{IsTerminal, Read};
-    if path.is_dir() {
-        return Err(snapdiff_format::Error::new(
-            snapdiff_format::ErrorKind::Io,
-            "is a folder, not a snapshot file (snapdiff trend FOLDER reads the snapshots in one)",
-        )
-        .with_path(path));
-    }
-    let len = std::fs::metadata(path).map_or(0, |m| m.len());
-    if len < PROGRESS_FROM_BYTES || !std::io::stderr().is_terminal() {
-        return snapdiff_format::read_path_parts(path, parts);
-    }
-    let cannot_read = |e| snapdiff_format::Error::io("cannot read", e).with_path(path);
-    let bar = progress_lines().add(indicatif::ProgressBar::new(len));
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
-        )
-        .expect("a valid template")
-        .progress_chars("=> "),
-    );
-    bar.set_message(format!("reading {}", path.display()));
-    let mut data = Vec::with_capacity(len as usize);
-    let mut file = std::fs::File::open(path).map_err(cannot_read)?;
-    let mut chunk = vec![0u8; 4 << 20];
-    loop {
-        let n = file.read(&mut chunk).map_err(cannot_read)?;
-        if n == 0 {
-            break;
-        }
-        data.extend_from_slice(&chunk[..n]);
-        bar.inc(n as u64);
-    }
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {msg}").expect("a valid template"),
-    );
-    bar.set_message(format!("parsing {}", path.display()));
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    let result = snapdiff_format::read_bytes_parts(&data, parts).map_err(|e| e.with_path(path));
-    bar.finish_and_clear();
-    progress_lines().remove(&bar);
-    result
-}
-
-/// Returns the memory freed so far to the operating system at once.
-/// mimalloc keeps freed pages for a moment in case they are wanted again;
-/// after reading one large file, keeping them would add its reading's
-/// transient peak to the next one's.
-pub(crate) fn return_freed_memory() {
-    // SAFETY: mi_collect only walks the allocator's own free lists; it is
-    // safe to call at any time from any thread.
-    unsafe { libmimalloc_sys::mi_collect(true) };
-}
-
-/// Hands a loaded snapshot to the operating system instead of freeing it
-/// piece by piece: the process exits right after printing, and dropping
-/// millions of trace events one by one costs tens of milliseconds for nothing.
-pub(crate) fn release(snapshots: impl IntoIterator<Item = snapdiff_format::Snapshot>) {
-    for snap in snapshots {
-        std::mem::forget(snap);
-    }
-}
-
-/// Standard output for text reports, with control characters escaped; see
-/// [`TerminalText`]. (`--json` output goes to plain stdout: JSON escapes
-/// them itself and must stay exact.)
-pub(crate) fn text_out() -> TerminalText<std::io::StdoutLock<'static>> {
-    TerminalText::new(std::io::stdout().lock())
-}
-
 /// `text` with control characters escaped, for messages on stderr that
 /// quote a file (see [`TerminalText`]).
-pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(is_escaped) {
         return text.into();
     }
@@ -292,7 +184,7 @@ fn is_escaped(c: char) -> bool {
 /// snapdiff's own text has no control characters but newlines, so escaping
 /// at the sink covers every table, note and header at once. Input is UTF-8
 /// (Rust strings); a C1 control's two bytes may arrive in two writes.
-pub(crate) struct TerminalText<W: Write> {
+pub struct TerminalText<W: Write> {
     inner: W,
     /// A 0xC2 byte that ended the last write: the first half of a C1 control
     /// or of another character.
@@ -300,7 +192,7 @@ pub(crate) struct TerminalText<W: Write> {
 }
 
 impl<W: Write> TerminalText<W> {
-    pub(crate) fn new(inner: W) -> TerminalText<W> {
+    pub fn new(inner: W) -> TerminalText<W> {
         TerminalText {
             inner,
             pending_c2: false,

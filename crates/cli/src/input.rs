@@ -1,0 +1,91 @@
+//! Reading the files a command is given: progress on a terminal for large
+//! ones, and handing their memory back when done.
+
+use snapdiff_format::Parts;
+
+/// Files at least this large show their progress on stderr while they are
+/// read, when stderr is a terminal.
+const PROGRESS_FROM_BYTES: u64 = 64 << 20;
+
+/// Reads a snapshot file, showing progress on stderr for large files when
+/// stderr is a terminal.
+pub(crate) fn read(path: &std::path::Path) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
+    read_parts(path, Parts::All)
+}
+
+/// The progress lines of the files being read, one each, shared by the
+/// threads that read several files at once.
+fn progress_lines() -> &'static indicatif::MultiProgress {
+    static LINES: std::sync::OnceLock<indicatif::MultiProgress> = std::sync::OnceLock::new();
+    LINES.get_or_init(indicatif::MultiProgress::new)
+}
+
+/// [`read`] of the `parts` a command needs. A large file's line shows a bar
+/// over the bytes read from disk (with rate and time left), then a spinner
+/// while it is parsed; the line goes when the file is read.
+pub(crate) fn read_parts(
+    path: &std::path::Path,
+    parts: Parts,
+) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
+    use std::io::{IsTerminal, Read};
+    if path.is_dir() {
+        return Err(snapdiff_format::Error::new(
+            snapdiff_format::ErrorKind::Io,
+            "is a folder, not a snapshot file (snapdiff trend FOLDER reads the snapshots in one)",
+        )
+        .with_path(path));
+    }
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    if len < PROGRESS_FROM_BYTES || !std::io::stderr().is_terminal() {
+        return snapdiff_format::read_path_parts(path, parts);
+    }
+    let cannot_read = |e| snapdiff_format::Error::io("cannot read", e).with_path(path);
+    let bar = progress_lines().add(indicatif::ProgressBar::new(len));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("reading {}", path.display()));
+    let mut data = Vec::with_capacity(len as usize);
+    let mut file = std::fs::File::open(path).map_err(cannot_read)?;
+    let mut chunk = vec![0u8; 4 << 20];
+    loop {
+        let n = file.read(&mut chunk).map_err(cannot_read)?;
+        if n == 0 {
+            break;
+        }
+        data.extend_from_slice(&chunk[..n]);
+        bar.inc(n as u64);
+    }
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg}").expect("a valid template"),
+    );
+    bar.set_message(format!("parsing {}", path.display()));
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let result = snapdiff_format::read_bytes_parts(&data, parts).map_err(|e| e.with_path(path));
+    bar.finish_and_clear();
+    progress_lines().remove(&bar);
+    result
+}
+
+/// Returns the memory freed so far to the operating system at once.
+/// mimalloc keeps freed pages for a moment in case they are wanted again;
+/// after reading one large file, keeping them would add its reading's
+/// transient peak to the next one's.
+pub(crate) fn return_freed_memory() {
+    // SAFETY: mi_collect only walks the allocator's own free lists; it is
+    // safe to call at any time from any thread.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
+/// Hands a loaded snapshot to the operating system instead of freeing it
+/// piece by piece: the process exits right after printing, and dropping
+/// millions of trace events one by one costs tens of milliseconds for nothing.
+pub(crate) fn release(snapshots: impl IntoIterator<Item = snapdiff_format::Snapshot>) {
+    for snap in snapshots {
+        std::mem::forget(snap);
+    }
+}

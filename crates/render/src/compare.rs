@@ -1,0 +1,117 @@
+//! The comparison of two snapshots as text: `snapdiff compare`, and the
+//! sites table of a failed leak check.
+
+use std::io::{self, Write};
+
+use snapdiff_analyze::compare::{Change, Comparison, GroupDiff};
+
+use crate::TextOptions;
+use crate::text::{align_right, count, delta, paths_base, paths_note, site_cell, size, table};
+
+/// `cmp` of files `before` and `after` as `snapdiff compare` prints it: the
+/// totals, the sites that changed, then the notes.
+pub fn write_text(
+    cmp: &Comparison,
+    before: &str,
+    after: &str,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    writeln!(out, "{before} -> {after}")?;
+    writeln!(
+        out,
+        "reserved {} -> {} ({}), allocated {} -> {} ({})",
+        size(cmp.reserved_before),
+        size(cmp.reserved_after),
+        delta(cmp.reserved_after as i64 - cmp.reserved_before as i64),
+        size(cmp.allocated_before),
+        size(cmp.allocated_after),
+        delta(cmp.allocated_after as i64 - cmp.allocated_before as i64),
+    )?;
+    let grown = cmp.groups.iter().filter(|g| g.delta_bytes > 0).count();
+    if grown == 0 {
+        writeln!(out, "no site holds more live memory after than before")?;
+    } else {
+        writeln!(
+            out,
+            "{} more live memory in {grown} site{} (bytes the program requested; the \
+             allocator's rounding is not counted)",
+            size(cmp.leaked_bytes),
+            if grown == 1 { "" } else { "s" }
+        )?;
+    }
+    let rounding = cmp
+        .groups
+        .iter()
+        .filter(|g| g.change == Change::Rounding)
+        .count();
+    if rounding > 0 {
+        writeln!(
+            out,
+            "{rounding} site{} kept the same blocks, rounded to other sizes (allocator slack, not a leak)",
+            if rounding == 1 { "" } else { "s" }
+        )?;
+    }
+    write_sites(&cmp.groups, cmp.leaked_bytes, options, out)?;
+    for note in &cmp.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(())
+}
+
+/// The table of sites whose live memory changed, largest growth first, at
+/// most `options.top` of them; `leaked` is the growth of all together, which
+/// each row's share is of.
+pub fn write_sites(
+    groups: &[GroupDiff],
+    leaked: u64,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    if groups.is_empty() {
+        return Ok(());
+    }
+    let mut t = table(["", "culprit", "blocks", "bytes", "delta", "share"]);
+    let shown = &groups[..groups.len().min(options.top_limit())];
+    let base = paths_base(shown.iter().map(|g| &g.site), options.full_paths);
+    for (i, g) in shown.iter().enumerate() {
+        let share = if g.delta_bytes > 0 && leaked > 0 {
+            format!("{:.0}%", 100.0 * g.delta_bytes as f64 / leaked as f64)
+        } else {
+            String::new()
+        };
+        let mut bytes = format!("{} -> {}", size(g.bytes_before), size(g.bytes_after));
+        let rounded = g.allocated_before != g.bytes_before || g.allocated_after != g.bytes_after;
+        if rounded {
+            bytes.push_str(&format!(
+                "\nallocated {} -> {}",
+                size(g.allocated_before),
+                size(g.allocated_after)
+            ));
+        }
+        let change = if g.change == Change::Rounding {
+            "rounding".to_owned()
+        } else {
+            delta(g.delta_bytes)
+        };
+        t.add_row(vec![
+            (i + 1).to_string(),
+            site_cell(&g.site, options.frames, &base),
+            format!("{} -> {}", count(g.blocks_before), count(g.blocks_after)),
+            bytes,
+            change,
+            share,
+        ]);
+    }
+    align_right(&mut t, &[0, 2, 3, 4, 5]);
+    writeln!(out, "{t}")?;
+    paths_note(out, &base)?;
+    if groups.len() > shown.len() {
+        writeln!(
+            out,
+            "... and {} more sites (--top N shows more, --top 0 all)",
+            groups.len() - shown.len()
+        )?;
+    }
+    Ok(())
+}

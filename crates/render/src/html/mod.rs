@@ -1,0 +1,141 @@
+//! The HTML report: one self-contained page (data, script and styles
+//! inside; nothing fetched, so it opens from disk on an air-gapped cluster).
+//!
+//! The page's data is kept small on huge files by whoever fills [`Page`]:
+//! the timeline has a bounded number of points and a few sites, tables hold
+//! the top sites, and the flame graph drops frames narrower than a pixel.
+//! The page draws it with a few hundred lines of plain JavaScript and SVG
+//! (`report.js`): no charting library to vendor, audit or update.
+
+use std::io::{self, Write};
+
+use serde_json::{Value, json};
+use snapdiff_analyze::peak::DevicePeak;
+use snapdiff_analyze::timeline::Timeline;
+use snapdiff_analyze::{Comparison, Site, Trend};
+
+use crate::flamegraph::{Drawn, write_svg_for_page};
+
+const PAGE: &str = include_str!("page.html");
+const STYLE: &str = include_str!("report.css");
+const SCRIPT: &str = include_str!("report.js");
+
+/// What a report page shows; every part is optional.
+#[derive(Default)]
+pub struct Page<'a> {
+    /// The files the report is of, as given.
+    pub files: Vec<String>,
+    /// The verdict: suspects with their evidence.
+    pub trend: Option<&'a Trend>,
+    /// The comparison of two files.
+    pub compare: Option<&'a Comparison>,
+    /// The peak of one file's first device.
+    pub peak: Option<&'a DevicePeak>,
+    /// Live memory over the trace, with the sites its rows are of, in order.
+    pub timeline: Option<(&'a Timeline, Vec<&'a Site>)>,
+    /// Live memory by stack, with the file it is of.
+    pub flame: Option<(&'a Drawn, &'a str)>,
+}
+
+/// `value` as JSON for the page's data.
+fn to_value(value: impl serde::Serialize) -> io::Result<Value> {
+    serde_json::to_value(value).map_err(io::Error::other)
+}
+
+/// Writes `page` as one HTML document.
+pub fn write_page(page: &Page<'_>, out: &mut dyn Write) -> io::Result<()> {
+    let mut data = json!({ "files": page.files });
+    if let Some(cmp) = page.compare {
+        data["compare"] = to_value(cmp)?;
+    }
+    data["trend"] = to_value(page.trend)?;
+    if let Some(peak) = page.peak {
+        data["peak"] = to_value(peak)?;
+    }
+    if let Some((t, drawn)) = &page.timeline {
+        let is_suspect = |site: &Site| {
+            page.trend
+                .is_some_and(|t| t.suspects.iter().any(|s| s.site.key == site.key))
+        };
+        let described: Vec<Value> = drawn
+            .iter()
+            .zip(&t.sites)
+            .map(|(site, (_, values))| {
+                let stack: Vec<String> = site
+                    .frames
+                    .iter()
+                    .map(|f| format!("{}  {}:{}", f.name, f.file, f.line))
+                    .collect();
+                json!({
+                    "label": site.culprit.display(),
+                    "stack": stack.join("\n"),
+                    "suspect": is_suspect(site),
+                    "values": values,
+                })
+            })
+            .collect();
+        data["timeline"] = json!({
+            "device": t.device,
+            "events": t.events,
+            "allocated": t.allocated,
+            "sites": described,
+        });
+    }
+    let flame = match page.flame {
+        Some((drawn, file)) => flamegraph(drawn, file)?,
+        None => String::new(),
+    };
+    let data = serde_json::to_string(&data).map_err(io::Error::other)?;
+    let html = PAGE
+        .replace("{{TITLE}}", "snapdiff report")
+        .replace("{{STYLE}}", STYLE)
+        .replace("{{FILES}}", &escape(&page.files.join(", ")))
+        .replace("{{FLAMEGRAPH}}", &flame)
+        .replace("{{SCRIPT}}", SCRIPT)
+        // Inside <script>, only `</` could end the element early.
+        .replace("{{DATA}}", &data.replace("</", "<\\/"));
+    out.write_all(html.as_bytes())
+}
+
+/// The flame graph of live memory in `file` when it was taken, as a frame
+/// of the page holding the SVG as a `data:` address: its own document, so
+/// that inferno's script for zooming and searching runs as it does in a
+/// file of its own, and nothing is fetched.
+fn flamegraph(drawn: &Drawn, file: &str) -> io::Result<String> {
+    if matches!(drawn, Drawn::One(sites) if sites.is_empty()) {
+        return Ok(String::new());
+    }
+    let mut svg = Vec::new();
+    write_svg_for_page(drawn, &format!("Live memory by stack: {file}"), &mut svg)?;
+    use base64::Engine;
+    // The frame as tall as the graph (inferno gives its height in pixels).
+    let text = String::from_utf8_lossy(&svg[..svg.len().min(4096)]);
+    let height = text
+        .split_once("<svg")
+        .and_then(|(_, tag)| tag.split_once(" height=\""))
+        .and_then(|(_, rest)| rest.split('"').next()?.parse::<u32>().ok())
+        .unwrap_or(640);
+    Ok(format!(
+        "<h2>Flame graph of live memory ({})</h2>\n<iframe class=\"flame\" title=\"flame graph\" \
+         style=\"height: {}px\" src=\"data:image/svg+xml;base64,{}\"></iframe>",
+        escape(file),
+        height + 4,
+        base64::engine::general_purpose::STANDARD.encode(&svg)
+    ))
+}
+
+/// `text` with HTML's special characters escaped, for text and attributes.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}

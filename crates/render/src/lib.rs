@@ -1,0 +1,51 @@
+//! Every output snapdiff writes, from one place: the text tables people
+//! read, the `--json` reports, flame graphs and folded stacks, pprof
+//! profiles and the HTML report.
+//!
+//! Each renderer takes an analysis result from `snapdiff-analyze` and a
+//! `&mut dyn Write`; none reads files or parses flags. The `snapdiff`
+//! command and `snapdiff::testing`'s failure messages both print through
+//! it, so a leak reads the same in a terminal and in a failed test.
+//!
+//! ```
+//! use snapdiff_render::{TextOptions, compare};
+//! let (a, b) = (snapdiff_format::Snapshot::default(), snapdiff_format::Snapshot::default());
+//! let cmp = snapdiff_analyze::compare(&a, &b, &Default::default());
+//! let mut out = Vec::new();
+//! compare::write_text(&cmp, "a.snap", "b.snap", &TextOptions::default(), &mut out).unwrap();
+//! assert!(String::from_utf8(out).unwrap().contains("no site holds more live memory"));
+//! ```
+
+pub mod compare;
+pub mod flamegraph;
+pub mod html;
+pub mod json;
+pub mod oom;
+pub mod peak;
+pub mod pprof;
+pub mod steps;
+pub mod summary;
+pub mod text;
+pub mod trend;
+
+/// How text reports are laid out: what `--top`, `--frames` and
+/// `--full-paths` ask for on the command line.
+#[derive(Clone, Debug, Default)]
+pub struct TextOptions {
+    /// At most this many sites a table (0: all).
+    pub top: usize,
+    /// Frames of each site's stack shown under its culprit.
+    pub frames: usize,
+    /// File paths whole, instead of from the folder that holds the code.
+    pub full_paths: bool,
+}
+
+impl TextOptions {
+    /// How many sites a table shows: `top`, where 0 means all.
+    pub fn top_limit(&self) -> usize {
+        match self.top {
+            0 => usize::MAX,
+            n => n,
+        }
+    }
+}

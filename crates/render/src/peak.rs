@@ -1,0 +1,134 @@
+//! The peak as text: `snapdiff peak`, and what was live at a moment for
+//! `oom` and `steps`.
+
+use std::io::{self, Write};
+
+use snapdiff_analyze::category::Category;
+use snapdiff_analyze::peak::{CategoryTotal, DevicePeak, Peak, PeakSite};
+
+use crate::TextOptions;
+use crate::text::{align_right, count, paths_base, paths_note, site_cell_before, size, table};
+
+/// `peak` of `file` as `snapdiff peak` prints it.
+pub fn write_text(
+    peak: &Peak,
+    file: &str,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    writeln!(out, "{file}")?;
+    for device in &peak.devices {
+        write_device(device, options, out)?;
+    }
+    for note in &peak.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(())
+}
+
+fn write_device(p: &DevicePeak, options: &TextOptions, out: &mut dyn Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "device {}: peak of {} allocated after event {} of {}",
+        p.device,
+        size(p.allocated_bytes),
+        p.event_index,
+        p.events
+    )?;
+    if let (Some(reserved), Some(cache)) = (p.reserved_bytes, p.cache_bytes) {
+        write!(
+            out,
+            "  {} reserved then, {} of it the allocator's cache",
+            size(reserved),
+            size(cache)
+        )?;
+        match p.highest_reserved {
+            Some(h) if h.event_index != p.event_index => writeln!(
+                out,
+                "; reserved was highest, {}, after event {}",
+                size(h.bytes),
+                h.event_index
+            )?,
+            _ => writeln!(out)?,
+        }
+    }
+    if let Some(g) = p.growth {
+        writeln!(
+            out,
+            "  sites that keep growing (snapdiff trend shows them) held {} at the peak; they grew \
+             {} after warm-up",
+            size(g.held_bytes),
+            size(g.growth_bytes)
+        )?;
+    }
+    write_live(
+        &p.categories,
+        &p.sites,
+        p.allocated_bytes,
+        p.cache_bytes,
+        options,
+        out,
+    )
+}
+
+/// What was live at one moment: by category (with the allocator's cache
+/// when known), then by site, each with its share of `allocated`.
+pub fn write_live(
+    categories: &[CategoryTotal],
+    sites: &[PeakSite],
+    allocated: u64,
+    cache_bytes: Option<u64>,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let share = |bytes: u64| format!("{:.0}%", 100.0 * bytes as f64 / allocated.max(1) as f64);
+    let mut by_category = table(["what", "blocks", "bytes", "share"]);
+    for c in categories {
+        let mut what = c.category.label().to_owned();
+        if c.before_recording_bytes > 0 && c.category != Category::BeforeRecording {
+            what.push_str(&format!(
+                "\n{} allocated before recording began",
+                size(c.before_recording_bytes)
+            ));
+        }
+        by_category.add_row(vec![what, count(c.blocks), size(c.bytes), share(c.bytes)]);
+    }
+    if let Some(cache) = cache_bytes {
+        by_category.add_row(vec![
+            "allocator cache (reserved, not allocated)".to_owned(),
+            String::new(),
+            size(cache),
+            String::new(),
+        ]);
+    }
+    align_right(&mut by_category, &[1, 2, 3]);
+    writeln!(out, "{by_category}")?;
+
+    let shown = &sites[..sites.len().min(options.top_limit())];
+    if shown.is_empty() {
+        return Ok(());
+    }
+    let mut by_site = table(["", "culprit", "what", "blocks", "bytes", "share"]);
+    let base = paths_base(shown.iter().map(|s| &s.site), options.full_paths);
+    for (i, s) in shown.iter().enumerate() {
+        by_site.add_row(vec![
+            (i + 1).to_string(),
+            site_cell_before(&s.site, s.before_recording, options.frames, &base),
+            s.category.label().to_owned(),
+            count(s.blocks),
+            size(s.bytes),
+            share(s.bytes),
+        ]);
+    }
+    align_right(&mut by_site, &[0, 3, 4, 5]);
+    writeln!(out, "{by_site}")?;
+    paths_note(out, &base)?;
+    if sites.len() > shown.len() {
+        writeln!(
+            out,
+            "... and {} more sites (--top N shows more, --top 0 all)",
+            sites.len() - shown.len()
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! A snapshot's summary as text: `snapdiff summary`.
+
+use std::io::{self, Write};
+
+use snapdiff_analyze::Summary;
+
+use crate::TextOptions;
+use crate::text::{align_right, count, paths_base, paths_note, site_cell, size, table};
+
+/// `summary` of `file` as `snapdiff summary` prints it; `source` and
+/// `producer` are what the file says made it.
+pub fn write_text(
+    summary: &Summary,
+    file: &str,
+    source: Option<&str>,
+    producer: &str,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let t = &summary.totals;
+    writeln!(out, "{}", file)?;
+    if let Some(source) = &source {
+        writeln!(out, "  from {source}, recorded by {producer}")?;
+    }
+    let mut totals = table(["", "bytes", ""]);
+    totals.add_row(vec![
+        "reserved".to_owned(),
+        size(t.reserved_bytes),
+        format!("{} segments", count(t.segments)),
+    ]);
+    totals.add_row(vec![
+        "allocated".to_owned(),
+        size(t.allocated_bytes),
+        format!("{} blocks in all", count(t.blocks)),
+    ]);
+    totals.add_row(vec![
+        "active".to_owned(),
+        size(t.active_bytes),
+        "allocated + pending free".to_owned(),
+    ]);
+    totals.add_row(vec![
+        "requested".to_owned(),
+        size(t.requested_bytes),
+        "asked for by the program".to_owned(),
+    ]);
+    let f = &summary.fragmentation;
+    totals.add_row(vec![
+        "free in cache".to_owned(),
+        size(f.free_bytes),
+        format!("largest free block {}", size(f.largest_free_block)),
+    ]);
+    align_right(&mut totals, &[1]);
+    writeln!(out, "{totals}")?;
+
+    if !summary.pools.is_empty() {
+        let mut pools = table([
+            "device",
+            "pool",
+            "stream",
+            "segments",
+            "reserved",
+            "allocated",
+            "active",
+        ]);
+        for p in &summary.pools {
+            pools.add_row(vec![
+                p.device.to_string(),
+                p.pool.to_owned(),
+                p.stream.to_string(),
+                count(p.totals.segments),
+                size(p.totals.reserved_bytes),
+                size(p.totals.allocated_bytes),
+                size(p.totals.active_bytes),
+            ]);
+        }
+        align_right(&mut pools, &[0, 2, 3, 4, 5, 6]);
+        writeln!(out, "{pools}")?;
+    }
+
+    if !summary.top_sites.is_empty() {
+        let mut sites = table(["", "culprit", "blocks", "bytes", "share"]);
+        let base = paths_base(
+            summary.top_sites.iter().map(|s| &s.site),
+            options.full_paths,
+        );
+        for (i, s) in summary.top_sites.iter().enumerate() {
+            sites.add_row(vec![
+                (i + 1).to_string(),
+                site_cell(&s.site, options.frames, &base),
+                count(s.blocks),
+                size(s.bytes),
+                format!("{:.0}%", 100.0 * s.share),
+            ]);
+        }
+        align_right(&mut sites, &[0, 2, 3, 4]);
+        writeln!(out, "{sites}")?;
+        paths_note(out, &base)?;
+    }
+
+    write!(out, "{} trace events", summary.trace_events)?;
+    let actions: Vec<String> = summary
+        .actions
+        .iter()
+        .map(|(a, n)| format!("{a} {n}"))
+        .collect();
+    if !actions.is_empty() {
+        write!(out, ": {}", actions.join(", "))?;
+    }
+    writeln!(out)?;
+    if summary.actions.iter().any(|(a, _)| a == "oom") {
+        writeln!(
+            out,
+            "note: the trace holds an out-of-memory error: snapdiff oom {} explains it",
+            file
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! Trends as text: the verdict of `snapdiff trend`, with the evidence it
+//! rests on.
+
+use std::io::{self, Write};
+
+use snapdiff_analyze::trend::CheckpointSource;
+use snapdiff_analyze::{CulpritKind, Suspect, Trend};
+
+use crate::TextOptions;
+use crate::text::{
+    align_right, duration, paths_base, paths_note, site_cell_before, size, sparkline, table,
+};
+
+/// Where checkpoints (or steps) were cut, for people.
+pub fn source_label(source: CheckpointSource) -> &'static str {
+    match source {
+        CheckpointSource::Snapshots => "one per snapshot",
+        CheckpointSource::SnapshotMarkers => "at the trace's snapshot markers",
+        CheckpointSource::StepMarks => "at the trace's step marks",
+        CheckpointSource::Annotations => "at the trace's annotations",
+        CheckpointSource::Iterations => "at the same point of each iteration found in the trace",
+        CheckpointSource::Troughs => "at the low points between the trace's iterations",
+        CheckpointSource::EvenlySpaced => "evenly spaced through the trace",
+    }
+}
+
+/// `trend` as `snapdiff trend` prints it: the checkpoints, the verdict,
+/// the suspects with their evidence, then the notes.
+pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> io::Result<()> {
+    let source = source_label(trend.checkpoint_source);
+    write!(
+        out,
+        "{} checkpoints ({source}), the first {} as warm-up",
+        trend.checkpoints, trend.warmup
+    )?;
+    let first = trend.points.first();
+    let last = trend.points.last();
+    if let (Some(a), Some(b)) = (first.and_then(|p| p.step), last.and_then(|p| p.step)) {
+        write!(out, "; steps {a} to {b}")?;
+    }
+    if let (Some(a), Some(b)) = (first.and_then(|p| p.time_us), last.and_then(|p| p.time_us)) {
+        write!(out, "; spanning {}", duration((b - a).max(0) as f64 / 1e6))?;
+    }
+    writeln!(out)?;
+    let by_step = trend.suspects.iter().all(|s| s.growth_per_step.is_some());
+    if trend.checkpoint_source == CheckpointSource::EvenlySpaced {
+        writeln!(out, "no verdict: see the note below")?;
+    } else if trend.suspects.is_empty() {
+        writeln!(
+            out,
+            "no site's memory keeps growing: nothing here looks like a leak"
+        )?;
+    } else {
+        let n = trend.suspects.len();
+        write!(
+            out,
+            "{n} site{} keep{} growing: {} after warm-up",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "s" } else { "" },
+            size(trend.suspected_bytes)
+        )?;
+        if let Some(rate) = trend.growth_per_second {
+            write!(out, ", {}/s", size(rate as u64))?;
+        }
+        writeln!(out)?;
+        match (trend.seconds_to_full, trend.device_memory) {
+            (Some(secs), Some(total)) => writeln!(
+                out,
+                "at this rate the device ({} in all, {} allocated now) is full in about {}",
+                size(total),
+                size(trend.allocated_bytes),
+                duration(secs)
+            )?,
+            (_, None) if trend.growth_per_second.is_some() => writeln!(
+                out,
+                "device size unknown: pass --device-memory SIZE for a time-to-full estimate"
+            )?,
+            _ => {}
+        }
+        let mut t = table([
+            "",
+            "culprit",
+            "growth",
+            if by_step {
+                "per step"
+            } else {
+                "per checkpoint"
+            },
+            "per second",
+            "live bytes",
+        ]);
+        let shown = &trend.suspects[..trend.suspects.len().min(options.top_limit())];
+        let base = paths_base(shown.iter().map(|s| &s.site), options.full_paths);
+        for (i, s) in shown.iter().enumerate() {
+            let mut cell = site_cell_before(&s.site, s.before_recording, options.frames, &base);
+            if s.before_recording && s.site.culprit.kind != CulpritKind::NoStack {
+                cell.push_str("\n  (some blocks allocated before recording began)");
+            }
+            t.add_row(vec![
+                (i + 1).to_string(),
+                cell,
+                size(s.growth_bytes),
+                match s.growth_per_step {
+                    Some(per_step) if by_step => size(per_step.round() as u64),
+                    _ => size(s.growth_per_checkpoint),
+                },
+                s.growth_per_second
+                    .map_or(String::new(), |r| format!("{}/s", size(r as u64))),
+                format!(
+                    "{} {}",
+                    sparkline(&s.series),
+                    size(*s.series.last().unwrap_or(&0))
+                ),
+            ]);
+        }
+        align_right(&mut t, &[0, 2, 3, 4]);
+        writeln!(out, "{t}")?;
+        paths_note(out, &base)?;
+        write_evidence(trend, shown, out)?;
+    }
+    for note in &trend.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(())
+}
+
+/// The note for processes of which only some grow.
+pub fn one_rank_note(growing: &[&str]) -> String {
+    format!(
+        "{} {} growth and the other processes do not: a leak in some ranks only (a code path \
+         only they run, say rank 0's logging or evaluation)",
+        growing.join(", "),
+        if growing.len() == 1 { "shows" } else { "show" }
+    )
+}
+
+/// At most this many checkpoints are shown as a suspect's evidence.
+const EVIDENCE_COLUMNS: usize = 8;
+
+/// The evidence each verdict rests on, so a user can check it: for each
+/// suspect, its live bytes, floor and blocks at checkpoints after warm-up
+/// (all of them, or an even sample including the first and last).
+fn write_evidence(trend: &Trend, shown: &[Suspect], out: &mut dyn Write) -> io::Result<()> {
+    let after_warmup = trend.warmup.min(trend.checkpoints.saturating_sub(1))..trend.checkpoints;
+    let picked = sample(after_warmup, EVIDENCE_COLUMNS);
+    let by_step = picked.iter().all(|&i| trend.points[i].step.is_some());
+    let header: Vec<String> = picked
+        .iter()
+        .map(|&i| match trend.points[i].step {
+            Some(step) if by_step => step.to_string(),
+            _ => format!("#{}", i + 1),
+        })
+        .collect();
+    writeln!(
+        out,
+        "\nevidence: the floor is the least live memory from a checkpoint on; a leak's floor keeps rising"
+    )?;
+    for (n, s) in shown.iter().enumerate() {
+        let rows = [
+            (if by_step { "step" } else { "checkpoint" }, header.clone()),
+            ("live", picked.iter().map(|&i| size(s.series[i])).collect()),
+            ("floor", picked.iter().map(|&i| size(s.floor[i])).collect()),
+            (
+                "blocks",
+                picked.iter().map(|&i| s.blocks[i].to_string()).collect(),
+            ),
+        ];
+        let widths: Vec<usize> = (0..picked.len())
+            .map(|c| {
+                rows.iter()
+                    .map(|(_, r)| r[c].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for (r, (name, cells)) in rows.iter().enumerate() {
+            let number = if r == 0 {
+                format!("{}", n + 1)
+            } else {
+                String::new()
+            };
+            write!(out, "{number:>3}  {name:<10}")?;
+            for (cell, width) in cells.iter().zip(&widths) {
+                write!(out, "  {cell:>width$}")?;
+            }
+            writeln!(out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Up to `most` indices of `range`, evenly spread, the first and last always in.
+fn sample(range: std::ops::Range<usize>, most: usize) -> Vec<usize> {
+    let len = range.len();
+    if len <= most {
+        return range.collect();
+    }
+    (0..most)
+        .map(|k| range.start + k * (len - 1) / (most - 1))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn evidence_samples_keep_both_ends() {
+        assert_eq!(super::sample(2..5, 8), [2, 3, 4]);
+        let picked = super::sample(1..101, 8);
+        assert_eq!(picked.len(), 8);
+        assert_eq!((picked[0], picked[7]), (1, 100));
+        assert!(picked.windows(2).all(|w| w[0] < w[1]));
+    }
+}
