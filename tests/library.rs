@@ -65,11 +65,16 @@ fn a_leaking_test_fails_naming_its_own_line() {
         message.starts_with("snapdiff: 1 site kept 192 KiB more (allowed: 0 B):"),
         "{message}"
     );
-    assert!(message.contains("::leaky_training_step  /"), "{message}");
-    assert!(
-        message.contains(&format!("{}:{line}: +192 KiB in 3 blocks", file!())),
-        "{message}"
-    );
+    // The row is `snapdiff compare`'s: the culprit at the test's own line,
+    // blocks and bytes from the end of warm-up to the end, the delta.
+    let row = message
+        .lines()
+        .find(|l| l.contains("::leaky_training_step  "))
+        .unwrap_or_else(|| panic!("no row for the culprit: {message}"));
+    assert!(row.contains(&format!("{}:{line} ", file!())), "{row}");
+    for cell in ["0 -> 3", "0 B -> 192 KiB", "+192 KiB", "100%"] {
+        assert!(row.contains(cell), "{cell:?} in {row}");
+    }
     assert!(
         message.contains("a_leaking_test_fails_naming_its_own_line"),
         "the test's own frame: {message}"

@@ -15,11 +15,13 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
+use snapdiff_analyze::compare::{Change, GroupDiff};
 use snapdiff_analyze::group::{Site, SiteFrame, SiteNamer, live_groups};
 use snapdiff_analyze::trend::floor_of;
 use snapdiff_analyze::{Culprit, CulpritRules, StackKey, StackKeys};
 use snapdiff_format::Snapshot;
 use snapdiff_format::units::format_size;
+use snapdiff_render::TextOptions;
 
 /// How much growth to allow and which sites to leave out of a check.
 ///
@@ -108,9 +110,9 @@ impl LeakOptions {
 /// A site that kept memory.
 #[derive(Clone, Debug)]
 pub struct LeakGroup {
-    site: Site,
-    delta_bytes: u64,
-    blocks: u64,
+    /// The site's memory at the end of warm-up and at the end, as the floors
+    /// of its live bytes and blocks: the row a failure message shows.
+    diff: GroupDiff,
 }
 
 impl LeakGroup {
@@ -124,7 +126,7 @@ impl LeakGroup {
     /// }
     /// ```
     pub fn culprit(&self) -> &Culprit {
-        &self.site.culprit
+        &self.diff.site.culprit
     }
 
     /// The site's stack without allocator and interpreter frames, innermost first.
@@ -137,7 +139,7 @@ impl LeakGroup {
     /// }
     /// ```
     pub fn frames(&self) -> &[SiteFrame] {
-        &self.site.frames
+        &self.diff.site.frames
     }
 
     /// Bytes the site kept.
@@ -149,7 +151,7 @@ impl LeakGroup {
     /// assert_eq!(total, report.leaked_bytes());
     /// ```
     pub fn delta_bytes(&self) -> u64 {
-        self.delta_bytes
+        self.diff.delta_bytes.unsigned_abs()
     }
 
     /// Blocks the site kept.
@@ -160,7 +162,9 @@ impl LeakGroup {
     /// assert!(report.groups().iter().all(|g| g.blocks() > 0));
     /// ```
     pub fn blocks(&self) -> u64 {
-        self.blocks
+        self.diff
+            .blocks_after
+            .saturating_sub(self.diff.blocks_before)
     }
 
     /// The site's stack key.
@@ -173,7 +177,7 @@ impl LeakGroup {
     /// }
     /// ```
     pub fn key(&self) -> StackKey {
-        self.site.key
+        self.diff.site.key
     }
 }
 
@@ -238,17 +242,34 @@ impl LeakReport {
                 .expect("the site is in some snapshot");
             let site = namer.site(key, stack);
             if options.keeps(&site) {
+                let (before, after) = (floor[from], floor[last]);
                 groups.push(LeakGroup {
-                    site,
-                    delta_bytes: grown,
-                    blocks: floor_blocks[last].saturating_sub(floor_blocks[from]),
+                    diff: GroupDiff {
+                        site,
+                        change: if before == 0 {
+                            Change::New
+                        } else {
+                            Change::Grown
+                        },
+                        blocks_before: floor_blocks[from],
+                        blocks_after: floor_blocks[last],
+                        bytes_before: before,
+                        bytes_after: after,
+                        delta_bytes: grown as i64,
+                        // The floors are of requested bytes; rounding is
+                        // not what a leak check is about.
+                        allocated_before: before,
+                        allocated_after: after,
+                        blocks_kept: 0,
+                    },
                 });
             }
         }
         groups.sort_by(|a, b| {
-            b.delta_bytes
-                .cmp(&a.delta_bytes)
-                .then(a.site.key.cmp(&b.site.key))
+            b.diff
+                .delta_bytes
+                .cmp(&a.diff.delta_bytes)
+                .then(a.diff.site.key.cmp(&b.diff.site.key))
         });
         LeakReport {
             groups,
@@ -266,7 +287,7 @@ impl LeakReport {
     /// assert!(report.leaked_bytes() <= 1 << 20);
     /// ```
     pub fn leaked_bytes(&self) -> u64 {
-        self.groups.iter().map(|g| g.delta_bytes).sum()
+        self.groups.iter().map(|g| g.delta_bytes()).sum()
     }
 
     /// The sites that kept memory, most first.
@@ -293,6 +314,9 @@ impl LeakReport {
 }
 
 impl fmt::Display for LeakReport {
+    /// The sites as `snapdiff compare` shows them, through the same
+    /// renderer: before is the end of warm-up, after the end, and each
+    /// site's bytes are the least it held from that checkpoint on.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.groups.len();
         if n == 0 {
@@ -309,30 +333,18 @@ impl fmt::Display for LeakReport {
             format_size(self.leaked_bytes()),
             format_size(self.allowed)
         )?;
-        for (i, g) in self.groups.iter().enumerate() {
-            writeln!(
-                f,
-                "  {}. {}: +{} in {} block{}",
-                i + 1,
-                g.culprit().display(),
-                format_size(g.delta_bytes),
-                g.blocks,
-                if g.blocks == 1 { "" } else { "s" }
-            )?;
-            let at = g
-                .frames()
-                .iter()
-                .position(|fr| fr.name == g.culprit().name && fr.line == g.culprit().line);
-            for fr in g.frames().iter().skip(at.map_or(0, |i| i + 1)).take(4) {
-                let c = Culprit {
-                    name: fr.name.clone(),
-                    file: fr.file.clone(),
-                    line: fr.line,
-                    kind: g.culprit().kind,
-                };
-                writeln!(f, "       from {}", c.display())?;
-            }
-        }
+        let diffs: Vec<GroupDiff> = self.groups.iter().map(|g| g.diff.clone()).collect();
+        let options = TextOptions {
+            top: 0,
+            frames: STACK_FRAMES,
+            // A test's own paths are short, and the note that would say
+            // where shortened ones start from names a command-line flag.
+            full_paths: true,
+        };
+        let mut table = Vec::new();
+        snapdiff_render::compare::write_sites(&diffs, self.leaked_bytes(), &options, &mut table)
+            .map_err(|_| fmt::Error)?;
+        f.write_str(&String::from_utf8_lossy(&table))?;
         if let Some((before, after)) = &self.files {
             write!(
                 f,
@@ -344,6 +356,9 @@ impl fmt::Display for LeakReport {
         Ok(())
     }
 }
+
+/// Frames of each site's stack a failure message shows under its culprit.
+const STACK_FRAMES: usize = 4;
 
 /// Panics with the report, naming the files, when the report is not clean.
 fn assert_clean(report: LeakReport) {
