@@ -8,8 +8,15 @@
 
 use crate::util::{root, shared_torch_fixtures, snapdiff};
 
-/// The commands whose output is kept, each as text and as JSON.
-const COMMANDS: [&str; 4] = ["summary", "trend", "peak", "steps"];
+/// The commands of one file whose output is kept, each as text and as JSON.
+const COMMANDS: [&str; 5] = ["summary", "trend", "peak", "steps", "oom"];
+
+/// Pairs of fixtures `compare` runs on: the same model training and in
+/// inference (a comparison of two programs' states), and a file with itself.
+const PAIRS: [(&str, &str); 2] = [
+    ("cs336-medium-128-training", "cs336-medium-128-inference"),
+    ("ftcourse-finetune", "ftcourse-finetune"),
+];
 
 #[test]
 fn outputs_on_the_real_fixtures_are_the_kept_ones() {
@@ -20,33 +27,55 @@ fn outputs_on_the_real_fixtures_are_the_kept_ones() {
     let golden = root().join("tests/data/golden");
     std::fs::create_dir_all(&golden).unwrap();
     let mut changed = Vec::new();
+    // Named as users name them, relative to the repository.
+    let shown = |stem: &str| format!("../shared/fixtures/torch/{stem}.pickle");
+    let mut runs: Vec<(String, Vec<String>)> = Vec::new();
     for file in &files {
         let stem = file.file_stem().unwrap().to_string_lossy().into_owned();
-        // Named as users name it, relative to the repository.
-        let shown = format!("../shared/fixtures/torch/{stem}.pickle");
         for command in COMMANDS {
-            for json in [false, true] {
-                let mut args = vec![command, shown.as_str()];
-                if json {
-                    args.push("--json");
-                }
-                let run = snapdiff(&args);
-                let output = format!(
-                    "$ snapdiff {}\nexit {}\n{}{}",
-                    args.join(" "),
-                    run.code(),
-                    run.stdout(),
-                    run.stderr()
-                );
-                let kept = golden.join(format!(
-                    "{stem}.{command}.{}",
-                    if json { "json.txt" } else { "txt" }
-                ));
-                if bless {
-                    std::fs::write(&kept, &output).unwrap();
-                } else if std::fs::read_to_string(&kept).ok().as_deref() != Some(output.as_str()) {
-                    changed.push(kept.display().to_string());
-                }
+            runs.push((
+                format!("{stem}.{command}"),
+                vec![command.into(), shown(&stem)],
+            ));
+        }
+        runs.push((
+            format!("{stem}.folded"),
+            ["flamegraph", "--folded", "-o", "-", &shown(&stem)]
+                .map(String::from)
+                .into(),
+        ));
+    }
+    for (before, after) in PAIRS {
+        runs.push((
+            format!("{before}.compare.{after}"),
+            vec!["compare".into(), shown(before), shown(after)],
+        ));
+    }
+    for (name, args) in runs {
+        // Folded stacks have no JSON form.
+        let forms: &[bool] = if args[0] == "flamegraph" {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &json in forms {
+            let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if json {
+                args.push("--json");
+            }
+            let run = snapdiff(&args);
+            let output = format!(
+                "$ snapdiff {}\nexit {}\n{}{}",
+                args.join(" "),
+                run.code(),
+                run.stdout(),
+                run.stderr()
+            );
+            let kept = golden.join(format!("{name}.{}", if json { "json.txt" } else { "txt" }));
+            if bless {
+                std::fs::write(&kept, &output).unwrap();
+            } else if std::fs::read_to_string(&kept).ok().as_deref() != Some(output.as_str()) {
+                changed.push(kept.display().to_string());
             }
         }
     }
