@@ -1,4 +1,12 @@
 //! Byte sizes for people: `1.5 MiB` out, `1MiB`, `512K` or `2GB` in.
+//!
+//! Written here rather than taken from `bytesize` or `humansize`: the
+//! grammar users already type reads a bare `K`, `M`, `G` as powers of 1024
+//! (as `ulimit`, `dd` and PyTorch's own messages do) and `KB`, `MB`, `GB` as
+//! powers of 1000, where `bytesize` reads `K` as 1000; and tables show three
+//! significant digits (`1.50 MiB`, `20.0 MiB`, `200 GiB`) so columns line
+//! up, which neither crate's formatter does. Durations (`--interval`) are
+//! parsed by `humantime`, whose grammar is the documented one.
 
 use std::fmt;
 

@@ -138,6 +138,10 @@ pub fn sparkline(series: &[u64]) -> String {
 }
 
 /// A duration in seconds for people: `45 s`, `12 min`, `3.5 h`, `2.1 days`.
+///
+/// An estimate in one unit, rounded; `humantime::format_duration` writes
+/// every unit down to nanoseconds (`3h 29m 51s 208ms`), which a
+/// time-to-full estimate has no precision for.
 pub fn duration(seconds: f64) -> String {
     if seconds < 10.0 {
         format!("{seconds:.1} s")

@@ -1,110 +1,21 @@
-//! The recording caching allocator and its buffers.
+//! The recording caching allocator and its buffers: the public handles
+//! over the books in `recorder.rs`.
 
-use std::cell::RefCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
-use snapdiff_format::{
-    Block, BlockState, DeviceInfo, DeviceTrace, Frame, Meta, Segment, Snapshot, StackId, TraceEvent,
-};
+use snapdiff_format::Snapshot;
 
-use crate::backend::{Backend, BackendError, DeviceDesc, Stream};
-use crate::caching::{self, BlockIdx, Caching};
+use crate::backend::{Backend, DeviceDesc, Stream};
+use crate::caching::BlockIdx;
 use crate::config::AllocatorConfig;
 use crate::dumps;
-use crate::stacks::{self, RawStackId, StackTable, Symbolizer};
-use crate::trace::{RawAction, RawEvent, TraceRing, now_us};
-
-/// Why an allocation failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AllocError {
-    /// The device is full even after the allocator released its cache.
-    #[error(
-        "out of memory on device {device}: tried to allocate {requested} bytes \
-         ({reserved} reserved by the allocator, {allocated} allocated, {device_free} free on the device)"
-    )]
-    OutOfMemory {
-        /// Device ordinal.
-        device: u32,
-        /// Bytes asked for.
-        requested: u64,
-        /// Bytes the allocator held in segments.
-        reserved: u64,
-        /// Bytes handed out to the program.
-        allocated: u64,
-        /// Bytes the device had left.
-        device_free: u64,
-    },
-    /// The device reported another error.
-    #[error("device {device}: {message}")]
-    Device {
-        /// Device ordinal.
-        device: u32,
-        /// What it said.
-        message: String,
-    },
-}
+use crate::recorder::{AllocError, Recorder, Stats};
 
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
 pub struct DumpError(#[from] snapdiff_format::Error);
-
-/// Allocator statistics, with PyTorch's meanings.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Bytes of allocated blocks (rounded sizes, with any unsplit slack).
-    pub allocated_bytes: u64,
-    /// Bytes of active blocks; equal to `allocated_bytes` here, since blocks
-    /// are reusable as soon as they are freed.
-    pub active_bytes: u64,
-    /// Bytes the program asked for, over allocated blocks.
-    pub requested_bytes: u64,
-    /// Bytes held in segments.
-    pub reserved_bytes: u64,
-    /// The most `allocated_bytes` has been.
-    pub peak_allocated_bytes: u64,
-    /// The most `reserved_bytes` has been.
-    pub peak_reserved_bytes: u64,
-    /// Allocated blocks.
-    pub blocks: u64,
-    /// Segments held.
-    pub segments: u64,
-    /// Allocations served, in all.
-    pub allocations: u64,
-    /// Frees, in all.
-    pub frees: u64,
-    /// Times the cache was released to retry a failed segment allocation.
-    pub alloc_retries: u64,
-    /// Allocations that failed for lack of memory.
-    pub ooms: u64,
-}
-
-/// Everything behind the allocator's lock.
-struct State {
-    caching: Caching,
-    stacks: StackTable,
-    trace: TraceRing,
-    stats: Stats,
-    step: Option<u64>,
-    /// The last allocation sequence number handed out.
-    next_seq: u64,
-}
-
-pub(crate) struct Inner {
-    backend: Box<dyn Backend>,
-    pub(crate) config: AllocatorConfig,
-    device: DeviceDesc,
-    state: Mutex<State>,
-    symbolizer: Mutex<Symbolizer>,
-    /// Sequence number of the next automatic dump.
-    pub(crate) dump_seq: AtomicU64,
-    /// Whether the exit dump was written.
-    pub(crate) exit_dumped: AtomicBool,
-}
 
 /// A caching allocator that records every block it hands out.
 ///
@@ -112,13 +23,13 @@ pub(crate) struct Inner {
 /// documentation for an example.
 #[derive(Clone)]
 pub struct Allocator {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) recorder: Arc<Recorder>,
 }
 
 impl std::fmt::Debug for Allocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Allocator")
-            .field("device", &self.inner.device)
+            .field("device", &self.recorder.device)
             .field("stats", &self.stats())
             .finish()
     }
@@ -129,7 +40,7 @@ impl std::fmt::Debug for Allocator {
 /// Keeping a buffer alive keeps its memory: a leak in a Rust training loop is
 /// what it is in PyTorch, a handle kept in a list, a cache or a graph.
 pub struct DeviceBuffer {
-    inner: Arc<Inner>,
+    recorder: Arc<Recorder>,
     block: BlockIdx,
     address: u64,
     len: u64,
@@ -146,18 +57,6 @@ impl std::fmt::Debug for DeviceBuffer {
     }
 }
 
-thread_local! {
-    /// Return addresses of the stack being captured (reused to avoid allocating).
-    static SCRATCH: RefCell<Vec<usize>> = RefCell::new(Vec::with_capacity(stacks::MAX_FRAMES));
-}
-
-/// Allocators created so far: the high bits of each one's allocation
-/// sequence numbers, so that they are unique within the process.
-static NEXT_ALLOCATOR: AtomicU64 = AtomicU64::new(1);
-
-/// Allocation sequence numbers: 24 bits of allocator, 40 of count.
-const SEQ_ALLOCATOR_SHIFT: u32 = 40;
-
 impl Allocator {
     /// An allocator over `backend`, configured by [`AllocatorConfig::from_env`]:
     /// stacks on, and whatever `snapdiff capture` asks for.
@@ -167,40 +66,19 @@ impl Allocator {
 
     /// An allocator over `backend` with `config` as given.
     pub fn with_config(backend: impl Backend, config: AllocatorConfig) -> Allocator {
-        let device = backend.device();
-        let state = State {
-            caching: Caching::default(),
-            stacks: StackTable::default(),
-            trace: TraceRing::new(config.trace_entries),
-            stats: Stats::default(),
-            step: None,
-            next_seq: NEXT_ALLOCATOR.fetch_add(1, Ordering::Relaxed) << SEQ_ALLOCATOR_SHIFT,
-        };
-        let inner = Arc::new(Inner {
-            backend: Box::new(backend),
-            config,
-            device,
-            state: Mutex::new(state),
-            symbolizer: Mutex::new(Symbolizer::default()),
-            dump_seq: AtomicU64::new(0),
-            exit_dumped: AtomicBool::new(false),
-        });
-        dumps::register(&inner);
-        Allocator { inner }
+        let recorder = Arc::new(Recorder::new(Box::new(backend), config));
+        dumps::register(&recorder);
+        Allocator { recorder }
     }
 
     /// The device this allocator serves.
     pub fn device(&self) -> &DeviceDesc {
-        &self.inner.device
+        &self.recorder.device
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &AllocatorConfig {
-        &self.inner.config
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.inner.state()
+        &self.recorder.config
     }
 
     /// Allocates `size` bytes for `stream`.
@@ -210,146 +88,31 @@ impl Allocator {
     /// [`AllocError::OutOfMemory`] when the device is full even after the
     /// cache is released (a snapshot is dumped first when dumps are on).
     pub fn alloc(&self, size: usize, stream: Stream) -> Result<DeviceBuffer, AllocError> {
-        let requested = size as u64;
-        let config = &self.inner.config;
-        let (mut state, stack) = if config.record_stacks {
-            // Capture before taking the lock; only interning needs it.
-            let mut ips = SCRATCH.with_borrow_mut(std::mem::take);
-            stacks::capture(config.stack_capture, &mut ips);
-            let mut state = self.state();
-            let stack = state.stacks.intern(&ips);
-            SCRATCH.set(ips);
-            (state, Some(stack))
-        } else {
-            (self.state(), None)
-        };
-        let rounded = caching::round_size(requested);
-        let pool = caching::pool_of(rounded);
-        let tracing = state.trace.enabled();
-        let time_us = if tracing { now_us() } else { 0 };
-        let idx = match state.caching.find_free(pool, stream, rounded) {
-            Some(idx) => idx,
-            None => match self.new_segment(&mut state, rounded, stream, stack, time_us) {
-                Ok(idx) => idx,
-                Err(e) => {
-                    drop(state);
-                    if let AllocError::OutOfMemory { .. } = e {
-                        dumps::auto_dump(&self.inner, "oom", self.inner.config.dump_on_oom);
-                    }
-                    return Err(e);
-                }
-            },
-        };
-        state.next_seq += 1;
-        let seq = state.next_seq;
-        state.caching.allocate(idx, rounded, requested, stack, seq);
-        let (address, size) = {
-            let b = state.caching.block(idx);
-            (b.address, b.size)
-        };
-        let s = &mut state.stats;
-        s.allocated_bytes += size;
-        s.active_bytes += size;
-        s.requested_bytes += requested;
-        s.peak_allocated_bytes = s.peak_allocated_bytes.max(s.allocated_bytes);
-        s.blocks += 1;
-        s.allocations += 1;
-        if tracing {
-            state.trace.push(RawEvent::new(
-                RawAction::Alloc,
+        match self.recorder.alloc(size, stream) {
+            Ok((block, address)) => Ok(DeviceBuffer {
+                recorder: self.recorder.clone(),
+                block,
                 address,
-                requested,
-                stream.0,
-                time_us,
-                stack,
-                Some(seq),
-            ));
-        }
-        drop(state);
-        Ok(DeviceBuffer {
-            inner: self.inner.clone(),
-            block: idx,
-            address,
-            len: requested,
-            stream,
-        })
-    }
-
-    /// Obtains a segment for a rounded request, releasing the cache and
-    /// retrying once if the device is full.
-    fn new_segment(
-        &self,
-        state: &mut State,
-        rounded: u64,
-        stream: Stream,
-        stack: Option<RawStackId>,
-        time_us: i64,
-    ) -> Result<BlockIdx, AllocError> {
-        let size = caching::segment_size(rounded);
-        let pool = caching::pool_of(rounded);
-        let backend = &self.inner.backend;
-        let mut result = backend.allocate(size, stream);
-        if result == Err(BackendError::OutOfMemory) {
-            state.stats.alloc_retries += 1;
-            self.inner.release_cache(state, time_us);
-            result = backend.allocate(size, stream);
-        }
-        let device = self.inner.device.ordinal;
-        match result {
-            Ok(address) => {
-                state.stats.reserved_bytes += size;
-                state.stats.peak_reserved_bytes = state
-                    .stats
-                    .peak_reserved_bytes
-                    .max(state.stats.reserved_bytes);
-                state.stats.segments += 1;
-                state.trace.push(RawEvent::new(
-                    RawAction::SegmentAlloc,
-                    address,
-                    size,
-                    stream.0,
-                    time_us,
-                    stack,
-                    None,
-                ));
-                Ok(state
-                    .caching
-                    .add_segment(address, size, stream, pool, stack))
+                len: size as u64,
+                stream,
+            }),
+            Err(e) => {
+                if let AllocError::OutOfMemory { .. } = e {
+                    dumps::auto_dump(&self.recorder, "oom", self.recorder.config.dump_on_oom);
+                }
+                Err(e)
             }
-            Err(BackendError::OutOfMemory) => {
-                state.stats.ooms += 1;
-                let device_free = backend.memory_info().free;
-                state.trace.push(RawEvent::new(
-                    RawAction::Oom,
-                    device_free,
-                    rounded,
-                    stream.0,
-                    time_us,
-                    stack,
-                    None,
-                ));
-                Err(AllocError::OutOfMemory {
-                    device,
-                    requested: rounded,
-                    reserved: state.stats.reserved_bytes,
-                    allocated: state.stats.allocated_bytes,
-                    device_free,
-                })
-            }
-            Err(BackendError::Device(message)) => Err(AllocError::Device { device, message }),
         }
     }
 
     /// Returns every cached segment that holds no allocation to the device.
     pub fn empty_cache(&self) {
-        let mut state = self.state();
-        let now = if state.trace.enabled() { now_us() } else { 0 };
-        self.inner.release_cache(&mut state, now);
+        self.recorder.empty_cache();
     }
 
     /// The current statistics.
     pub fn stats(&self) -> Stats {
-        self.state().stats
+        self.recorder.stats()
     }
 
     /// Marks the start of training step `step`: recorded in the trace (where
@@ -357,31 +120,18 @@ impl Allocator {
     /// snapshot when dumps every N steps are configured and `step` is a
     /// multiple of N.
     pub fn mark_step(&self, step: u64) {
-        {
-            let mut state = self.state();
-            state.step = Some(step);
-            let time_us = now_us();
-            state.trace.push(RawEvent::new(
-                RawAction::Step,
-                0,
-                step,
-                0,
-                time_us,
-                None,
-                None,
-            ));
-        }
-        if let Some(every) = self.inner.config.dump_every_steps
+        self.recorder.mark_step(step);
+        if let Some(every) = self.recorder.config.dump_every_steps
             && step.is_multiple_of(every)
         {
-            dumps::auto_dump(&self.inner, &format!("step-{step:06}"), true);
+            dumps::auto_dump(&self.recorder, &format!("step-{step:06}"), true);
         }
     }
 
     /// A snapshot of every segment, block and recorded event, consistent at
     /// one moment even while other threads allocate.
     pub fn snapshot(&self) -> Snapshot {
-        self.inner.snapshot()
+        self.recorder.snapshot()
     }
 
     /// Writes a snapshot to `path` (`.snap` or `.json`), atomically.
@@ -393,281 +143,6 @@ impl Allocator {
         let snap = self.snapshot();
         snapdiff_format::write_path(path, &snap, snapdiff_format::Existing::Replace)?;
         Ok(())
-    }
-}
-
-/// A block copied out of the allocator for a snapshot.
-struct BlockCopy {
-    address: u64,
-    size: u64,
-    requested: u64,
-    allocated: bool,
-    stack: Option<RawStackId>,
-    seq: u64,
-}
-
-impl Inner {
-    pub(crate) fn device_ordinal(&self) -> u32 {
-        self.device.ordinal
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the books half-written
-        // in a way later calls would trip over, so recover from poisoning.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn release_cache(&self, state: &mut State, time_us: i64) {
-        for (address, size, stream) in state.caching.release_free_segments(None) {
-            self.backend.free(address, size, stream);
-            state.stats.reserved_bytes -= size;
-            state.stats.segments -= 1;
-            state.trace.push(RawEvent::new(
-                RawAction::SegmentFree,
-                address,
-                size,
-                stream.0,
-                time_us,
-                None,
-                None,
-            ));
-        }
-    }
-
-    fn free(&self, block: BlockIdx, stream: Stream) {
-        let mut state = self.state();
-        let (address, size, requested, stack, seq) = {
-            let b = state.caching.block(block);
-            (b.address, b.size, b.requested, b.stack, b.seq)
-        };
-        state.caching.free(block);
-        let s = &mut state.stats;
-        s.allocated_bytes -= size;
-        s.active_bytes -= size;
-        s.requested_bytes -= requested;
-        s.blocks -= 1;
-        s.frees += 1;
-        if state.trace.enabled() {
-            let time_us = now_us();
-            // Like PyTorch with `context="alloc"`, frees carry the allocation's stack.
-            state.trace.push(RawEvent::new(
-                RawAction::Free,
-                address,
-                requested,
-                stream.0,
-                time_us,
-                stack,
-                Some(seq),
-            ));
-        }
-    }
-
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        // Copy under the lock; symbolize after releasing it.
-        let (segments, events, raw_stacks, stats, step) = {
-            let mut state = self.state();
-            let mut segments = Vec::with_capacity(state.caching.segments.len());
-            for (&address, seg) in &state.caching.segments {
-                let blocks: Vec<BlockCopy> = state
-                    .caching
-                    .segment_blocks(seg)
-                    .map(|b| BlockCopy {
-                        address: b.address,
-                        size: b.size,
-                        requested: b.requested,
-                        allocated: b.allocated,
-                        stack: b.stack,
-                        seq: b.seq,
-                    })
-                    .collect();
-                segments.push((address, seg.clone(), blocks));
-            }
-            let events: Vec<RawEvent> = state.trace.events().cloned().collect();
-            let mut used: Vec<RawStackId> = segments
-                .iter()
-                .flat_map(|(_, s, blocks)| {
-                    s.stack
-                        .into_iter()
-                        .chain(blocks.iter().filter_map(|b| b.stack))
-                })
-                .chain(events.iter().filter_map(RawEvent::stack))
-                .collect();
-            used.sort_unstable();
-            used.dedup();
-            let raw_stacks: FxHashMap<RawStackId, Vec<usize>> = used
-                .into_iter()
-                .map(|id| (id, state.stacks.get(id).to_vec()))
-                .collect();
-            let stats = state.stats;
-            let step = state.step;
-            // Mark where this snapshot was taken, as PyTorch does, for later snapshots' traces.
-            if state.trace.enabled() {
-                state.trace.push(RawEvent::new(
-                    RawAction::Snapshot,
-                    0,
-                    stats.active_bytes,
-                    0,
-                    now_us(),
-                    None,
-                    None,
-                ));
-            }
-            (segments, events, raw_stacks, stats, step)
-        };
-
-        let mut builder = SnapshotBuilder::default();
-        {
-            let mut symbolizer = self.symbolizer.lock().unwrap_or_else(|e| e.into_inner());
-            let mut ids: Vec<&RawStackId> = raw_stacks.keys().collect();
-            ids.sort_unstable();
-            for &id in ids {
-                builder.add_stack(id, &raw_stacks[&id], &mut symbolizer);
-            }
-        }
-        let device = self.device.ordinal;
-        let mut snap = Snapshot {
-            meta: Meta {
-                producer: Meta::PRODUCER_RUNTIME.to_owned(),
-                source: None,
-                created_us: Some(now_us()),
-                pid: Some(std::process::id()),
-                host: Some(dumps::host_name()),
-                run_id: Some(dumps::run_id().to_owned()),
-                label: self.config.label.clone(),
-                step,
-                devices: vec![DeviceInfo {
-                    ordinal: device,
-                    name: self.device.name.clone(),
-                    total_memory: Some(self.backend.memory_info().total),
-                }],
-                extra: vec![],
-            },
-            ..Snapshot::default()
-        };
-        for (address, seg, blocks) in segments {
-            let blocks: Vec<Block> = blocks
-                .into_iter()
-                .map(|b| Block {
-                    address: b.address,
-                    size: b.size,
-                    requested_size: b.requested,
-                    state: if b.allocated {
-                        BlockState::ActiveAllocated
-                    } else {
-                        BlockState::Inactive
-                    },
-                    stack: b.stack.and_then(|s| builder.stack(s)),
-                    alloc_seq: b.allocated.then_some(b.seq),
-                    history: vec![],
-                    extra: vec![],
-                })
-                .collect();
-            let allocated: u64 = blocks
-                .iter()
-                .filter(|b| b.state.is_active())
-                .map(|b| b.size)
-                .sum();
-            let requested: u64 = blocks
-                .iter()
-                .filter(|b| b.state.is_active())
-                .map(|b| b.requested_size)
-                .sum();
-            snap.segments.push(Segment {
-                device,
-                address,
-                total_size: seg.size,
-                stream: seg.stream.0 as i64,
-                pool: seg.pool,
-                pool_id: (0, 0),
-                is_expandable: false,
-                stack: seg.stack.and_then(|s| builder.stack(s)),
-                blocks,
-                allocated_size: Some(allocated),
-                active_size: Some(allocated),
-                requested_size: Some(requested),
-                extra: vec![],
-            });
-        }
-        debug_assert_eq!(snap.totals().allocated_bytes, stats.allocated_bytes);
-        if !events.is_empty() || self.config.trace_entries > 0 {
-            let events = events
-                .iter()
-                .flat_map(|e| e.action.actions().iter().map(move |a| (a, e)))
-                .map(|(action, e)| {
-                    let (address, device_free) = e.address_and_device_free();
-                    TraceEvent {
-                        action: action.clone(),
-                        address,
-                        size: e.size,
-                        stream: e.stream as i64,
-                        time_us: Some(e.time_us),
-                        stack: e.stack().and_then(|s| builder.stack(s)),
-                        compile_context: None,
-                        user_metadata: None,
-                        alloc_seq: e.seq(),
-                        details: device_free.map(|f| {
-                            Box::new(snapdiff_format::EventDetails {
-                                device_free: Some(f),
-                                ..Default::default()
-                            })
-                        }),
-                    }
-                })
-                .collect();
-            snap.traces.push(DeviceTrace { device, events });
-        }
-        (snap.frames, snap.stacks) = builder.finish();
-        snap.sort_frames();
-        snap
-    }
-}
-
-/// Turns interned return-address stacks into the snapshot's frame and stack tables.
-#[derive(Default)]
-struct SnapshotBuilder {
-    frames: Vec<Frame>,
-    frame_ids: FxHashMap<Frame, u32>,
-    stacks: Vec<Vec<u32>>,
-    stack_ids: FxHashMap<Vec<u32>, StackId>,
-    by_raw: FxHashMap<RawStackId, Option<StackId>>,
-}
-
-impl SnapshotBuilder {
-    fn add_stack(&mut self, raw: RawStackId, ips: &[usize], symbolizer: &mut Symbolizer) {
-        let mut ids = Vec::with_capacity(ips.len());
-        for &ip in ips {
-            for frame in symbolizer.frames(ip) {
-                let id = match self.frame_ids.get(frame) {
-                    Some(&id) => id,
-                    None => {
-                        let id = self.frames.len() as u32;
-                        self.frames.push(frame.clone());
-                        self.frame_ids.insert(frame.clone(), id);
-                        id
-                    }
-                };
-                ids.push(id);
-            }
-        }
-        let stack = if ids.is_empty() {
-            None
-        } else {
-            let next = self.stacks.len() as StackId;
-            let id = *self.stack_ids.entry(ids.clone()).or_insert(next);
-            if id == next {
-                self.stacks.push(ids);
-            }
-            Some(id)
-        };
-        self.by_raw.insert(raw, stack);
-    }
-
-    fn stack(&self, raw: RawStackId) -> Option<StackId> {
-        self.by_raw.get(&raw).copied().flatten()
-    }
-
-    fn finish(self) -> (Vec<Frame>, Vec<Vec<u32>>) {
-        (self.frames, self.stacks)
     }
 }
 
@@ -695,7 +170,7 @@ impl DeviceBuffer {
     /// The bytes, when the host can reach them (the host backend); `None`
     /// for GPU memory.
     pub fn as_host_slice(&self) -> Option<&[u8]> {
-        let ptr = self.inner.backend.host_pointer(self.address)?;
+        let ptr = self.recorder.backend.host_pointer(self.address)?;
         // SAFETY: the block is this buffer's alone until it is dropped, and
         // the host backend's memory is initialized (allocated zeroed).
         Some(unsafe { std::slice::from_raw_parts(ptr, self.len as usize) })
@@ -703,7 +178,7 @@ impl DeviceBuffer {
 
     /// The bytes, writable, when the host can reach them; `None` for GPU memory.
     pub fn as_host_slice_mut(&mut self) -> Option<&mut [u8]> {
-        let ptr = self.inner.backend.host_pointer(self.address)?;
+        let ptr = self.recorder.backend.host_pointer(self.address)?;
         // SAFETY: as above, and `&mut self` makes this the only view.
         Some(unsafe { std::slice::from_raw_parts_mut(ptr, self.len as usize) })
     }
@@ -711,6 +186,6 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        self.inner.free(self.block, self.stream);
+        self.recorder.free(self.block, self.stream);
     }
 }

@@ -6,23 +6,23 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Once, Weak};
 
-use crate::allocator::Inner;
+use crate::recorder::Recorder;
 
 /// Allocators that dump automatically, for the exit and signal handlers.
-static REGISTRY: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+static REGISTRY: Mutex<Vec<Weak<Recorder>>> = Mutex::new(Vec::new());
 
 /// Starts automatic dumps for a new allocator, if its configuration asks for them.
-pub(crate) fn register(inner: &Arc<Inner>) {
-    let config = &inner.config;
+pub(crate) fn register(recorder: &Arc<Recorder>) {
+    let config = &recorder.config;
     if config.dump_dir.is_none() {
         return;
     }
     {
         let mut registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
         registry.retain(|w| w.strong_count() > 0);
-        registry.push(Arc::downgrade(inner));
+        registry.push(Arc::downgrade(recorder));
     }
     if config.dump_on_exit {
         static AT_EXIT: Once = Once::new();
@@ -35,14 +35,14 @@ pub(crate) fn register(inner: &Arc<Inner>) {
         start_signal_thread();
     }
     if let Some(interval) = config.dump_interval {
-        let weak = Arc::downgrade(inner);
+        let weak = Arc::downgrade(recorder);
         let spawned = std::thread::Builder::new()
             .name("snapdiff-interval".into())
             .spawn(move || {
                 loop {
                     std::thread::sleep(interval);
                     match weak.upgrade() {
-                        Some(inner) => auto_dump(&inner, "interval", true),
+                        Some(recorder) => auto_dump(&recorder, "interval", true),
                         None => break,
                     }
                 }
@@ -55,27 +55,27 @@ pub(crate) fn register(inner: &Arc<Inner>) {
 
 /// Writes a snapshot into the dump folder, named after the process, the
 /// device, a sequence number and `reason`, if dumps are on and `enabled`.
-pub(crate) fn auto_dump(inner: &Inner, reason: &str, enabled: bool) {
-    let Some(dir) = inner.config.dump_dir.as_ref().filter(|_| enabled) else {
+pub(crate) fn auto_dump(recorder: &Recorder, reason: &str, enabled: bool) {
+    let Some(dir) = recorder.config.dump_dir.as_ref().filter(|_| enabled) else {
         return;
     };
-    let seq = inner.dump_seq.fetch_add(1, Ordering::Relaxed);
+    let seq = recorder.dump_seq.fetch_add(1, Ordering::Relaxed);
     let name = format!(
         "snapdiff-{}-dev{}-{seq:04}-{reason}.snap",
         std::process::id(),
-        inner.device_ordinal()
+        recorder.device_ordinal()
     );
     let path: PathBuf = dir.join(name);
-    let snap = inner.snapshot();
+    let snap = recorder.snapshot();
     if let Err(e) = snapdiff_format::write_path(&path, &snap, snapdiff_format::Existing::Keep) {
         eprintln!("snapdiff-runtime: cannot write snapshot: {e}");
     }
 }
 
-/// The exit dump of `inner`, at most once.
-fn exit_dump(inner: &Inner) {
-    if inner.config.dump_on_exit && !inner.exit_dumped.swap(true, Ordering::AcqRel) {
-        auto_dump(inner, "exit", true);
+/// The exit dump of `recorder`, at most once.
+fn exit_dump(recorder: &Recorder) {
+    if recorder.config.dump_on_exit && !recorder.exit_dumped.swap(true, Ordering::AcqRel) {
+        auto_dump(recorder, "exit", true);
     }
 }
 
@@ -84,10 +84,10 @@ extern "C" fn dump_all_at_exit() {
     let Ok(registry) = REGISTRY.try_lock() else {
         return;
     };
-    let live: Vec<Arc<Inner>> = registry.iter().filter_map(Weak::upgrade).collect();
+    let live: Vec<Arc<Recorder>> = registry.iter().filter_map(Weak::upgrade).collect();
     drop(registry);
-    for inner in &live {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exit_dump(inner)));
+    for recorder in &live {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exit_dump(recorder)));
     }
 }
 
@@ -107,12 +107,12 @@ fn start_signal_thread() {
             .spawn(move || {
                 let mut signals = signals;
                 for _ in signals.forever() {
-                    let live: Vec<Arc<Inner>> = {
+                    let live: Vec<Arc<Recorder>> = {
                         let registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
                         registry.iter().filter_map(Weak::upgrade).collect()
                     };
-                    for inner in &live {
-                        auto_dump(inner, "signal", inner.config.dump_on_signal);
+                    for recorder in &live {
+                        auto_dump(recorder, "signal", recorder.config.dump_on_signal);
                     }
                 }
             });
@@ -124,34 +124,3 @@ fn start_signal_thread() {
 
 #[cfg(not(unix))]
 fn start_signal_thread() {}
-
-/// This machine's name.
-pub(crate) fn host_name() -> String {
-    static HOST: OnceLock<String> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let mut buf = [0u8; 256];
-        // SAFETY: the buffer is writable for its length.
-        let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        if ok {
-            String::from_utf8_lossy(&buf[..end]).into_owned()
-        } else {
-            "unknown".to_owned()
-        }
-    })
-    .clone()
-}
-
-/// Identifies this run of this process: snapshots with the same run id can
-/// match blocks by allocation sequence number.
-pub(crate) fn run_id() -> &'static str {
-    static RUN: OnceLock<String> = OnceLock::new();
-    RUN.get_or_init(|| {
-        format!(
-            "{}-{}-{}",
-            host_name(),
-            std::process::id(),
-            crate::trace::now_us()
-        )
-    })
-}

@@ -34,13 +34,15 @@ pub mod config;
 mod cuda;
 mod dumps;
 mod host;
+mod recorder;
 mod stacks;
 mod trace;
 
-pub use crate::allocator::{AllocError, Allocator, DeviceBuffer, DumpError, Stats};
+pub use crate::allocator::{Allocator, DeviceBuffer, DumpError};
 pub use crate::backend::{Backend, BackendError, DeviceDesc, MemoryInfo, Stream};
 pub use crate::config::AllocatorConfig;
 pub use crate::cuda::{CudaBackend, CudaError};
 pub use crate::host::HostBackend;
+pub use crate::recorder::{AllocError, Stats};
 pub use crate::stacks::StackCapture;
 pub use snapdiff_format::Snapshot;

@@ -19,7 +19,10 @@ use crate::intern::Interner;
 use crate::model::{
     Action, Block, BlockState, Frame, FrameId, HistoryEntry, StackId, StrId, TraceEvent,
 };
-use crate::pickle::machine::{Container, Heap, Key, Record, Val};
+use crate::pickle::heap::{
+    Container, Failure, Heap, Key, Record, Val, at, describe, entries, i64_of, index, int, items,
+    key_text, missing, pair_of, str_handle, str_of, u64_of,
+};
 use crate::value::Value;
 
 /// No text id yet, in [`Lowerer::text_ids`].
@@ -30,10 +33,6 @@ const MAX_RESERVED_INDEX: usize = 4096;
 
 /// How deep generic values (settings, unknown keys) may nest.
 const MAX_DEPTH: usize = 64;
-
-/// A conversion failure: the message, and the path inside the record where
-/// it happened, innermost last (joined by the caller).
-pub(crate) type Failure = String;
 
 /// Typed records lowered so far, and the interning tables behind them.
 #[derive(Default)]
@@ -156,171 +155,6 @@ fn shape(heap: &Heap, entries: &[[Val; 2]]) -> Shape {
     } else {
         Shape::Other
     }
-}
-
-/// Describes a value's type for messages ("expected an integer, found a string").
-pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
-    match v {
-        Val::Unset => "nothing",
-        Val::None => "None",
-        Val::Bool(_) => "a boolean",
-        Val::Int(_) | Val::Big(_) => "an integer",
-        Val::Float(_) => "a float",
-        Val::Str(_) => "a string",
-        Val::Bytes(_) => "bytes",
-        Val::Frame(_) => "a frame dict",
-        Val::Obj(id) => match heap.containers[id as usize] {
-            Container::List(_) => "a list",
-            Container::Stack(_) => "a list of frames",
-            Container::Tuple(_) => "a tuple",
-            Container::Set(_) => "a set",
-            Container::Dict(_) => "a dict",
-            Container::Frame(_) => "a frame dict",
-            Container::Event(_) => "a trace event dict",
-            Container::Block(_) => "a block dict",
-        },
-    }
-}
-
-pub(crate) fn int(heap: &Heap, v: Val) -> Result<i128, Failure> {
-    match v {
-        Val::Int(i) => Ok(i.into()),
-        Val::Big(b) => Ok(heap.bigs[b as usize]),
-        other => Err(format!(
-            "expected an integer, found {}",
-            describe(heap, other)
-        )),
-    }
-}
-
-pub(crate) fn u64_of(heap: &Heap, v: Val) -> Result<u64, Failure> {
-    if let Val::Int(i @ 0..) = v {
-        return Ok(i as u64);
-    }
-    let i = int(heap, v)?;
-    u64::try_from(i).map_err(|_| format!("expected an integer from 0 to 2^64-1, found {i}"))
-}
-
-pub(crate) fn i64_of(heap: &Heap, v: Val) -> Result<i64, Failure> {
-    if let Val::Int(i) = v {
-        return Ok(i);
-    }
-    let i = int(heap, v)?;
-    i64::try_from(i).map_err(|_| format!("integer {i} does not fit in 64 bits"))
-}
-
-pub(crate) fn u32_of(heap: &Heap, v: Val) -> Result<u32, Failure> {
-    let i = int(heap, v)?;
-    u32::try_from(i).map_err(|_| format!("expected an integer from 0 to 2^32-1, found {i}"))
-}
-
-pub(crate) fn str_of<'h>(heap: &'h Heap, v: Val) -> Result<&'h str, Failure> {
-    match v {
-        Val::Str(id) => Ok(heap.str(id)),
-        other => Err(format!(
-            "expected a string, found {}",
-            describe(heap, other)
-        )),
-    }
-}
-
-/// The heap handle of a string value.
-fn str_handle(heap: &Heap, v: Val) -> Result<u32, Failure> {
-    match v {
-        Val::Str(id) => Ok(id),
-        other => Err(format!(
-            "expected a string, found {}",
-            describe(heap, other)
-        )),
-    }
-}
-
-pub(crate) fn bool_of(heap: &Heap, v: Val) -> Result<bool, Failure> {
-    match v {
-        Val::Bool(b) => Ok(b),
-        Val::Int(0) => Ok(false),
-        Val::Int(1) => Ok(true),
-        other => Err(format!(
-            "expected a boolean, found {}",
-            describe(heap, other)
-        )),
-    }
-}
-
-/// The items of a list or tuple.
-pub(crate) fn items<'h>(heap: &'h Heap, v: Val) -> Result<&'h [Val], Failure> {
-    match v {
-        Val::Obj(id) => match &heap.containers[id as usize] {
-            Container::List(items) | Container::Tuple(items) => Ok(items),
-            _ => Err(format!("expected a list, found {}", describe(heap, v))),
-        },
-        other => Err(format!("expected a list, found {}", describe(heap, other))),
-    }
-}
-
-/// The entries of a generic dict.
-pub(crate) fn entries<'h>(heap: &'h Heap, v: Val) -> Result<&'h [[Val; 2]], Failure> {
-    match v {
-        Val::Obj(id) => match &heap.containers[id as usize] {
-            Container::Dict(entries) => Ok(entries),
-            _ => Err(format!("expected a dict, found {}", describe(heap, v))),
-        },
-        other => Err(format!("expected a dict, found {}", describe(heap, other))),
-    }
-}
-
-pub(crate) fn pair_of(heap: &Heap, v: Val) -> Result<(i64, i64), Failure> {
-    match items(heap, v)? {
-        [a, b] => Ok((i64_of(heap, *a)?, i64_of(heap, *b)?)),
-        other => Err(format!(
-            "expected a pair of integers, found {} items",
-            other.len()
-        )),
-    }
-}
-
-/// The text form of a dict key; snapshots only use string keys.
-pub(crate) fn key_text(heap: &Heap, k: Val) -> String {
-    match k {
-        Val::Str(id) => heap.str(id).to_owned(),
-        Val::Int(i) => i.to_string(),
-        Val::Big(b) => heap.bigs[b as usize].to_string(),
-        Val::Bool(b) => if b { "True" } else { "False" }.to_owned(),
-        Val::None => "None".to_owned(),
-        Val::Float(f) => f.to_string(),
-        other => format!("<{}>", describe(heap, other)),
-    }
-}
-
-/// Prefixes a failure with the field it happened in.
-pub(crate) fn at(field: &str, f: Failure) -> Failure {
-    if f.starts_with(['[', '.', ':']) {
-        format!(".{field}{f}")
-    } else {
-        format!(".{field}: {f}")
-    }
-}
-
-/// Prefixes a failure with the list index it happened at.
-pub(crate) fn index(i: usize, f: Failure) -> Failure {
-    if f.starts_with(['[', '.', ':']) {
-        format!("[{i}]{f}")
-    } else {
-        format!("[{i}]: {f}")
-    }
-}
-
-/// Makes a leaf failure into a path failure at the current position.
-pub(crate) fn here(f: Failure) -> Failure {
-    if f.starts_with(['[', '.', ':']) {
-        f
-    } else {
-        format!(": {f}")
-    }
-}
-
-fn missing(field: &str) -> Failure {
-    format!(": missing '{field}'")
 }
 
 impl Lowerer {

@@ -22,214 +22,16 @@ use hashbrown::HashTable;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{FrameId, StackId};
+use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, Record, Val};
 use crate::pickle::lower::Lowerer;
-
-/// A handle to a value on the stack, in the memo or inside a container.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Val {
-    /// A memo slot that was never written.
-    Unset,
-    None,
-    Bool(bool),
-    Int(i64),
-    /// An integer wider than 64 bits: index into [`Heap::bigs`].
-    Big(u32),
-    Float(f64),
-    /// Index into [`Heap::strings`].
-    Str(u32),
-    /// Index into [`Heap::bytes`].
-    Bytes(u32),
-    /// Index into [`Heap::containers`]; lists, tuples, sets and dicts.
-    Obj(u32),
-    /// A frame dict already lowered: the frame's id in the lowerer's table.
-    /// Stands in for the dict's [`Val::Obj`] on the stack and in the memo, so
-    /// that the frame lists referring to it need not look the dict up.
-    Frame(u32),
-}
-
-/// A container, or the typed record a completed dict was lowered to.
-#[derive(Debug)]
-pub(crate) enum Container {
-    List(Vec<Val>),
-    Tuple(Vec<Val>),
-    Set(Vec<Val>),
-    Dict(Vec<[Val; 2]>),
-    /// A frame dict, now an index into the lowerer's frame table.
-    Frame(u32),
-    /// A list of frame dicts, now an index into the lowerer's stack table.
-    Stack(u32),
-    /// A trace-event dict, now an index into the lowerer's event store.
-    Event(u32),
-    /// A block dict, now an index into the lowerer's block store.
-    Block(u32),
-}
-
-/// A typed record that a container was lowered to; see [`Heap::settle`].
-#[derive(Clone, Copy)]
-pub(crate) enum Record {
-    Frame(u32),
-    Stack(u32),
-    Event(u32),
-    Block(u32),
-}
-
-/// The dict keys of PyTorch's schema, recognised once per string so that
-/// records are matched by a byte compare rather than a string compare.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Key {
-    Other,
-    Action,
-    Addr,
-    Address,
-    Blocks,
-    CompileContext,
-    DeviceFree,
-    Filename,
-    Frames,
-    History,
-    Line,
-    Name,
-    PoolId,
-    RealSize,
-    RequestedSize,
-    Size,
-    State,
-    Stream,
-    TimeUs,
-    UserMetadata,
-}
-
-impl Key {
-    fn classify(s: &str) -> Key {
-        match s {
-            "action" => Key::Action,
-            "addr" => Key::Addr,
-            "address" => Key::Address,
-            "blocks" => Key::Blocks,
-            "compile_context" => Key::CompileContext,
-            "device_free" => Key::DeviceFree,
-            "filename" => Key::Filename,
-            "frames" => Key::Frames,
-            "history" => Key::History,
-            "line" => Key::Line,
-            "name" => Key::Name,
-            "pool_id" => Key::PoolId,
-            "real_size" => Key::RealSize,
-            "requested_size" => Key::RequestedSize,
-            "size" => Key::Size,
-            "state" => Key::State,
-            "stream" => Key::Stream,
-            "time_us" => Key::TimeUs,
-            "user_metadata" => Key::UserMetadata,
-            _ => Key::Other,
-        }
-    }
-}
-
-/// The keys of a frame dict, in the order PyTorch writes them.
-const FRAME_KEYS: [Key; 3] = [Key::Name, Key::Filename, Key::Line];
-
-/// How many emptied dict and list vectors to keep for reuse.
-const MAX_SPARE: usize = 64;
-
-/// Storage behind [`Val`] handles.
-#[derive(Default)]
-pub(crate) struct Heap<'a> {
-    pub(crate) strings: Vec<Cow<'a, str>>,
-    /// The schema key each string spells, if any; parallel to `strings`.
-    keys: Vec<Key>,
-    /// Emptied entry vectors of lowered dicts, reused by the next EMPTY_DICT.
-    pub(crate) spare_dicts: Vec<Vec<[Val; 2]>>,
-    /// Emptied item vectors of lowered lists, reused by the next EMPTY_LIST.
-    pub(crate) spare_lists: Vec<Vec<Val>>,
-    pub(crate) bytes: Vec<&'a [u8]>,
-    pub(crate) bigs: Vec<i128>,
-    pub(crate) containers: Vec<Container>,
-}
-
-impl<'a> Heap<'a> {
-    pub(crate) fn str(&self, id: u32) -> &str {
-        &self.strings[id as usize]
-    }
-
-    /// The schema key that `k` spells, or [`Key::Other`].
-    pub(crate) fn key(&self, k: Val) -> Key {
-        match k {
-            Val::Str(id) => self.keys[id as usize],
-            _ => Key::Other,
-        }
-    }
-
-    /// Puts `record` in place of container `id`, which it was lowered from,
-    /// keeping the dict's or list's vector for the next EMPTY_DICT or
-    /// EMPTY_LIST.
-    ///
-    /// Takes the small [`Record`] rather than a [`Container`]: a container
-    /// built by the caller and copied in is read back by wide loads from
-    /// narrow stores, which stalls store forwarding on every lowered dict
-    /// (measured with `perf annotate`: a third of the caller's time).
-    pub(crate) fn settle(&mut self, id: u32, record: Record) {
-        let slot = &mut self.containers[id as usize];
-        match slot {
-            Container::Dict(entries) if self.spare_dicts.len() < MAX_SPARE => {
-                let mut spare = std::mem::take(entries);
-                spare.clear();
-                self.spare_dicts.push(spare);
-            }
-            Container::List(items) if self.spare_lists.len() < MAX_SPARE => {
-                let mut spare = std::mem::take(items);
-                spare.clear();
-                self.spare_lists.push(spare);
-            }
-            _ => {}
-        }
-        *slot = match record {
-            Record::Frame(i) => Container::Frame(i),
-            Record::Stack(i) => Container::Stack(i),
-            Record::Event(i) => Container::Event(i),
-            Record::Block(i) => Container::Block(i),
-        };
-    }
-
-    /// A new empty dict, on a spare vector when there is one.
-    fn new_dict(&mut self) -> u32 {
-        let entries = self.spare_dicts.pop().unwrap_or_default();
-        self.push_with(|| Container::Dict(entries))
-    }
-
-    /// A new empty list, on a spare vector when there is one.
-    fn new_list(&mut self) -> u32 {
-        let items = self.spare_lists.pop().unwrap_or_default();
-        self.push_with(|| Container::List(items))
-    }
-
-    /// Adds the container `make` returns; returns its id.
-    ///
-    /// Reserves room before the container exists, unlike `Vec::push`, whose
-    /// possible call to grow the vector makes the compiler build the
-    /// container on the stack with narrow stores and copy it in with wide
-    /// loads: a store-forwarding stall on each of the thousands of dicts and
-    /// lists in a snapshot (`perf annotate` put a tenth of the machine's time
-    /// on that copy).
-    #[inline(always)]
-    fn push_with(&mut self, make: impl FnOnce() -> Container) -> u32 {
-        let id = self.containers.len() as u32;
-        self.containers.extend(std::iter::once_with(make));
-        id
-    }
-
-    /// Adds container `c`, built by the caller (the rarer opcodes).
-    fn push(&mut self, c: Container) -> Val {
-        Val::Obj(self.push_with(|| c))
-    }
-}
+use crate::pickle::opcodes::{self, *};
 
 /// The memo index of the BINGET or LONG_BINGET at `pos`, and the position
 /// after it; `None` for any other opcode or a truncated one.
 fn memo_get_at(data: &[u8], pos: usize) -> Option<(usize, usize)> {
-    match data.get(pos)? {
-        b'h' => Some((usize::from(*data.get(pos + 1)?), pos + 2)),
-        b'j' => {
+    match *data.get(pos)? {
+        BINGET => Some((usize::from(*data.get(pos + 1)?), pos + 2)),
+        LONG_BINGET => {
             let index = data.get(pos + 1..pos + 5)?;
             let index = u32::from_le_bytes(index.try_into().expect("4 bytes"));
             Some((index as usize, pos + 5))
@@ -255,12 +57,12 @@ fn push_new(stack: &mut Vec<Val>, make: impl FnOnce() -> Val) {
 /// [`Lowerer`] does for frames it converts.
 fn line_at(data: &[u8], pos: usize) -> Option<(u32, usize)> {
     match *data.get(pos)? {
-        b'K' => Some((u32::from(*data.get(pos + 1)?), pos + 2)),
-        b'M' => {
+        BININT1 => Some((u32::from(*data.get(pos + 1)?), pos + 2)),
+        BININT2 => {
             let b = data.get(pos + 1..pos + 3)?;
             Some((u32::from(u16::from_le_bytes([b[0], b[1]])), pos + 3))
         }
-        b'J' => {
+        BININT => {
             let b = data.get(pos + 1..pos + 5)?;
             let n = i32::from_le_bytes(b.try_into().expect("4 bytes"));
             Some((n.max(0) as u32, pos + 5))
@@ -274,7 +76,7 @@ fn memo_gets_end(data: &[u8], pos: usize) -> usize {
     let mut rest = &data[pos..];
     loop {
         match rest {
-            [b'j', _, _, _, _, tail @ ..] | [b'h', _, tail @ ..] => rest = tail,
+            [LONG_BINGET, _, _, _, _, tail @ ..] | [BINGET, _, tail @ ..] => rest = tail,
             _ => return data.len() - rest.len(),
         }
     }
@@ -341,81 +143,6 @@ struct Machine<'a> {
     protocol: u8,
 }
 
-/// The opcode's name, for messages.
-fn opcode_name(op: u8) -> &'static str {
-    match op {
-        b'(' => "MARK",
-        b'.' => "STOP",
-        b'0' => "POP",
-        b'1' => "POP_MARK",
-        b'2' => "DUP",
-        b'F' => "FLOAT",
-        b'I' => "INT",
-        b'J' => "BININT",
-        b'K' => "BININT1",
-        b'L' => "LONG",
-        b'M' => "BININT2",
-        b'N' => "NONE",
-        b'P' => "PERSID",
-        b'Q' => "BINPERSID",
-        b'R' => "REDUCE",
-        b'S' => "STRING",
-        b'T' => "BINSTRING",
-        b'U' => "SHORT_BINSTRING",
-        b'V' => "UNICODE",
-        b'X' => "BINUNICODE",
-        b'a' => "APPEND",
-        b'b' => "BUILD",
-        b'c' => "GLOBAL",
-        b'd' => "DICT",
-        b'}' => "EMPTY_DICT",
-        b'e' => "APPENDS",
-        b'g' => "GET",
-        b'h' => "BINGET",
-        b'i' => "INST",
-        b'j' => "LONG_BINGET",
-        b'l' => "LIST",
-        b']' => "EMPTY_LIST",
-        b'o' => "OBJ",
-        b'p' => "PUT",
-        b'q' => "BINPUT",
-        b'r' => "LONG_BINPUT",
-        b's' => "SETITEM",
-        b't' => "TUPLE",
-        b')' => "EMPTY_TUPLE",
-        b'u' => "SETITEMS",
-        b'G' => "BINFLOAT",
-        b'B' => "BINBYTES",
-        b'C' => "SHORT_BINBYTES",
-        0x80 => "PROTO",
-        0x81 => "NEWOBJ",
-        0x82 => "EXT1",
-        0x83 => "EXT2",
-        0x84 => "EXT4",
-        0x85 => "TUPLE1",
-        0x86 => "TUPLE2",
-        0x87 => "TUPLE3",
-        0x88 => "NEWTRUE",
-        0x89 => "NEWFALSE",
-        0x8a => "LONG1",
-        0x8b => "LONG4",
-        0x8c => "SHORT_BINUNICODE",
-        0x8d => "BINUNICODE8",
-        0x8e => "BINBYTES8",
-        0x8f => "EMPTY_SET",
-        0x90 => "ADDITEMS",
-        0x91 => "FROZENSET",
-        0x92 => "NEWOBJ_EX",
-        0x93 => "STACK_GLOBAL",
-        0x94 => "MEMOIZE",
-        0x95 => "FRAME",
-        0x96 => "BYTEARRAY8",
-        0x97 => "NEXT_BUFFER",
-        0x98 => "READONLY_BUFFER",
-        _ => "an unknown opcode",
-    }
-}
-
 impl<'a> Machine<'a> {
     fn new(data: &'a [u8]) -> Machine<'a> {
         Machine {
@@ -459,7 +186,7 @@ impl<'a> Machine<'a> {
             })?;
             self.pos += 1;
             match op {
-                0x80 => {
+                PROTO => {
                     let p = self.u8(op)?;
                     if p > 5 {
                         return Err(self.error_at(
@@ -469,11 +196,11 @@ impl<'a> Machine<'a> {
                     }
                     self.protocol = p;
                 }
-                0x95 => {
+                FRAME => {
                     // FRAME: a length hint for buffered readers; all bytes are here already.
                     self.take(8, op)?;
                 }
-                b'.' => {
+                STOP => {
                     let top = self.pop(op, at)?;
                     if !self.stack.is_empty() || !self.marks.is_empty() {
                         return Err(self
@@ -481,45 +208,45 @@ impl<'a> Machine<'a> {
                     }
                     return Ok(top);
                 }
-                b'(' => {
+                MARK => {
                     self.marks.push(self.stack.len());
                     self.frame_list();
                 }
-                b'0' => {
+                POP => {
                     if let Val::Obj(id) = self.pop(op, at)? {
                         self.reclaim(id);
                     }
                 }
-                b'1' => {
+                POP_MARK => {
                     let mark = self.pop_mark(op, at)?;
                     self.stack.truncate(mark);
                 }
-                b'2' => {
+                DUP => {
                     let top = self.peek(op, at)?;
                     self.stack.push(top);
                     self.containers_at_last_dup = self.heap.containers.len();
                 }
-                b'N' => push_new(&mut self.stack, || Val::None),
-                0x88 => push_new(&mut self.stack, || Val::Bool(true)),
-                0x89 => push_new(&mut self.stack, || Val::Bool(false)),
-                b'J' => {
+                NONE => push_new(&mut self.stack, || Val::None),
+                NEWTRUE => push_new(&mut self.stack, || Val::Bool(true)),
+                NEWFALSE => push_new(&mut self.stack, || Val::Bool(false)),
+                BININT => {
                     let b = self.take(4, op)?;
                     let v = i32::from_le_bytes(b.try_into().unwrap()).into();
                     push_new(&mut self.stack, || Val::Int(v));
                     self.more_gets();
                 }
-                b'K' => {
+                BININT1 => {
                     let v = self.u8(op)?.into();
                     push_new(&mut self.stack, || Val::Int(v));
                     self.more_gets();
                 }
-                b'M' => {
+                BININT2 => {
                     let b = self.take(2, op)?;
                     let v = u16::from_le_bytes([b[0], b[1]]).into();
                     push_new(&mut self.stack, || Val::Int(v));
                     self.more_gets();
                 }
-                0x8a => {
+                LONG1 => {
                     let n = self.u8(op)? as usize;
                     let start = self.pos;
                     let b = self.take(n, op)?;
@@ -538,68 +265,68 @@ impl<'a> Machine<'a> {
                     }
                     self.more_gets();
                 }
-                0x8b => {
+                LONG4 => {
                     let n = self.len4(op)?;
                     let b = self.take(n, op)?;
                     let v = self.long(b, at)?;
                     self.stack.push(v);
                 }
-                b'G' => {
+                BINFLOAT => {
                     let b = self.take(8, op)?;
                     self.stack
                         .push(Val::Float(f64::from_be_bytes(b.try_into().unwrap())));
                 }
-                0x8c => {
+                SHORT_BINUNICODE => {
                     let n = self.u8(op)? as usize;
                     self.push_str(n, op)?;
                 }
-                b'X' => {
+                BINUNICODE => {
                     let n = self.len4(op)?;
                     self.push_str(n, op)?;
                 }
-                0x8d => {
+                BINUNICODE8 => {
                     let n = self.len8(op)?;
                     self.push_str(n, op)?;
                 }
-                b'C' => {
+                SHORT_BINBYTES => {
                     let n = self.u8(op)? as usize;
                     self.push_bytes(n, op)?;
                 }
-                b'B' => {
+                BINBYTES => {
                     let n = self.len4(op)?;
                     self.push_bytes(n, op)?;
                 }
-                0x8e | 0x96 => {
+                BINBYTES8 | BYTEARRAY8 => {
                     let n = self.len8(op)?;
                     self.push_bytes(n, op)?;
                 }
-                b'}' => {
+                EMPTY_DICT => {
                     let id = self.heap.new_dict();
                     push_new(&mut self.stack, || Val::Obj(id));
                     self.memoize_and_mark(id);
                 }
-                b']' => {
+                EMPTY_LIST => {
                     let id = self.heap.new_list();
                     push_new(&mut self.stack, || Val::Obj(id));
                     if self.memoize_and_mark(id) {
                         self.frame_list();
                     }
                 }
-                b')' => {
+                EMPTY_TUPLE => {
                     let v = self.heap.push(Container::Tuple(Vec::new()));
                     self.stack.push(v);
                 }
-                0x8f => {
+                EMPTY_SET => {
                     let v = self.heap.push(Container::Set(Vec::new()));
                     self.stack.push(v);
                 }
-                b'l' | b't' | 0x91 => {
+                LIST | TUPLE | FROZENSET => {
                     let mark = self.pop_mark(op, at)?;
                     self.place(mark, at)?;
                     let items = self.stack.split_off(mark);
                     let c = match op {
-                        b'l' => Container::List(items),
-                        b't' => Container::Tuple(items),
+                        LIST => Container::List(items),
+                        TUPLE => Container::Tuple(items),
                         _ => Container::Set(items),
                     };
                     let v = self.heap.push(c);
@@ -608,8 +335,8 @@ impl<'a> Machine<'a> {
                         self.lower.lower_list(&mut self.heap, id);
                     }
                 }
-                0x85..=0x87 => {
-                    let n = (op - 0x84) as usize;
+                TUPLE1..=TUPLE3 => {
+                    let n = (op - TUPLE1 + 1) as usize;
                     if self.stack.len() < n + self.fence() {
                         return Err(self.underflow(op, at));
                     }
@@ -617,7 +344,7 @@ impl<'a> Machine<'a> {
                     let v = self.heap.push(Container::Tuple(items));
                     self.stack.push(v);
                 }
-                b'd' => {
+                DICT => {
                     let mark = self.pop_mark(op, at)?;
                     let items = self.stack.split_off(mark);
                     if !items.len().is_multiple_of(2) {
@@ -630,13 +357,13 @@ impl<'a> Machine<'a> {
                     self.stack.push(v);
                     self.lower_top();
                 }
-                b'a' => {
+                APPEND => {
                     self.place(self.stack.len().saturating_sub(1), at)?;
                     let item = self.pop(op, at)?;
                     let target = self.top_container(op, at)?;
                     self.extend(target, std::iter::once(item), op, at)?;
                 }
-                b'e' | 0x90 => {
+                APPENDS | ADDITEMS => {
                     let mark = self.pop_mark(op, at)?;
                     let target = self.container_below(mark, op, at)?;
                     // A fresh list of frames (the common case): straight to a stack.
@@ -658,14 +385,14 @@ impl<'a> Machine<'a> {
                     self.stack.truncate(mark);
                     self.lower.lower_list(&mut self.heap, target);
                 }
-                b's' => {
+                SETITEM => {
                     let value = self.pop(op, at)?;
                     let key = self.pop(op, at)?;
                     let target = self.top_container(op, at)?;
                     self.set_items(target, [[key, value]].into_iter(), op, at)?;
                     self.lower_top();
                 }
-                b'u' => {
+                SETITEMS => {
                     let mark = self.pop_mark(op, at)?;
                     if !(self.stack.len() - mark).is_multiple_of(2) {
                         return Err(self.error_at(
@@ -696,33 +423,33 @@ impl<'a> Machine<'a> {
                     self.stack.truncate(mark);
                     self.lower_top();
                 }
-                0x94 => {
+                MEMOIZE => {
                     let top = self.peek(op, at)?;
                     self.memo.push(top);
                     if let Val::Obj(id) = top {
                         self.last_memoized = (id, self.memo.len() - 1);
                     }
                 }
-                b'q' => {
+                BINPUT => {
                     let i = self.u8(op)? as usize;
                     self.put(i, op, at)?;
                 }
-                b'r' => {
+                LONG_BINPUT => {
                     let i = self.len4(op)?;
                     self.put(i, op, at)?;
                 }
-                b'h' => {
+                BINGET => {
                     let i = self.u8(op)? as usize;
                     self.get(i, at)?;
                     self.more_gets();
                 }
-                b'j' => {
+                LONG_BINGET => {
                     let i = self.len4(op)?;
                     self.get(i, at)?;
                     self.more_gets();
                 }
-                b'c' => return Err(self.refuse_global(at)),
-                0x93 => {
+                GLOBAL => return Err(self.refuse_global(at)),
+                STACK_GLOBAL => {
                     let name = self.pop(op, at).ok().and_then(|v| self.text(v));
                     let module = self.pop(op, at).ok().and_then(|v| self.text(v));
                     let what = match (module, name) {
@@ -731,40 +458,40 @@ impl<'a> Machine<'a> {
                     };
                     return Err(self.refuse_object(&what, op, at));
                 }
-                b'P' | b'Q' => {
+                PERSID | BINPERSID => {
                     return Err(self.error_at(
                         ErrorKind::Refused,
                         format!(
                             "pickle refers to tensor storage ({} at byte {at}): this is a \
                              torch.save of tensors or a model, not a memory snapshot",
-                            opcode_name(op)
+                            opcodes::name(op)
                         ),
                     ));
                 }
-                b'R' | b'b' | b'i' | b'o' | 0x81 | 0x92 | 0x82..=0x84 => {
+                REDUCE | BUILD | INST | OBJ | NEWOBJ | NEWOBJ_EX | EXT1..=EXT4 => {
                     return Err(self.error_at(
                         ErrorKind::Refused,
                         format!(
                             "pickle builds Python objects ({} at byte {at}); a memory snapshot \
                              holds only dicts, lists, numbers and strings, and snapdiff never \
                              runs code from a file",
-                            opcode_name(op)
+                            opcodes::name(op)
                         ),
                     ));
                 }
-                0x97 | 0x98 => {
+                NEXT_BUFFER | READONLY_BUFFER => {
                     return Err(self.error_at(
                         ErrorKind::Malformed,
-                        format!("pickle uses out-of-band buffers ({})", opcode_name(op)),
+                        format!("pickle uses out-of-band buffers ({})", opcodes::name(op)),
                     ));
                 }
-                b'F' | b'I' | b'L' | b'S' | b'T' | b'U' | b'V' | b'g' | b'p' => {
+                FLOAT | INT | LONG | STRING | BINSTRING | SHORT_BINSTRING | UNICODE | GET | PUT => {
                     return Err(self.error_at(
                         ErrorKind::Malformed,
                         format!(
                             "unsupported opcode {} at byte {at} (a protocol 0/1 text pickle; \
                              snapshots are written with protocol 2 or later)",
-                            opcode_name(op)
+                            opcodes::name(op)
                         ),
                     ));
                 }
@@ -800,7 +527,7 @@ impl<'a> Machine<'a> {
             ErrorKind::Malformed,
             format!(
                 "{} at byte {at} with too few values on the stack",
-                opcode_name(op)
+                opcodes::name(op)
             ),
         )
     }
@@ -812,7 +539,7 @@ impl<'a> Machine<'a> {
             format!(
                 "truncated at byte {} while reading {}",
                 self.data.len(),
-                opcode_name(op)
+                opcodes::name(op)
             ),
         )
     }
@@ -829,7 +556,7 @@ impl<'a> Machine<'a> {
             (Some(m), Some(n)) if m.len() < 200 && n.len() < 200 => format!("{m}.{n}"),
             _ => "a Python object".to_owned(),
         };
-        self.refuse_object(&what, b'c', at)
+        self.refuse_object(&what, GLOBAL, at)
     }
 
     #[cold]
@@ -844,7 +571,7 @@ impl<'a> Machine<'a> {
             format!(
                 "pickle refers to Python object {what} ({} at byte {at}){hint}; a memory \
                  snapshot holds only plain data, and snapdiff never runs code from a file",
-                opcode_name(op)
+                opcodes::name(op)
             ),
         )
     }
@@ -914,7 +641,7 @@ impl<'a> Machine<'a> {
         push_new(&mut self.stack, || Val::Str(id));
         // Protocol 4 memoizes each string; done here, the MEMOIZE needs no
         // dispatch, nor a read of the value just pushed.
-        if self.data.get(self.pos) == Some(&0x94) {
+        if self.data.get(self.pos) == Some(&MEMOIZE) {
             self.pos += 1;
             push_new(&mut self.memo, || Val::Str(id));
         }
@@ -952,7 +679,7 @@ impl<'a> Machine<'a> {
         self.marks.pop().ok_or_else(|| {
             self.error_at(
                 ErrorKind::Malformed,
-                format!("{} at byte {at} without a MARK", opcode_name(op)),
+                format!("{} at byte {at} without a MARK", opcodes::name(op)),
             )
         })
     }
@@ -963,7 +690,7 @@ impl<'a> Machine<'a> {
             ErrorKind::Malformed,
             format!(
                 "{} at byte {at} on a value that is not a {what}",
-                opcode_name(op)
+                opcodes::name(op)
             ),
         )
     }
@@ -974,7 +701,7 @@ impl<'a> Machine<'a> {
             ErrorKind::Malformed,
             format!(
                 "{} at byte {at} changes a dict after it was complete",
-                opcode_name(op)
+                opcodes::name(op)
             ),
         )
     }
@@ -1002,7 +729,7 @@ impl<'a> Machine<'a> {
                 ErrorKind::Malformed,
                 format!(
                     "{} at byte {at} on a value that is not a container",
-                    opcode_name(op)
+                    opcodes::name(op)
                 ),
             )),
             None => Err(self.underflow(op, at)),
@@ -1027,7 +754,7 @@ impl<'a> Machine<'a> {
                 ErrorKind::Malformed,
                 format!(
                     "{} at byte {at} on a value that is not a list",
-                    opcode_name(op)
+                    opcodes::name(op)
                 ),
             )),
         }
@@ -1049,14 +776,14 @@ impl<'a> Machine<'a> {
                 ErrorKind::Malformed,
                 format!(
                     "{} at byte {at} changes a dict after it was complete",
-                    opcode_name(op)
+                    opcodes::name(op)
                 ),
             )),
             _ => Err(self.error_at(
                 ErrorKind::Malformed,
                 format!(
                     "{} at byte {at} on a value that is not a dict",
-                    opcode_name(op)
+                    opcodes::name(op)
                 ),
             )),
         }
@@ -1191,7 +918,7 @@ impl<'a> Machine<'a> {
         let data = self.data;
         let start = self.pos;
         let end = memo_gets_end(data, start);
-        if end == start || data.get(end) != Some(&b'e') {
+        if end == start || data.get(end) != Some(&APPENDS) {
             self.written_frame_list(list);
             return;
         }
@@ -1240,8 +967,8 @@ impl<'a> Machine<'a> {
         let mut frames = std::mem::take(&mut self.frame_run);
         frames.clear();
         let complete = loop {
-            match data.get(self.pos) {
-                Some(b'}') => {
+            match data.get(self.pos).copied() {
+                Some(EMPTY_DICT) => {
                     self.pos += 1;
                     let Some(frame) = self.frame_dict() else {
                         self.pos -= 1;
@@ -1250,7 +977,7 @@ impl<'a> Machine<'a> {
                     push_new(&mut self.memo, || Val::Frame(frame));
                     frames.push(frame);
                 }
-                Some(b'e') if !frames.is_empty() => {
+                Some(APPENDS) if !frames.is_empty() => {
                     self.pos += 1;
                     break true;
                 }
@@ -1294,7 +1021,7 @@ impl<'a> Machine<'a> {
             self.pos = next;
             return Some(self.lower.plain_frame(&self.heap, name, file, line));
         }
-        if data.get(pos..pos + 2)? != [0x94, b'('] {
+        if data.get(pos..pos + 2)? != [MEMOIZE, MARK] {
             return None;
         }
         pos += 2;
@@ -1326,7 +1053,7 @@ impl<'a> Machine<'a> {
                 _ => return None,
             }
         }
-        if data.get(pos) != Some(&b'u') {
+        if data.get(pos) != Some(&SETITEMS) {
             return None;
         }
         self.pos = pos + 1;
@@ -1341,7 +1068,7 @@ impl<'a> Machine<'a> {
     /// position after the SETITEMS.
     fn short_frame_dict(&self, pos: usize) -> Option<(u32, u32, u32, usize)> {
         let b = self.data.get(pos..pos + 12)?;
-        if b[..3] != [0x94, b'(', b'h'] || [b[4], b[6], b[8], b[10]] != [b'h'; 4] {
+        if b[..3] != [MEMOIZE, MARK, BINGET] || [b[4], b[6], b[8], b[10]] != [BINGET; 4] {
             return None;
         }
         let string = |i: u8| match self.memo.get(usize::from(i)) {
@@ -1354,7 +1081,7 @@ impl<'a> Machine<'a> {
         }
         let (name, file) = (string(b[5])?, string(b[9])?);
         let (line, next) = line_at(self.data, pos + 12)?;
-        if self.data.get(next) != Some(&b'u') {
+        if self.data.get(next) != Some(&SETITEMS) {
             return None;
         }
         Some((name, file, line, next + 1))
@@ -1366,13 +1093,13 @@ impl<'a> Machine<'a> {
     /// this pair follows nearly every dict and list. Says whether it ran the
     /// MARK (after which a new list may be a frame list).
     fn memoize_and_mark(&mut self, id: u32) -> bool {
-        if self.data.get(self.pos) != Some(&0x94) {
+        if self.data.get(self.pos) != Some(&MEMOIZE) {
             return false;
         }
         self.pos += 1;
         push_new(&mut self.memo, || Val::Obj(id));
         self.last_memoized = (id, self.memo.len() - 1);
-        if self.data.get(self.pos) != Some(&b'(') {
+        if self.data.get(self.pos) != Some(&MARK) {
             return false;
         }
         self.pos += 1;

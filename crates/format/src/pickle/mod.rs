@@ -7,9 +7,11 @@
 //! its variations across PyTorch versions are described
 //! in `reference/pytorch-snapshot.md` and `docs/format.md`.
 
+mod heap;
 pub(crate) mod legacy_torch_save;
 mod lower;
 mod machine;
+mod opcodes;
 pub(crate) mod torch_zip;
 mod write;
 
@@ -17,11 +19,11 @@ pub use write::write_torch_pickle;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{Annotation, DeviceTrace, Meta, Pool, Segment, Snapshot};
-use lower::{
-    Failure, Lowerer, at, bool_of, entries, here, i64_of, index, items, key_text, pair_of, str_of,
-    u32_of, u64_of,
+use heap::{
+    Failure, Heap, Val, at, bool_of, entries, here, i64_of, index, items, key_text, pair_of,
+    str_of, u32_of, u64_of,
 };
-use machine::{Heap, Val};
+use lower::Lowerer;
 
 /// Segments of at most this size without a `segment_type` belong to the small pool.
 const SMALL_SEGMENT_SIZE: u64 = 2 << 20;
@@ -98,7 +100,7 @@ pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
                 }
             }
         }
-        other => return Err(not_snapshot(lower::describe(&heap, other))),
+        other => return Err(not_snapshot(heap::describe(&heap, other))),
     }
     (snap.frames, snap.stacks, snap.strings) = lower.into_tables(&heap);
     Ok(snap)

@@ -18,30 +18,11 @@ use crate::model::{Action, BlockState, Frame, Pool, Segment, Snapshot, StackId, 
 use crate::value::Value;
 use crate::{Error, Result};
 
-// The opcodes used (pickletools' names).
-const PROTO: u8 = 0x80;
-const STOP: u8 = b'.';
-const MARK: u8 = b'(';
-const EMPTY_DICT: u8 = b'}';
-const EMPTY_LIST: u8 = b']';
-const SETITEMS: u8 = b'u';
-const APPENDS: u8 = b'e';
-const TUPLE2: u8 = 0x86;
-const NONE: u8 = b'N';
-const NEWTRUE: u8 = 0x88;
-const NEWFALSE: u8 = 0x89;
-const BININT1: u8 = b'K';
-const BININT2: u8 = b'M';
-const BININT: u8 = b'J';
-const LONG1: u8 = 0x8a;
-const BINFLOAT: u8 = b'G';
-const SHORT_BINUNICODE: u8 = 0x8c;
-const BINUNICODE: u8 = b'X';
-const SHORT_BINBYTES: u8 = b'C';
-const BINBYTES: u8 = b'B';
-const MEMOIZE: u8 = 0x94;
-const BINGET: u8 = b'h';
-const LONG_BINGET: u8 = b'j';
+use super::opcodes::{
+    APPENDS, BINBYTES, BINFLOAT, BINGET, BININT, BININT1, BININT2, BINUNICODE, EMPTY_DICT,
+    EMPTY_LIST, LONG_BINGET, LONG1, MARK, MEMOIZE, NEWFALSE, NEWTRUE, NONE, PROTO, SETITEMS,
+    SHORT_BINBYTES, SHORT_BINUNICODE, STOP, TUPLE2,
+};
 
 /// Items per APPENDS or SETITEMS batch, as CPython's pickler writes them.
 const BATCH: usize = 1000;
