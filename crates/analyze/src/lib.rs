@@ -1,42 +1,63 @@
 //! Analyses over snapdiff [`Snapshot`](snapdiff_format::Snapshot)s: which
 //! code holds the memory that keeps growing.
 //!
-//! - [`stack_key`]: stable 64-bit keys of allocation sites.
-//! - [`frame_class`]: whether a frame is the program's, a library's or native code.
-//! - [`culprit`]: the frame of user code to look at for a site.
-//! - [`compare`](mod@compare): the difference between two snapshots, site by site.
-//! - [`replay`]: the live blocks at any point of a recorded trace.
-//! - [`trend`]: sites whose memory keeps growing over many checkpoints.
-//! - [`summary`]: totals per device, pool and stream; fragmentation; top sites.
-//! - [`peak`]: the moment a device held the most memory, by site and [`category`].
-//! - [`oom`]: an out-of-memory error: the request, free pieces, what held the rest.
-//! - [`steps`]: each step of a trace: its start, peak, and what it retained.
-//! - [`profile`]: live memory by stack at one moment, for flame graphs and pprof.
-//! - [`timeline`]: live memory over a trace at a bounded number of points.
+//! Every public item is named at the crate's root, once: the modules are
+//! private, and the list at the end of this file is the whole API.
+//!
+//! - Sites: [`StackKeys`] gives each stack a stable 64-bit [`StackKey`];
+//!   [`classify`] tells the program's frames from libraries' and native
+//!   code; [`CulpritRules`] picks each site's [`Culprit`], the frame of user
+//!   code to look at; [`live_groups`] and [`SiteNamer`] group live blocks
+//!   by site.
+//! - Two snapshots: [`compare`], site by site.
+//! - A recorded trace: [`replay`] gives the live blocks at any point;
+//!   [`timeline`] live memory at a bounded number of points.
+//! - Growth: [`trend_snapshots`] and [`trend_trace`] find the sites whose
+//!   memory keeps growing over many checkpoints.
+//! - One snapshot: [`summarize`] (totals per device, pool and stream,
+//!   fragmentation, top sites), [`peak`] (the moment a device held the
+//!   most, by site and [`Category`]), [`oom`] (an out-of-memory error: the
+//!   request, the free pieces, what held the rest), [`steps`] (each step's
+//!   start, peak and what it retained), [`live_by_site`] (live memory by
+//!   stack at one [`Moment`], for flame graphs and pprof).
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
-pub mod category;
-pub mod compare;
-pub mod culprit;
-pub mod frame_class;
-pub mod group;
+mod category;
+mod compare;
+mod culprit;
+mod frame_class;
+mod group;
 mod iterations;
-pub mod oom;
-pub mod peak;
-pub mod profile;
-pub mod replay;
-pub mod stack_key;
-pub mod steps;
-pub mod summary;
-pub mod timeline;
-pub mod trend;
+mod oom;
+mod peak;
+mod profile;
+mod replay;
+mod stack_key;
+mod steps;
+mod summary;
+mod timeline;
+mod trend;
 
-pub use crate::compare::{CompareOptions, Comparison, GroupDiff, compare};
-pub use crate::culprit::{Culprit, CulpritKind, CulpritRules};
-pub use crate::frame_class::{FrameClass, classify};
-pub use crate::group::Site;
-pub use crate::stack_key::{StackKey, StackKeys};
-pub use crate::summary::{Summary, summarize};
-pub use crate::trend::{Suspect, Trend, TrendOptions, trend_snapshots, trend_trace};
+pub use crate::category::{Categories, Category};
+pub use crate::compare::{Change, CompareOptions, Comparison, GroupDiff, Matching, compare};
+pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_base, short_name};
+pub use crate::frame_class::{FrameClass, classify, notebook_cell};
+pub use crate::group::{
+    LiveGroups, Site, SiteFrame, SiteNamer, Totals, is_live, live_groups, requested,
+};
+pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
+pub use crate::peak::{
+    CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, peak,
+};
+pub use crate::profile::{Moment, SiteBytes, live_by_site};
+pub use crate::replay::{LiveChange, Replayed, replay, replay_with};
+pub use crate::stack_key::{StackKey, StackKeys, is_noise, key_of};
+pub use crate::steps::{DeviceSteps, Retained, Step, StepDetail, Steps, StepsOptions, steps};
+pub use crate::summary::{Fragmentation, PoolTotals, SiteUsage, Summary, summarize};
+pub use crate::timeline::{Timeline, timeline};
+pub use crate::trend::{
+    Checkpoint, CheckpointSource, DEFAULT_CHECKPOINTS, DEFAULT_WARMUP, Suspect, Trend,
+    TrendOptions, floor_of, trend_snapshots, trend_trace,
+};

@@ -131,7 +131,15 @@ pub struct Suspect {
     pub before_recording: bool,
 }
 
-/// The result of a trend analysis.
+/// The result of a trend analysis: the suspects, sites whose live memory
+/// keeps growing after warm-up, with the series they were judged on.
+///
+/// A site's *floor* at checkpoint `i` is the least memory it holds from `i`
+/// to the end. A leak's floor rises again and again; a periodic site's
+/// (activations, gradients) stays at its low point; a one-time allocation's
+/// (weights, optimizer state) rises once. A site is a suspect when its floor
+/// rises at two checkpoints or more after warm-up, and at no fewer than a
+/// third of them.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Trend {
     /// Number of checkpoints.

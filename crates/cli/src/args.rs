@@ -204,7 +204,7 @@ pub(crate) struct PictureArgs {
     /// When: peak, event:N (after N events of the trace), step:N (at step
     /// N's start). Default: when the snapshot was taken.
     #[arg(long, value_name = "WHEN", value_parser = crate::pictures::parse_moment)]
-    pub(crate) at: Option<snapdiff_analyze::profile::Moment>,
+    pub(crate) at: Option<snapdiff_analyze::Moment>,
     /// Replace OUT if it exists.
     #[arg(long, short)]
     pub(crate) force: bool,
@@ -322,7 +322,7 @@ pub(crate) struct TrendArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub(crate) fail_over: Option<u64>,
     /// Checkpoints at the start that are warm-up (what they allocate is not growth).
-    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::trend::DEFAULT_WARMUP)]
+    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
     pub(crate) warmup: usize,
     /// At most N checkpoints of a trace, however it is cut (default: 10 when
     /// cut at iterations found in it or evenly; every mark or marker else).
@@ -357,8 +357,8 @@ pub(crate) enum Cut {
 
 impl Cut {
     /// The analysis's name for it.
-    pub(crate) fn source(self) -> snapdiff_analyze::trend::CheckpointSource {
-        use snapdiff_analyze::trend::CheckpointSource as S;
+    pub(crate) fn source(self) -> snapdiff_analyze::CheckpointSource {
+        use snapdiff_analyze::CheckpointSource as S;
         match self {
             Cut::Steps => S::StepMarks,
             Cut::Markers => S::SnapshotMarkers,

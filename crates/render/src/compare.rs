@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::compare::{Change, Comparison, GroupDiff};
+use snapdiff_analyze::{Change, Comparison, GroupDiff};
 
 use crate::TextOptions;
 use crate::text::{align_right, count, delta, paths_base, paths_note, site_cell, size, table};

@@ -3,8 +3,8 @@
 
 use std::io::Write;
 
-use snapdiff_analyze::group::{Site, SiteFrame};
-use snapdiff_analyze::profile::SiteBytes;
+use snapdiff_analyze::SiteBytes;
+use snapdiff_analyze::{Site, SiteFrame};
 
 /// The sites a picture draws: of one snapshot, or of two paired by site as
 /// `(site, bytes before, bytes after)`.
@@ -75,7 +75,7 @@ fn label(frame: &SiteFrame) -> String {
         Some((i, _)) => &file[i + 1..],
         None => &file,
     };
-    let name = snapdiff_analyze::culprit::short_name(&frame.name);
+    let name = snapdiff_analyze::short_name(&frame.name);
     match (short, frame.line) {
         ("" | "??", _) => name.to_owned(),
         (file, 0) => format!("{name} ({file})"),

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::oom::{DeviceOom, Oom};
+use snapdiff_analyze::{DeviceOom, Oom};
 
 use crate::TextOptions;
 use crate::text::{paths_base, site_cell, size};

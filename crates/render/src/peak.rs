@@ -3,8 +3,8 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::category::Category;
-use snapdiff_analyze::peak::{CategoryTotal, DevicePeak, Peak, PeakSite};
+use snapdiff_analyze::Category;
+use snapdiff_analyze::{CategoryTotal, DevicePeak, Peak, PeakSite};
 
 use crate::TextOptions;
 use crate::text::{align_right, count, paths_base, paths_note, site_cell_before, size, table};

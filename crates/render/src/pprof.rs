@@ -11,7 +11,7 @@ use std::io::Write;
 
 use prost::Message;
 use rustc_hash::FxHashMap;
-use snapdiff_analyze::group::Site;
+use snapdiff_analyze::Site;
 
 use crate::flamegraph::Drawn;
 

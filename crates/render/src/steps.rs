@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::steps::{DeviceSteps, Step, Steps};
+use snapdiff_analyze::{DeviceSteps, Step, Steps};
 
 use crate::TextOptions;
 use crate::text::{align_right, delta, paths_base, paths_note, site_cell, size, table};

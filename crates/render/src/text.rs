@@ -47,7 +47,7 @@ pub fn paths_base<'a>(sites: impl IntoIterator<Item = &'a Site>, full_paths: boo
         .filter(|s| matches!(s.culprit.kind, CulpritKind::User | CulpritKind::Focus))
         .map(|s| s.culprit.file.as_str())
         .filter(|f| f.starts_with('/') || f.starts_with('\\') || f.get(1..3) == Some(":\\"));
-    snapdiff_analyze::culprit::common_base(files, cwd.as_deref().and_then(|p| p.to_str()))
+    snapdiff_analyze::common_base(files, cwd.as_deref().and_then(|p| p.to_str()))
 }
 
 /// The line under a table saying which folder its paths are shown from.

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::trend::CheckpointSource;
+use snapdiff_analyze::CheckpointSource;
 use snapdiff_analyze::{CulpritKind, Suspect, Trend};
 
 use crate::TextOptions;

@@ -183,10 +183,7 @@ fn a_leak_made_on_purpose_is_found_at_its_line() {
 
     // The same from two snapshots of the same run: matched by allocation sequence.
     let cmp = compare(&snaps[0], &snaps[7], &CompareOptions::default());
-    assert_eq!(
-        cmp.matching,
-        snapdiff_analyze::compare::Matching::AllocationSequence
-    );
+    assert_eq!(cmp.matching, snapdiff_analyze::Matching::AllocationSequence);
     assert_eq!(cmp.groups.len(), 1, "{cmp:#?}");
     assert_eq!(cmp.groups[0].site.culprit.line, line_of("// LEAKS HERE"));
     assert_eq!(cmp.groups[0].delta_bytes, 7 * (64 << 10));
@@ -199,7 +196,7 @@ fn a_leak_made_on_purpose_is_found_at_its_line() {
     let trend = snapdiff_analyze::trend_trace(&snaps[7], &TrendOptions::default()).unwrap();
     assert_eq!(
         trend.checkpoint_source,
-        snapdiff_analyze::trend::CheckpointSource::StepMarks
+        snapdiff_analyze::CheckpointSource::StepMarks
     );
     assert_eq!(
         trend.checkpoints, 9,

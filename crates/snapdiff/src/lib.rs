@@ -82,7 +82,7 @@ pub fn read(path: impl AsRef<std::path::Path>) -> Result<Snapshot, Error> {
 }
 
 /// The sites whose memory keeps growing over several snapshots of one job
-/// (see [`analyze::trend`] for the rule).
+/// (see [`Trend`] for the rule).
 ///
 /// ```
 /// use snapdiff::{Snapshot, TrendOptions};

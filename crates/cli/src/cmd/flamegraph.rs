@@ -1,7 +1,7 @@
 //! `snapdiff flamegraph FILE -o OUT`.
 
 use anyhow::bail;
-use snapdiff_analyze::profile::Moment;
+use snapdiff_analyze::Moment;
 
 use crate::args::FlamegraphArgs;
 use crate::exit::Exit;

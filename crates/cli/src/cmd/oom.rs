@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use snapdiff_analyze::oom::{OomOptions, oom};
+use snapdiff_analyze::{OomOptions, oom};
 use snapdiff_format::Snapshot;
 
 use crate::args::{OomArgs, ReportArgs};

@@ -1,6 +1,6 @@
 //! `snapdiff peak FILE`.
 
-use snapdiff_analyze::peak::{PeakOptions, peak};
+use snapdiff_analyze::{PeakOptions, peak};
 
 use crate::args::PeakArgs;
 use crate::exit::Exit;

@@ -1,6 +1,6 @@
 //! `snapdiff pprof FILE -o OUT`.
 
-use snapdiff_analyze::profile::Moment;
+use snapdiff_analyze::Moment;
 
 use crate::args::PprofArgs;
 use crate::exit::Exit;

@@ -1,10 +1,10 @@
 //! `snapdiff report FILE... -o report.html`: reads and analyses the files,
 //! and has `snapdiff_render::html` draw the page.
 
-use snapdiff_analyze::peak::{PeakOptions, peak};
-use snapdiff_analyze::profile::{Moment, live_by_site};
-use snapdiff_analyze::timeline::timeline;
+use snapdiff_analyze::timeline;
 use snapdiff_analyze::{CompareOptions, CulpritRules, Site, StackKeys, TrendOptions};
+use snapdiff_analyze::{Moment, live_by_site};
+use snapdiff_analyze::{PeakOptions, peak};
 use snapdiff_analyze::{compare, trend_trace};
 use snapdiff_format::{Action, Parts};
 use snapdiff_render::flamegraph::Drawn;
@@ -82,9 +82,9 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
 /// at the peak and those that keep growing, with those sites.
 fn timeline_of(
     snap: &snapdiff_format::Snapshot,
-    p: &snapdiff_analyze::peak::DevicePeak,
+    p: &snapdiff_analyze::DevicePeak,
     trend: Option<&snapdiff_analyze::Trend>,
-) -> Option<(snapdiff_analyze::timeline::Timeline, Vec<Site>)> {
+) -> Option<(snapdiff_analyze::Timeline, Vec<Site>)> {
     let trace = snap
         .traces
         .iter()

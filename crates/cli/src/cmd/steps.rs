@@ -1,6 +1,6 @@
 //! `snapdiff steps FILE`.
 
-use snapdiff_analyze::steps::{StepsOptions, steps};
+use snapdiff_analyze::{StepsOptions, steps};
 
 use crate::args::StepsArgs;
 use crate::exit::Exit;

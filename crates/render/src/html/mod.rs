@@ -10,8 +10,8 @@
 use std::io::{self, Write};
 
 use serde_json::{Value, json};
-use snapdiff_analyze::peak::DevicePeak;
-use snapdiff_analyze::timeline::Timeline;
+use snapdiff_analyze::DevicePeak;
+use snapdiff_analyze::Timeline;
 use snapdiff_analyze::{Comparison, Site, Trend};
 
 use crate::flamegraph::{Drawn, write_svg_for_page};
