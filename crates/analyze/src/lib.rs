@@ -58,6 +58,6 @@ pub use crate::steps::{DeviceSteps, Retained, Step, StepDetail, Steps, StepsOpti
 pub use crate::summary::{Fragmentation, PoolTotals, SiteUsage, Summary, summarize};
 pub use crate::timeline::{Timeline, timeline};
 pub use crate::trend::{
-    Checkpoint, CheckpointSource, DEFAULT_CHECKPOINTS, DEFAULT_WARMUP, Suspect, Trend,
-    TrendOptions, floor_of, trend_snapshots, trend_trace,
+    Checkpoint, CheckpointSource, DEFAULT_CHECKPOINTS, DEFAULT_WARMUP, Named, Order, Suspect,
+    Trend, TrendOptions, floor_of, trend_named, trend_snapshots, trend_trace,
 };

@@ -146,6 +146,8 @@ pub struct Trend {
     pub checkpoints: usize,
     /// Where they came from.
     pub checkpoint_source: CheckpointSource,
+    /// How snapshots were put in order; `None` for one trace's checkpoints.
+    pub order: Option<Order>,
     /// The checkpoints, oldest first.
     pub points: Vec<Checkpoint>,
     /// Checkpoints treated as warm-up.
@@ -319,6 +321,7 @@ fn analyze(
     Trend {
         checkpoints: n,
         checkpoint_source: source,
+        order: None,
         points: series.points,
         warmup,
         suspects,
@@ -334,30 +337,85 @@ fn analyze(
 /// The trend over several snapshots of one job, ordered by their step if
 /// all have one, else by their time if all have one, else as given.
 pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
+    let named: Vec<Named<'_>> = snaps
+        .iter()
+        .map(|snapshot| Named { name: "", snapshot })
+        .collect();
+    trend_named(&named, options)
+}
+
+/// A snapshot with the name it is known by, its file's name: what orders
+/// snapshots that record neither step nor time.
+#[derive(Clone, Copy, Debug)]
+pub struct Named<'a> {
+    /// The file's name (`step-200.pickle`); empty when it has none.
+    pub name: &'a str,
+    /// The snapshot.
+    pub snapshot: &'a Snapshot,
+}
+
+/// How the snapshots of a trend were put in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    /// By the step each records.
+    Steps,
+    /// By the time each was taken.
+    Times,
+    /// By their names, numbers compared as numbers (`step-200` before
+    /// `step-1000`): they record neither step nor time.
+    Names,
+    /// As given: they record neither step nor time, and have no names.
+    Given,
+}
+
+/// The trend over several named snapshots of one job, ordered by their step
+/// if all have one, else by their time if all have one, else by name with
+/// numbers compared as numbers; [`Trend::order`] says which, with a note
+/// when it is not by step or time.
+pub fn trend_named(snaps: &[Named<'_>], options: &TrendOptions) -> Trend {
     use rayon::prelude::*;
     let mut order: Vec<usize> = (0..snaps.len()).collect();
+    let meta = |i: usize| &snaps[i].snapshot.meta;
+    let by = if order.iter().all(|&i| meta(i).step.is_some()) {
+        order.sort_by_key(|&i| (meta(i).step, meta(i).created_us));
+        Order::Steps
+    } else if order.iter().all(|&i| meta(i).created_us.is_some()) {
+        order.sort_by_key(|&i| meta(i).created_us);
+        Order::Times
+    } else if snaps.iter().any(|s| !s.name.is_empty()) {
+        order.sort_by_cached_key(|&i| natural_key(snaps[i].name));
+        Order::Names
+    } else {
+        Order::Given
+    };
     let mut notes = Vec::new();
-    if snaps.iter().all(|s| s.meta.step.is_some()) {
-        order.sort_by_key(|&i| (snaps[i].meta.step, snaps[i].meta.created_us));
-    } else if snaps.iter().all(|s| s.meta.created_us.is_some()) {
-        order.sort_by_key(|&i| snaps[i].meta.created_us);
-    } else if snaps.len() > 1 {
-        notes.push(
-            "the snapshots record neither step nor time; they are taken in the order given"
-                .to_owned(),
-        );
+    if snaps.len() > 1 {
+        match by {
+            Order::Names => notes.push(
+                "the snapshots record neither step nor time; they are ordered by file name \
+                 (numbers as numbers)"
+                    .to_owned(),
+            ),
+            Order::Given => notes.push(
+                "the snapshots record neither step nor time; they are taken in the order given"
+                    .to_owned(),
+            ),
+            Order::Steps | Order::Times => {}
+        }
     }
+    let snaps: Vec<&Snapshot> = snaps.iter().map(|s| s.snapshot).collect();
     let grouped: Vec<_> = order
         .par_iter()
         .map(|&i| {
-            let keys = StackKeys::new(&snaps[i]);
-            live_groups(&snaps[i], &keys)
+            let keys = StackKeys::new(snaps[i]);
+            live_groups(snaps[i], &keys)
         })
         .collect();
     let mut sites = FxHashMap::default();
     for (&i, g) in order.iter().zip(&grouped) {
         for (&key, &stack) in &g.stacks {
-            sites.insert(key, (&snaps[i], stack));
+            sites.insert(key, (snaps[i], stack));
         }
     }
     let series = Series {
@@ -375,11 +433,36 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
     };
     let last = order
         .last()
-        .map_or(&Snapshot::default(), |&i| &snaps[i])
+        .map_or(&Snapshot::default(), |&i| snaps[i])
         .clone();
     let mut trend = analyze(series, CheckpointSource::Snapshots, options, &last);
+    trend.order = Some(by);
     trend.notes.splice(0..0, notes);
     trend
+}
+
+/// A sort key that compares runs of digits as numbers: `step-200` < `step-1000`.
+fn natural_key(text: &str) -> Vec<(u8, u128, String)> {
+    let mut key = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits > 0 {
+            let (num, tail) = rest.split_at(digits);
+            key.push((0, num.parse().unwrap_or(u128::MAX), String::new()));
+            rest = tail;
+        } else {
+            let text_len = rest
+                .find(|c: char| c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            let (word, tail) = rest.split_at(text_len);
+            key.push((1, 0, word.to_owned()));
+            rest = tail;
+        }
+    }
+    key
 }
 
 /// Where to cut a trace, and the step each cut starts when known.
@@ -780,6 +863,26 @@ fn trend_of_device(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn natural_order_compares_numbers_as_numbers() {
+        let mut names = vec![
+            "step-1000.pickle",
+            "step-200.pickle",
+            "step-30.pickle",
+            "a.pickle",
+        ];
+        names.sort_by_cached_key(|n| super::natural_key(n));
+        assert_eq!(
+            names,
+            [
+                "a.pickle",
+                "step-30.pickle",
+                "step-200.pickle",
+                "step-1000.pickle"
+            ]
+        );
+    }
     use super::floor_growth;
 
     #[test]

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use snapdiff_analyze::{Trend, TrendOptions, trend_snapshots, trend_trace};
+use snapdiff_analyze::{Named, Trend, TrendOptions, trend_named, trend_trace};
 use snapdiff_format::Snapshot;
 
 use crate::args::{ReportArgs, TrendArgs};
@@ -280,86 +280,28 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Tren
             if exits == 1 { "it" } else { "they" },
         ));
     }
-    // Snapshots that record neither step nor time (PyTorch's) are ordered by
-    // file name (then path), numbers compared as numbers: step-200 before
-    // step-1000, whatever order the shell's glob gave.
-    let unordered = !read.iter().all(|r| r.snapshot.meta.step.is_some())
-        && !read.iter().all(|r| r.snapshot.meta.created_us.is_some());
-    if unordered {
-        read.sort_by_cached_key(|r| {
-            let name = r
-                .path
+    let first = read[0].path.clone();
+    let names: Vec<String> = read
+        .iter()
+        .map(|r| {
+            r.path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (natural_key(&name), natural_key(&r.path.to_string_lossy()))
-        });
-    }
-    let first = read[0].path.clone();
+                .unwrap_or_default()
+        })
+        .collect();
     let snaps: Vec<_> = read.into_iter().map(|r| r.snapshot).collect();
     let mut trend = if snaps.len() == 1 {
         trend_trace(&snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
     } else {
-        let mut trend = trend_snapshots(&snaps, options);
-        if unordered {
-            for note in &mut trend.notes {
-                if note.contains("taken in the order given") {
-                    *note = "the snapshots record neither step nor time; they are ordered by file name \
-                             (numbers as numbers)"
-                        .to_owned();
-                }
-            }
-        }
-        trend
+        let named: Vec<Named<'_>> = names
+            .iter()
+            .zip(&snaps)
+            .map(|(name, snapshot)| Named { name, snapshot })
+            .collect();
+        trend_named(&named, options)
     };
     trend.notes.extend(notes);
     crate::input::release(snaps);
     Ok(trend)
-}
-
-/// A sort key that compares runs of digits as numbers: `step-200` < `step-1000`.
-fn natural_key(text: &str) -> Vec<(u8, u128, String)> {
-    let mut key = Vec::new();
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits > 0 {
-            let (num, tail) = rest.split_at(digits);
-            key.push((0, num.parse().unwrap_or(u128::MAX), String::new()));
-            rest = tail;
-        } else {
-            let text_len = rest
-                .find(|c: char| c.is_ascii_digit())
-                .unwrap_or(rest.len());
-            let (word, tail) = rest.split_at(text_len);
-            key.push((1, 0, word.to_owned()));
-            rest = tail;
-        }
-    }
-    key
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn natural_order_compares_numbers_as_numbers() {
-        let mut names = vec![
-            "step-1000.pickle",
-            "step-200.pickle",
-            "step-30.pickle",
-            "a.pickle",
-        ];
-        names.sort_by_cached_key(|n| super::natural_key(n));
-        assert_eq!(
-            names,
-            [
-                "a.pickle",
-                "step-30.pickle",
-                "step-200.pickle",
-                "step-1000.pickle"
-            ]
-        );
-    }
 }
