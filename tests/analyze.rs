@@ -330,6 +330,15 @@ fn trend_over_several_snapshots_of_a_growing_job() {
         "from 2 MiB after warm-up to 10 MiB"
     );
     assert_eq!(suspects[0]["growth_per_checkpoint"], 2 << 20);
+    // Pickles record neither step nor time: ordered by file name, numbers
+    // as numbers, whatever order they are given in.
+    assert_eq!(report["order"], "names");
+    let mut shuffled = files.clone();
+    shuffled.reverse();
+    shuffled.swap(0, 2);
+    let again = trend_json(&shuffled);
+    assert_eq!(again["suspects"], report["suspects"]);
+    assert_eq!(again["points"], report["points"]);
 
     // --fail-over: 8 MiB suspected.
     let mut args: Vec<std::ffi::OsString> =
