@@ -6,6 +6,7 @@
 //! PyTorch snapshots, thousands of distinct stacks); the expected reports
 //! in `tests/data/real-shaped-*.txt` are what commit bc8ed05 printed for
 //! them, in the canonical form of `tests/support/canonical_report.py`.
+//! That build had a row per stack, so the reports are asked `--by stack`.
 
 use std::path::Path;
 
@@ -46,16 +47,24 @@ fn real_shaped_results_are_unchanged() {
     let (sa, sb) = (file("real-a.snap"), file("real-b.snap"));
 
     let want = expected("real-shaped-compare.txt");
-    let pickles = canonical(d, "cmp", &["compare", "--json", "--top", "0", &a, &b]);
+    let pickles = canonical(
+        d,
+        "cmp",
+        &["compare", "--json", "--top", "0", "--by", "stack", &a, &b],
+    );
     assert_eq!(pickles, want, "compare of the pickles changed");
     let snaps = canonical(
         d,
         "cmp-snap",
-        &["compare", "--json", "--top", "0", &sa, &sb],
+        &["compare", "--json", "--top", "0", "--by", "stack", &sa, &sb],
     );
     assert_eq!(snaps, want, "compare of the .snap files changed");
 
-    let summary = canonical(d, "sum", &["summary", "--json", "--top", "300", &a]);
+    let summary = canonical(
+        d,
+        "sum",
+        &["summary", "--json", "--top", "300", "--by", "stack", &a],
+    );
     assert_eq!(
         summary,
         expected("real-shaped-summary.txt"),

@@ -11,7 +11,7 @@ use serde::Serialize;
 use snapdiff_format::{Meta, Snapshot};
 
 use crate::culprit::CulpritRules;
-use crate::group::{Site, SiteNamer, is_live, live_groups};
+use crate::group::{Site, SiteNamer, culprit_line, is_live, live_groups, merge_rows};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Options of [`compare`].
@@ -98,6 +98,31 @@ pub struct Comparison {
     pub groups: Vec<GroupDiff>,
     /// Plain statements about the comparison (cache growth, mismatched devices, ...).
     pub notes: Vec<String>,
+}
+
+/// Adds the site of `other` to `into`: two stacks whose culprit is the same line.
+fn merge_diffs(into: &mut GroupDiff, other: GroupDiff) {
+    let size = |g: &GroupDiff| g.bytes_before.max(g.bytes_after);
+    let (own, theirs) = (size(into), size(&other));
+    into.site.absorb(own, other.site, theirs);
+    into.blocks_before += other.blocks_before;
+    into.blocks_after += other.blocks_after;
+    into.bytes_before += other.bytes_before;
+    into.bytes_after += other.bytes_after;
+    into.delta_bytes += other.delta_bytes;
+    into.allocated_before += other.allocated_before;
+    into.allocated_after += other.allocated_after;
+    into.blocks_kept += other.blocks_kept;
+    into.change = match (into.blocks_before, into.blocks_after) {
+        (0, _) => Change::New,
+        (_, 0) => Change::Freed,
+        _ if into.delta_bytes > 0 => Change::Grown,
+        _ if into.delta_bytes < 0 => Change::Shrunk,
+        _ if into.blocks_after > into.blocks_before => Change::Grown,
+        _ if into.blocks_after < into.blocks_before => Change::Shrunk,
+        _ if into.change == other.change => into.change,
+        _ => Change::Rounding,
+    };
 }
 
 /// The identity of a block within one process, per `matching`.
@@ -211,6 +236,16 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
             blocks_kept: kept.get(&key).copied().unwrap_or(0),
         });
     }
+    // Counted per stack, before rows are merged: a stack that shrinks does
+    // not hide another that grows at the same line.
+    let leaked_bytes = groups
+        .iter()
+        .filter(|g| g.delta_bytes > 0)
+        .map(|g| g.delta_bytes as u64)
+        .sum();
+    if !options.rules.rows_by_stack() {
+        groups = merge_rows(groups, |g| culprit_line(&g.site), merge_diffs);
+    }
     // Growth first, largest first; then the rest by the size of the change,
     // rounding last.
     groups.sort_by_key(|g| {
@@ -260,11 +295,7 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         ));
     }
     Comparison {
-        leaked_bytes: groups
-            .iter()
-            .filter(|g| g.delta_bytes > 0)
-            .map(|g| g.delta_bytes as u64)
-            .sum(),
+        leaked_bytes,
         reserved_before: ta.reserved_bytes,
         reserved_after: tb.reserved_bytes,
         allocated_before: ta.allocated_bytes,

@@ -15,7 +15,7 @@ use crate::frame_class::{classify, notebook_cell};
 use crate::stack_key::is_noise;
 
 /// How a culprit was chosen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CulpritKind {
     /// The innermost frame of the program's own code.
@@ -159,6 +159,7 @@ pub struct CulpritRules {
     focus: Option<Regex>,
     ignore: Option<Regex>,
     library: Option<Regex>,
+    by_stack: bool,
 }
 
 impl CulpritRules {
@@ -173,7 +174,22 @@ impl CulpritRules {
             focus: focus.map(Regex::new).transpose()?,
             ignore: ignore.map(Regex::new).transpose()?,
             library: None,
+            by_stack: false,
         })
+    }
+
+    /// These rules, with a report row for each whole stack (`by_stack`) or,
+    /// by default, one for each culprit line: sites whose stacks differ but
+    /// whose culprits are the same line of code are then one row.
+    pub fn with_rows_by_stack(mut self, by_stack: bool) -> CulpritRules {
+        self.by_stack = by_stack;
+        self
+    }
+
+    /// Whether reports keep one row per whole stack; see
+    /// [`with_rows_by_stack`](CulpritRules::with_rows_by_stack).
+    pub fn rows_by_stack(&self) -> bool {
+        self.by_stack
     }
 
     /// These rules, with frames whose `function file:line` matches `library`

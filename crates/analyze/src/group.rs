@@ -5,7 +5,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_format::{Block, FrameId, Snapshot, StackId};
 
-use crate::culprit::{Culprit, CulpritRules, FrameRole};
+use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Blocks and bytes of one group.
@@ -125,6 +125,56 @@ pub struct Site {
     pub culprit: Culprit,
     /// The stack without allocator, interpreter and dispatcher frames, innermost first.
     pub frames: Vec<SiteFrame>,
+    /// How many stacks the row stands for: more than one when sites whose
+    /// culprits are the same line were merged (see
+    /// [`CulpritRules::with_rows_by_stack`]); then `key` and `frames` are the
+    /// largest one's. Left out of JSON when 1.
+    #[serde(skip_serializing_if = "is_one")]
+    pub stacks: u32,
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+impl Site {
+    /// Merges `other` into this site: the stacks add up, and the one of the
+    /// two holding more bytes (`other_bytes` against `own_bytes`) stands for both.
+    pub(crate) fn absorb(&mut self, own_bytes: u64, mut other: Site, other_bytes: u64) {
+        let stacks = self.stacks + other.stacks;
+        if (other_bytes, std::cmp::Reverse(other.key)) > (own_bytes, std::cmp::Reverse(self.key)) {
+            std::mem::swap(self, &mut other);
+        }
+        self.stacks = stacks;
+    }
+}
+
+/// `rows` with those whose `key`s are equal merged by `merge`, in the order
+/// each key first appears; what reports use to give each culprit line one
+/// row.
+pub(crate) fn merge_rows<T, K: std::hash::Hash + Eq>(
+    rows: Vec<T>,
+    key: impl Fn(&T) -> K,
+    merge: impl Fn(&mut T, T),
+) -> Vec<T> {
+    let mut index: FxHashMap<K, usize> = FxHashMap::default();
+    let mut out: Vec<T> = Vec::with_capacity(rows.len());
+    for row in rows {
+        match index.entry(key(&row)) {
+            std::collections::hash_map::Entry::Occupied(e) => merge(&mut out[*e.get()], row),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(out.len());
+                out.push(row);
+            }
+        }
+    }
+    out
+}
+
+/// A site's culprit line, what rows are merged by.
+pub(crate) fn culprit_line(site: &Site) -> (CulpritKind, String, String, u32) {
+    let c = &site.culprit;
+    (c.kind, c.name.clone(), c.file.clone(), c.line)
 }
 
 /// Describes the sites of one snapshot. Built once per snapshot: it works
@@ -141,6 +191,21 @@ impl<'a> SiteNamer<'a> {
     pub fn new(snap: &'a Snapshot, rules: &'a CulpritRules) -> SiteNamer<'a> {
         let roles = snap.frames.par_iter().map(|f| rules.role(f)).collect();
         SiteNamer { snap, rules, roles }
+    }
+
+    /// The rules culprits are chosen by.
+    pub fn rules(&self) -> &CulpritRules {
+        self.rules
+    }
+
+    /// The culprit of the site whose blocks have stack `stack`: what
+    /// [`site`](SiteNamer::site) gives, without the frames.
+    pub fn culprit(&self, stack: Option<StackId>) -> Culprit {
+        let ids: &[FrameId] = stack.map_or(&[], |s| &self.snap.stacks[s as usize]);
+        self.rules.culprit_of(
+            ids.iter()
+                .map(|&f| (&self.snap.frames[f as usize], self.roles[f as usize])),
+        )
     }
 
     /// Describes the site of key `key`, whose blocks have stack `stack`.
@@ -160,6 +225,7 @@ impl<'a> SiteNamer<'a> {
                     line: f.line,
                 })
                 .collect(),
+            stacks: 1,
         }
     }
 }

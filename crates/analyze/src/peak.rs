@@ -13,7 +13,7 @@ use snapdiff_format::{Action, DeviceTrace, Snapshot};
 
 use crate::category::{Categories, Category};
 use crate::culprit::CulpritRules;
-use crate::group::{Site, SiteNamer, Totals};
+use crate::group::{Site, SiteNamer, Totals, culprit_line, merge_rows};
 use crate::replay::{Replayed, replay};
 use crate::stack_key::{StackKey, StackKeys};
 use crate::trend::{TrendOptions, trend_trace};
@@ -117,8 +117,9 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
     let keys = StackKeys::new(snap);
     let namer = SiteNamer::new(snap, &options.rules);
     let categories = Categories::new(snap);
+    // Suspects by whole stack, to find their stacks' blocks at the peak.
     let trend_options = TrendOptions {
-        rules: options.rules.clone(),
+        rules: options.rules.clone().with_rows_by_stack(true),
         ..TrendOptions::default()
     };
     let suspects = trend_trace(snap, &trend_options)
@@ -136,11 +137,10 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
             let mut peak = device_peak(snap, trace, &at, &namer, &categories);
             peak.growth = (!suspects.is_empty()).then(|| PeakGrowth {
                 growth_bytes: suspects.iter().map(|s| s.growth_bytes).sum(),
-                held_bytes: peak
-                    .sites
+                held_bytes: suspects
                     .iter()
-                    .filter(|p| suspects.iter().any(|s| s.site.key == p.site.key))
-                    .map(|p| p.bytes)
+                    .filter_map(|s| at.points[0].get(&s.site.key))
+                    .map(|t| t.bytes)
                     .sum(),
             });
             peak
@@ -211,6 +211,19 @@ pub(crate) fn live_breakdown(
             }
         })
         .collect();
+    if !namer.rules().rows_by_stack() {
+        sites = merge_rows(
+            sites,
+            |s| (culprit_line(&s.site), s.category),
+            |into, other| {
+                let own = into.bytes;
+                into.site.absorb(own, other.site, other.bytes);
+                into.blocks += other.blocks;
+                into.bytes += other.bytes;
+                into.before_recording |= other.before_recording;
+            },
+        );
+    }
     sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.key.cmp(&b.site.key)));
     let mut by_category: FxHashMap<Category, CategoryTotal> = FxHashMap::default();
     for s in &sites {

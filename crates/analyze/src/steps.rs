@@ -114,8 +114,9 @@ pub struct StepDetail {
 pub fn steps(snap: &Snapshot, options: &StepsOptions) -> Steps {
     let keys = StackKeys::new(snap);
     let namer = SiteNamer::new(snap, &options.rules);
+    // Suspects by whole stack: their keys are matched with the replay's.
     let trend_options = TrendOptions {
-        rules: options.rules.clone(),
+        rules: options.rules.clone().with_rows_by_stack(true),
         ..TrendOptions::default()
     };
     let growing: Vec<StackKey> = trend_trace(snap, &trend_options)

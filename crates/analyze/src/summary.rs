@@ -7,8 +7,8 @@ use serde::Serialize;
 use snapdiff_format::{BlockState, Pool, Snapshot, Totals};
 
 use crate::culprit::CulpritRules;
-use crate::group::{Site, SiteNamer, live_groups};
-use crate::stack_key::StackKeys;
+use crate::group::{self, Site, SiteNamer, live_groups, merge_rows};
+use crate::stack_key::{StackKey, StackKeys};
 
 /// Totals of one device, pool and stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -101,14 +101,39 @@ pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
     let keys = StackKeys::new(snap);
     let groups = live_groups(snap, &keys);
     let live: u64 = groups.totals.values().map(|t| t.bytes).sum();
-    let mut by_size: Vec<_> = groups.totals.iter().collect();
-    by_size.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(b.0)));
     let namer = SiteNamer::new(snap, rules);
-    let top_sites = by_size
+    // Each row: a stack key, its totals, and how many stacks it stands for
+    // (several when sites whose culprits are the same line are merged; the
+    // key is then the largest one's). Culprits are found for every site,
+    // the frames only for the rows shown.
+    let mut rows: Vec<(StackKey, group::Totals, u32)> =
+        groups.totals.iter().map(|(&key, &t)| (key, t, 1)).collect();
+    if !rules.rows_by_stack() {
+        rows = merge_rows(
+            rows,
+            |&(key, _, _)| {
+                let c = namer.culprit(groups.stacks[&key]);
+                (c.kind, c.name, c.file, c.line)
+            },
+            |into, (key, t, n)| {
+                if (t.bytes, std::cmp::Reverse(key)) > (into.1.bytes, std::cmp::Reverse(into.0)) {
+                    into.0 = key;
+                }
+                into.1.blocks += t.blocks;
+                into.1.bytes += t.bytes;
+                into.2 += n;
+            },
+        );
+    }
+    rows.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(&b.0)));
+    let top_sites = rows
         .into_iter()
         .take(top)
-        .map(|(&key, t)| SiteUsage {
-            site: namer.site(key, groups.stacks[&key]),
+        .map(|(key, t, stacks)| SiteUsage {
+            site: Site {
+                stacks,
+                ..namer.site(key, groups.stacks[&key])
+            },
             blocks: t.blocks,
             bytes: t.bytes,
             share: if live == 0 {

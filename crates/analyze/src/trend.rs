@@ -24,10 +24,32 @@ use serde::Serialize;
 use snapdiff_format::{Action, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
-use crate::group::{Site, SiteNamer, Totals, live_groups};
+use crate::group::{Site, SiteNamer, Totals, culprit_line, live_groups, merge_rows};
 use crate::iterations;
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
+
+/// Adds suspect `other` to `into`: two stacks whose culprit is the same
+/// line, whose series add up checkpoint by checkpoint.
+fn merge_suspects(into: &mut Suspect, other: Suspect) {
+    let own = into.growth_bytes;
+    into.site.absorb(own, other.site, other.growth_bytes);
+    into.growth_bytes += other.growth_bytes;
+    into.growth_per_checkpoint += other.growth_per_checkpoint;
+    let add = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a + b);
+    into.growth_per_second = add(into.growth_per_second, other.growth_per_second);
+    into.growth_per_step = add(into.growth_per_step, other.growth_per_step);
+    for (mine, theirs) in [
+        (&mut into.series, &other.series),
+        (&mut into.floor, &other.floor),
+        (&mut into.blocks, &other.blocks),
+    ] {
+        for (a, b) in mine.iter_mut().zip(theirs) {
+            *a += b;
+        }
+    }
+    into.before_recording |= other.before_recording;
+}
 
 /// Checkpoints at the start treated as warm-up by default.
 pub const DEFAULT_WARMUP: usize = 1;
@@ -282,6 +304,9 @@ fn analyze(
             blocks: totals.iter().map(|t| t.blocks).collect(),
             before_recording: series.before_recording.contains(&key),
         });
+    }
+    if !options.rules.rows_by_stack() {
+        suspects = merge_rows(suspects, |s| culprit_line(&s.site), merge_suspects);
     }
     suspects.sort_by(|a, b| {
         b.growth_bytes

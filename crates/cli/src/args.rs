@@ -230,6 +230,7 @@ impl Default for ReportArgs {
             ignore: None,
             library: None,
             full_paths: false,
+            by: Rows::Culprit,
         }
     }
 }
@@ -260,6 +261,19 @@ pub(crate) struct ReportArgs {
     /// torch's (e.g. your company's framework: "/mycorp_train/").
     #[arg(long, value_name = "RE", value_parser = parse_regex)]
     pub(crate) library: Option<String>,
+    /// One row per culprit line (sites whose stacks reach it by different
+    /// paths together), or per whole stack (each shows where it differs).
+    #[arg(long, value_enum, value_name = "ROWS", default_value_t = Rows::Culprit)]
+    pub(crate) by: Rows,
+}
+
+/// What a report's rows are (`--by`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Rows {
+    /// One row per culprit line.
+    Culprit,
+    /// One row per whole stack.
+    Stack,
 }
 
 impl ReportArgs {
@@ -276,7 +290,8 @@ impl ReportArgs {
     pub(crate) fn rules(&self) -> anyhow::Result<snapdiff_analyze::CulpritRules> {
         Ok(
             snapdiff_analyze::CulpritRules::new(self.focus.as_deref(), self.ignore.as_deref())?
-                .with_library(self.library.as_deref())?,
+                .with_library(self.library.as_deref())?
+                .with_rows_by_stack(self.by == Rows::Stack),
         )
     }
 }

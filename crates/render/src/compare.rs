@@ -6,7 +6,10 @@ use std::io::{self, Write};
 use snapdiff_analyze::{Change, Comparison, GroupDiff};
 
 use crate::TextOptions;
-use crate::text::{align_right, count, delta, paths_base, paths_note, site_cell, size, table};
+use crate::text::write_table;
+use crate::text::{
+    align_right, count, delta, paths_base, paths_note, site_cell, size, table, where_stacks_differ,
+};
 
 /// `cmp` of files `before` and `after` as `snapdiff compare` prints it: the
 /// totals, the sites that changed, then the notes.
@@ -74,6 +77,7 @@ pub fn write_sites(
     let mut t = table(["", "culprit", "blocks", "bytes", "delta", "share"]);
     let shown = &groups[..groups.len().min(options.top_limit())];
     let base = paths_base(shown.iter().map(|g| &g.site), options.full_paths);
+    let via = where_stacks_differ(&shown.iter().map(|g| &g.site).collect::<Vec<_>>(), &base);
     for (i, g) in shown.iter().enumerate() {
         let share = if g.delta_bytes > 0 && leaked > 0 {
             format!("{:.0}%", 100.0 * g.delta_bytes as f64 / leaked as f64)
@@ -96,7 +100,7 @@ pub fn write_sites(
         };
         t.add_row(vec![
             (i + 1).to_string(),
-            site_cell(&g.site, options.frames, &base),
+            site_cell(&g.site, options.frames, &base) + via[i].as_deref().unwrap_or(""),
             format!("{} -> {}", count(g.blocks_before), count(g.blocks_after)),
             bytes,
             change,
@@ -104,7 +108,11 @@ pub fn write_sites(
         ]);
     }
     align_right(&mut t, &[0, 2, 3, 4, 5]);
-    writeln!(out, "{t}")?;
+    write_table(
+        out,
+        "live memory by site, before -> after (growth first):",
+        &t,
+    )?;
     paths_note(out, &base)?;
     if groups.len() > shown.len() {
         writeln!(

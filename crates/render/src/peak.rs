@@ -7,7 +7,10 @@ use snapdiff_analyze::Category;
 use snapdiff_analyze::{CategoryTotal, DevicePeak, Peak, PeakSite};
 
 use crate::TextOptions;
-use crate::text::{align_right, count, paths_base, paths_note, site_cell_before, size, table};
+use crate::text::write_table;
+use crate::text::{
+    align_right, count, paths_base, paths_note, site_cell_before, size, table, where_stacks_differ,
+};
 
 /// `peak` of `file` as `snapdiff peak` prints it.
 pub fn write_text(
@@ -102,7 +105,7 @@ pub fn write_live(
         ]);
     }
     align_right(&mut by_category, &[1, 2, 3]);
-    writeln!(out, "{by_category}")?;
+    write_table(out, "what was live, by what it is for:", &by_category)?;
 
     let shown = &sites[..sites.len().min(options.top_limit())];
     if shown.is_empty() {
@@ -110,10 +113,12 @@ pub fn write_live(
     }
     let mut by_site = table(["", "culprit", "what", "blocks", "bytes", "share"]);
     let base = paths_base(shown.iter().map(|s| &s.site), options.full_paths);
+    let via = where_stacks_differ(&shown.iter().map(|s| &s.site).collect::<Vec<_>>(), &base);
     for (i, s) in shown.iter().enumerate() {
         by_site.add_row(vec![
             (i + 1).to_string(),
-            site_cell_before(&s.site, s.before_recording, options.frames, &base),
+            site_cell_before(&s.site, s.before_recording, options.frames, &base)
+                + via[i].as_deref().unwrap_or(""),
             s.category.label().to_owned(),
             count(s.blocks),
             size(s.bytes),
@@ -121,7 +126,7 @@ pub fn write_live(
         ]);
     }
     align_right(&mut by_site, &[0, 3, 4, 5]);
-    writeln!(out, "{by_site}")?;
+    write_table(out, "what was live, by site:", &by_site)?;
     paths_note(out, &base)?;
     if sites.len() > shown.len() {
         writeln!(

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use snapdiff_analyze::{DeviceSteps, Step, Steps};
 
 use crate::TextOptions;
+use crate::text::write_table;
 use crate::text::{align_right, delta, paths_base, paths_note, site_cell, size, table};
 use crate::trend::source_label;
 
@@ -89,7 +90,11 @@ fn write_device(d: &DeviceSteps, options: &TextOptions, out: &mut dyn Write) -> 
         }
     }
     align_right(&mut t, &[0, 1, 2, 3, 4, 5]);
-    writeln!(out, "{t}")?;
+    write_table(
+        out,
+        "each step: memory at its start and peak, and what it kept:",
+        &t,
+    )?;
     paths_note(out, &base)?;
     let retained: i64 = d.steps.iter().skip(1).map(|s| s.retained_bytes).sum();
     if d.steps.len() > 1 {

@@ -5,7 +5,10 @@ use std::io::{self, Write};
 use snapdiff_analyze::Summary;
 
 use crate::TextOptions;
-use crate::text::{align_right, count, paths_base, paths_note, site_cell, size, table};
+use crate::text::write_table;
+use crate::text::{
+    align_right, count, paths_base, paths_note, site_cell, size, table, where_stacks_differ,
+};
 
 /// `summary` of `file` as `snapdiff summary` prints it; `source` and
 /// `producer` are what the file says made it.
@@ -50,7 +53,7 @@ pub fn write_text(
         format!("largest free block {}", size(f.largest_free_block)),
     ]);
     align_right(&mut totals, &[1]);
-    writeln!(out, "{totals}")?;
+    write_table(out, "memory:", &totals)?;
 
     if !summary.pools.is_empty() {
         let mut pools = table([
@@ -74,7 +77,7 @@ pub fn write_text(
             ]);
         }
         align_right(&mut pools, &[0, 2, 3, 4, 5, 6]);
-        writeln!(out, "{pools}")?;
+        write_table(out, "by device, pool and stream:", &pools)?;
     }
 
     if !summary.top_sites.is_empty() {
@@ -83,17 +86,19 @@ pub fn write_text(
             summary.top_sites.iter().map(|s| &s.site),
             options.full_paths,
         );
+        let shown: Vec<_> = summary.top_sites.iter().map(|s| &s.site).collect();
+        let via = where_stacks_differ(&shown, &base);
         for (i, s) in summary.top_sites.iter().enumerate() {
             sites.add_row(vec![
                 (i + 1).to_string(),
-                site_cell(&s.site, options.frames, &base),
+                site_cell(&s.site, options.frames, &base) + via[i].as_deref().unwrap_or(""),
                 count(s.blocks),
                 size(s.bytes),
                 format!("{:.0}%", 100.0 * s.share),
             ]);
         }
         align_right(&mut sites, &[0, 2, 3, 4]);
-        writeln!(out, "{sites}")?;
+        write_table(out, "largest sites by live bytes:", &sites)?;
         paths_note(out, &base)?;
     }
 

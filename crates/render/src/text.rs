@@ -6,7 +6,7 @@ use std::io::Write;
 
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
-use snapdiff_analyze::{Culprit, CulpritKind, Site};
+use snapdiff_analyze::{Culprit, CulpritKind, Site, SiteFrame};
 
 pub use snapdiff_format::units::{format_delta as delta, format_size as size};
 
@@ -23,6 +23,12 @@ pub fn table<I: IntoIterator<Item = &'static str>>(header: I) -> Table {
         t.set_content_arrangement(ContentArrangement::Disabled);
     }
     t
+}
+
+/// Writes table `t` under its title, a line saying what its rows are.
+pub fn write_table(out: &mut dyn Write, title: &str, t: &Table) -> std::io::Result<()> {
+    writeln!(out, "{title}")?;
+    writeln!(out, "{t}")
 }
 
 /// Right-aligns the given columns (numbers read better that way).
@@ -70,27 +76,66 @@ pub fn site_cell_before(site: &Site, before_recording: bool, frames: usize, base
 }
 
 /// A site for a table cell: its culprit, and `frames` more frames of its
-/// stack, with paths shown from `base` (see [`paths_base`]).
+/// stack, with paths shown from `base` (see [`paths_base`]). A row that
+/// stands for several stacks with the same culprit line says so.
 pub fn site_cell(site: &Site, frames: usize, base: &str) -> String {
     let mut cell = site.culprit.display_from(base);
     if site.culprit.kind == CulpritKind::Fallback {
         cell.push_str("  (no frame of your code)");
+    }
+    if site.stacks > 1 {
+        cell.push_str(&format!(
+            "\n  ({} call paths; --by stack splits them)",
+            count(site.stacks.into())
+        ));
     }
     let culprit_at = site.frames.iter().position(|f| {
         f.name == site.culprit.name && f.file == site.culprit.file && f.line == site.culprit.line
     });
     let below = culprit_at.map_or(0, |i| i + 1);
     for f in site.frames.iter().skip(below).take(frames) {
-        let culprit = Culprit {
-            name: f.name.clone(),
-            file: f.file.clone(),
-            line: f.line,
-            kind: CulpritKind::User,
-        };
         cell.push_str("\n  from ");
-        cell.push_str(&culprit.display_from(base));
+        cell.push_str(&frame_text(f, base));
     }
     cell
+}
+
+/// A frame as `function file:line`, its path shown from `base`.
+fn frame_text(f: &SiteFrame, base: &str) -> String {
+    Culprit {
+        name: f.name.clone(),
+        file: f.file.clone(),
+        line: f.line,
+        kind: CulpritKind::User,
+    }
+    .display_from(base)
+}
+
+/// For rows of whole stacks (`--by stack`), what tells apart rows whose
+/// culprit is the same line: for each of `sites`, the first frame (innermost
+/// first) where its stack differs from another shown row's with the same
+/// culprit, as a line to add to its cell; `None` for a row whose culprit no
+/// other row shares.
+pub fn where_stacks_differ(sites: &[&Site], base: &str) -> Vec<Option<String>> {
+    fn line(s: &Site) -> (CulpritKind, &str, &str, u32) {
+        let c = &s.culprit;
+        (c.kind, &c.name, &c.file, c.line)
+    }
+    sites
+        .iter()
+        .map(|site| {
+            let others: Vec<&&Site> = sites
+                .iter()
+                .filter(|o| o.key != site.key && line(o) == line(site))
+                .collect();
+            if others.is_empty() {
+                return None;
+            }
+            let at = (0..site.frames.len())
+                .find(|&i| others.iter().any(|o| o.frames.get(i) != site.frames.get(i)))?;
+            Some(format!("\n  via {}", frame_text(&site.frames[at], base)))
+        })
+        .collect()
 }
 
 /// A count for people, thousands apart: `1,048,576`.

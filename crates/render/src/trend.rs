@@ -7,8 +7,10 @@ use snapdiff_analyze::CheckpointSource;
 use snapdiff_analyze::{CulpritKind, Suspect, Trend};
 
 use crate::TextOptions;
+use crate::text::write_table;
 use crate::text::{
     align_right, duration, paths_base, paths_note, site_cell_before, size, sparkline, table,
+    where_stacks_differ,
 };
 
 /// Where checkpoints (or steps) were cut, for people.
@@ -91,8 +93,10 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
         ]);
         let shown = &trend.suspects[..trend.suspects.len().min(options.top_limit())];
         let base = paths_base(shown.iter().map(|s| &s.site), options.full_paths);
+        let via = where_stacks_differ(&shown.iter().map(|s| &s.site).collect::<Vec<_>>(), &base);
         for (i, s) in shown.iter().enumerate() {
             let mut cell = site_cell_before(&s.site, s.before_recording, options.frames, &base);
+            cell.push_str(via[i].as_deref().unwrap_or(""));
             if s.before_recording && s.site.culprit.kind != CulpritKind::NoStack {
                 cell.push_str("\n  (some blocks allocated before recording began)");
             }
@@ -114,7 +118,7 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
             ]);
         }
         align_right(&mut t, &[0, 2, 3, 4]);
-        writeln!(out, "{t}")?;
+        write_table(out, "sites that keep growing:", &t)?;
         paths_note(out, &base)?;
         write_evidence(trend, shown, out)?;
     }
