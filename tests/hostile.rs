@@ -370,6 +370,25 @@ fn frame_names_with_control_characters_are_escaped_in_every_report() {
     }
     assert!(escaped_seen, "no report showed the hostile name, escaped");
 
+    // With colour on, snapdiff's own colour codes pass and nothing else: the
+    // terminal title sequence stays escaped. (The file's own red code is
+    // one of them; all it can do is colour text red.)
+    let run = crate::util::snapdiff([
+        "compare".as_ref(),
+        a.as_os_str(),
+        b.as_os_str(),
+        "--color".as_ref(),
+        "always".as_ref(),
+    ]);
+    let out = run.stdout();
+    assert!(out.contains("\x1b[31m+"), "growth in red: {out}");
+    let without_colors = out
+        .replace("\x1b[31m", "")
+        .replace("\x1b[32m", "")
+        .replace("\x1b[0m", "");
+    assert!(!has_raw_controls(&without_colors), "{out}");
+    assert!(out.contains("\\x1b]0;pwned\\x07"), "{out}");
+
     // JSON output keeps the text exact.
     let run = crate::util::snapdiff(["summary".as_ref(), a.as_os_str(), "--json".as_ref()]);
     assert!(

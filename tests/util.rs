@@ -102,6 +102,8 @@ where
     let output = Command::new(env!("CARGO_BIN_EXE_snapdiff"))
         .args(&args)
         .env_remove("NO_COLOR")
+        // Piped output is never coloured, whatever the environment forces.
+        .env_remove("CLICOLOR_FORCE")
         .output()
         .expect("run snapdiff");
     Run {

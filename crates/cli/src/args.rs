@@ -14,6 +14,21 @@ use clap::{Args, Parser, Subcommand};
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
+    /// Colour growth red and shrinking green: auto (on a terminal, unless
+    /// NO_COLOR is set; CLICOLOR_FORCE forces it), always or never.
+    #[arg(long, global = true, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
+    pub(crate) color: ColorWhen,
+}
+
+/// When to colour text reports (`--color`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ColorWhen {
+    /// On a terminal that supports it, as NO_COLOR and CLICOLOR_FORCE say.
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
 }
 
 #[derive(Debug, Subcommand)]
@@ -283,6 +298,7 @@ impl ReportArgs {
             top: self.top,
             frames: self.frames,
             full_paths: self.full_paths,
+            color: crate::output::colors(),
         }
     }
 

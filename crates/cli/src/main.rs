@@ -26,6 +26,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
+    output::choose_colors(cli.color);
     match cmd::run(cli) {
         Ok(code) => code.into(),
         Err(err) => {

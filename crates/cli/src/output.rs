@@ -8,11 +8,41 @@ use anyhow::bail;
 use snapdiff_format::Existing;
 use snapdiff_render::text::TerminalText;
 
+use crate::args::ColorWhen;
+
+/// Whether text reports are coloured, decided once from `--color` by
+/// [`choose_colors`].
+static COLORS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Decides whether text reports on stdout are coloured: `--color always` or
+/// `never`, or for `auto` what anstream decides from the terminal, NO_COLOR,
+/// CLICOLOR and CLICOLOR_FORCE.
+pub(crate) fn choose_colors(when: ColorWhen) {
+    let on = match when {
+        ColorWhen::Always => true,
+        ColorWhen::Never => false,
+        ColorWhen::Auto => {
+            anstream::AutoStream::choice(&std::io::stdout()) != anstream::ColorChoice::Never
+        }
+    };
+    let _ = COLORS.set(on);
+}
+
+/// Whether text reports are coloured (see [`choose_colors`]).
+pub(crate) fn colors() -> bool {
+    COLORS.get().copied().unwrap_or(false)
+}
+
 /// Standard output for text reports, with control characters escaped; see
 /// [`TerminalText`]. (`--json` output goes to plain stdout: JSON escapes
 /// them itself and must stay exact.)
 pub(crate) fn text_out() -> TerminalText<std::io::StdoutLock<'static>> {
-    TerminalText::new(std::io::stdout().lock())
+    let stdout = std::io::stdout().lock();
+    if colors() {
+        TerminalText::with_colors(stdout)
+    } else {
+        TerminalText::new(stdout)
+    }
 }
 
 /// Prints `report` as `--json` on stdout, its site lists cut to `top`.

@@ -28,7 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = TextOptions {
         top: 5,
         frames: 2,
-        full_paths: false,
+        ..TextOptions::default()
     };
     snapdiff_render::compare::write_text(&cmp, before, after, &options, &mut text)?;
     print!("{}", String::from_utf8(text)?);

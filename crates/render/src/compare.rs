@@ -6,10 +6,10 @@ use std::io::{self, Write};
 use snapdiff_analyze::{Change, Comparison, GroupDiff};
 
 use crate::TextOptions;
-use crate::text::write_table;
 use crate::text::{
-    align_right, count, delta, paths_base, paths_note, site_cell, size, table, where_stacks_differ,
+    align_right, count, paths_base, paths_note, site_cell, size, table, where_stacks_differ,
 };
+use crate::text::{delta_colored, write_table};
 
 /// `cmp` of files `before` and `after` as `snapdiff compare` prints it: the
 /// totals, the sites that changed, then the notes.
@@ -26,10 +26,16 @@ pub fn write_text(
         "reserved {} -> {} ({}), allocated {} -> {} ({})",
         size(cmp.reserved_before),
         size(cmp.reserved_after),
-        delta(cmp.reserved_after as i64 - cmp.reserved_before as i64),
+        delta_colored(
+            cmp.reserved_after as i64 - cmp.reserved_before as i64,
+            options.color
+        ),
         size(cmp.allocated_before),
         size(cmp.allocated_after),
-        delta(cmp.allocated_after as i64 - cmp.allocated_before as i64),
+        delta_colored(
+            cmp.allocated_after as i64 - cmp.allocated_before as i64,
+            options.color
+        ),
     )?;
     let grown = cmp.groups.iter().filter(|g| g.delta_bytes > 0).count();
     if grown == 0 {
@@ -96,7 +102,7 @@ pub fn write_sites(
         let change = if g.change == Change::Rounding {
             "rounding".to_owned()
         } else {
-            delta(g.delta_bytes)
+            delta_colored(g.delta_bytes, options.color)
         };
         t.add_row(vec![
             (i + 1).to_string(),

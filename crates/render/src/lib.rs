@@ -38,6 +38,9 @@ pub struct TextOptions {
     pub frames: usize,
     /// File paths whole, instead of from the folder that holds the code.
     pub full_paths: bool,
+    /// Growth in red and shrinking in green (for a terminal; see
+    /// [`text::TerminalText::with_colors`]).
+    pub color: bool,
 }
 
 impl TextOptions {

@@ -5,8 +5,8 @@ use std::io::{self, Write};
 use snapdiff_analyze::{DeviceSteps, Step, Steps};
 
 use crate::TextOptions;
-use crate::text::write_table;
 use crate::text::{align_right, delta, paths_base, paths_note, site_cell, size, table};
+use crate::text::{delta_colored, write_table};
 use crate::trend::source_label;
 
 /// `steps` of `file` as `snapdiff steps` prints it.
@@ -72,7 +72,7 @@ fn write_device(d: &DeviceSteps, options: &TextOptions, out: &mut dyn Write) -> 
             size(s.peak_bytes),
             size(s.allocated_bytes),
             size(s.freed_bytes),
-            delta(s.retained_bytes),
+            delta_colored(s.retained_bytes, options.color),
             by,
         ]
     };

@@ -138,6 +138,52 @@ pub fn where_stacks_differ(sites: &[&Site], base: &str) -> Vec<Option<String>> {
         .collect()
 }
 
+/// The style of growth: red.
+const GROWTH: anstyle::Style = anstyle::AnsiColor::Red.on_default();
+/// The style of shrinking: green.
+const SHRINK: anstyle::Style = anstyle::AnsiColor::Green.on_default();
+
+/// `text`, red when `color` (memory that grew).
+pub fn grew(text: String, color: bool) -> String {
+    paint(text, GROWTH, color)
+}
+
+/// `text`, green when `color` (memory that shrank).
+pub fn shrank(text: String, color: bool) -> String {
+    paint(text, SHRINK, color)
+}
+
+/// A signed byte difference (`+1.00 MiB`), red when it grew and green
+/// when it shrank, if `color`.
+pub fn delta_colored(bytes: i64, color: bool) -> String {
+    match bytes {
+        b if b > 0 => grew(delta(b), color),
+        b if b < 0 => shrank(delta(b), color),
+        b => delta(b),
+    }
+}
+
+fn paint(text: String, style: anstyle::Style, color: bool) -> String {
+    if color {
+        format!("{}{text}{}", style.render(), style.render_reset())
+    } else {
+        text
+    }
+}
+
+/// The only escape sequences [`TerminalText::with_colors`] lets through:
+/// those [`grew`] and [`shrank`] write.
+fn color_codes() -> &'static [String; 3] {
+    static CODES: std::sync::OnceLock<[String; 3]> = std::sync::OnceLock::new();
+    CODES.get_or_init(|| {
+        [
+            GROWTH.render().to_string(),
+            SHRINK.render().to_string(),
+            GROWTH.render_reset().to_string(),
+        ]
+    })
+}
+
 /// A count for people, thousands apart: `1,048,576`.
 pub fn count(n: u64) -> String {
     let digits = n.to_string();
@@ -235,6 +281,8 @@ fn is_escaped(c: char) -> bool {
 /// (Rust strings); a C1 control's two bytes may arrive in two writes.
 pub struct TerminalText<W: Write> {
     inner: W,
+    /// Whether snapdiff's own colour codes pass (see [`TerminalText::with_colors`]).
+    colors: bool,
     /// A 0xC2 byte that ended the last write: the first half of a C1 control
     /// or of another character.
     pending_c2: bool,
@@ -244,7 +292,19 @@ impl<W: Write> TerminalText<W> {
     pub fn new(inner: W) -> TerminalText<W> {
         TerminalText {
             inner,
+            colors: false,
             pending_c2: false,
+        }
+    }
+
+    /// A writer like [`new`](TerminalText::new) that lets through the
+    /// colour codes of [`grew`] and [`shrank`] and their reset, and no other
+    /// escape sequence. A file's own text could hold those same codes too:
+    /// all they can do is colour text red or green.
+    pub fn with_colors(inner: W) -> TerminalText<W> {
+        TerminalText {
+            colors: true,
+            ..TerminalText::new(inner)
         }
     }
 }
@@ -268,6 +328,15 @@ impl<W: Write> Write for TerminalText<W> {
         }
         while i < buf.len() {
             let b = buf[i];
+            if b == 0x1b
+                && self.colors
+                && let Some(code) = color_codes()
+                    .iter()
+                    .find(|code| buf[i..].starts_with(code.as_bytes()))
+            {
+                i += code.len();
+                continue;
+            }
             let escape = match b {
                 b'\n' | b'\t' => None,
                 0x00..=0x1f | 0x7f => Some((b, 1)),
@@ -323,6 +392,21 @@ mod tests {
         }
         out.flush().unwrap();
         String::from_utf8(out.inner).unwrap()
+    }
+
+    #[test]
+    fn with_colors_only_snapdiffs_colour_codes_pass() {
+        let mut out = TerminalText::with_colors(Vec::new());
+        let text = format!(
+            "{} \u{1b}]0;x\u{7} \u{1b}[2J",
+            grew("+1 B".to_owned(), true)
+        );
+        out.write_all(text.as_bytes()).unwrap();
+        assert_eq!(
+            String::from_utf8(out.inner).unwrap(),
+            "\u{1b}[31m+1 B\u{1b}[0m \\x1b]0;x\\x07 \\x1b[2J"
+        );
+        assert_eq!(grew("+1 B".to_owned(), false), "+1 B");
     }
 
     #[test]

@@ -7,11 +7,11 @@ use snapdiff_analyze::CheckpointSource;
 use snapdiff_analyze::{CulpritKind, Suspect, Trend};
 
 use crate::TextOptions;
-use crate::text::write_table;
 use crate::text::{
     align_right, duration, paths_base, paths_note, site_cell_before, size, sparkline, table,
     where_stacks_differ,
 };
+use crate::text::{grew, write_table};
 
 /// Where checkpoints (or steps) were cut, for people.
 pub fn source_label(source: CheckpointSource) -> &'static str {
@@ -103,10 +103,10 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
             t.add_row(vec![
                 (i + 1).to_string(),
                 cell,
-                size(s.growth_bytes),
+                grew(size(s.growth_bytes), options.color),
                 match s.growth_per_step {
-                    Some(per_step) if by_step => size(per_step.round() as u64),
-                    _ => size(s.growth_per_checkpoint),
+                    Some(per_step) if by_step => grew(size(per_step.round() as u64), options.color),
+                    _ => grew(size(s.growth_per_checkpoint), options.color),
                 },
                 s.growth_per_second
                     .map_or(String::new(), |r| format!("{}/s", size(r as u64))),

@@ -340,6 +340,7 @@ impl fmt::Display for LeakReport {
             // A test's own paths are short, and the note that would say
             // where shortened ones start from names a command-line flag.
             full_paths: true,
+            color: false,
         };
         let mut table = Vec::new();
         snapdiff_render::compare::write_sites(&diffs, self.leaked_bytes(), &options, &mut table)
