@@ -6,10 +6,10 @@ use std::io::{self, Write};
 use snapdiff_analyze::{Change, Comparison, GroupDiff};
 
 use crate::TextOptions;
+use crate::text::{add_rows, delta_colored, write_table};
 use crate::text::{
     align_right, count, paths_base, paths_note, site_cell, size, table, where_stacks_differ,
 };
-use crate::text::{delta_colored, write_table};
 
 /// `cmp` of files `before` and `after` as `snapdiff compare` prints it: the
 /// totals, the sites that changed, then the notes.
@@ -84,6 +84,7 @@ pub fn write_sites(
     let shown = &groups[..groups.len().min(options.top_limit())];
     let base = paths_base(shown.iter().map(|g| &g.site), options.full_paths);
     let via = where_stacks_differ(&shown.iter().map(|g| &g.site).collect::<Vec<_>>(), &base);
+    let mut rows = Vec::new();
     for (i, g) in shown.iter().enumerate() {
         let share = if g.delta_bytes > 0 && leaked > 0 {
             format!("{:.0}%", 100.0 * g.delta_bytes as f64 / leaked as f64)
@@ -104,7 +105,7 @@ pub fn write_sites(
         } else {
             delta_colored(g.delta_bytes, options.color)
         };
-        t.add_row(vec![
+        rows.push(vec![
             (i + 1).to_string(),
             site_cell(&g.site, options.frames, &base) + via[i].as_deref().unwrap_or(""),
             format!("{} -> {}", count(g.blocks_before), count(g.blocks_after)),
@@ -113,6 +114,7 @@ pub fn write_sites(
             share,
         ]);
     }
+    add_rows(&mut t, rows, 1);
     align_right(&mut t, &[0, 2, 3, 4, 5]);
     write_table(
         out,

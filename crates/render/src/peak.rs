@@ -7,7 +7,7 @@ use snapdiff_analyze::Category;
 use snapdiff_analyze::{CategoryTotal, DevicePeak, Peak, PeakSite};
 
 use crate::TextOptions;
-use crate::text::write_table;
+use crate::text::{add_rows, write_table};
 use crate::text::{
     align_right, count, paths_base, paths_note, site_cell_before, size, table, where_stacks_differ,
 };
@@ -114,8 +114,9 @@ pub fn write_live(
     let mut by_site = table(["", "culprit", "what", "blocks", "bytes", "share"]);
     let base = paths_base(shown.iter().map(|s| &s.site), options.full_paths);
     let via = where_stacks_differ(&shown.iter().map(|s| &s.site).collect::<Vec<_>>(), &base);
+    let mut rows = Vec::new();
     for (i, s) in shown.iter().enumerate() {
-        by_site.add_row(vec![
+        rows.push(vec![
             (i + 1).to_string(),
             site_cell_before(&s.site, s.before_recording, options.frames, &base)
                 + via[i].as_deref().unwrap_or(""),
@@ -125,6 +126,7 @@ pub fn write_live(
             share(s.bytes),
         ]);
     }
+    add_rows(&mut by_site, rows, 1);
     align_right(&mut by_site, &[0, 3, 4, 5]);
     write_table(out, "what was live, by site:", &by_site)?;
     paths_note(out, &base)?;

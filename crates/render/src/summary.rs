@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use snapdiff_analyze::Summary;
 
 use crate::TextOptions;
-use crate::text::write_table;
+use crate::text::{add_rows, write_table};
 use crate::text::{
     align_right, count, paths_base, paths_note, site_cell, size, table, where_stacks_differ,
 };
@@ -88,8 +88,9 @@ pub fn write_text(
         );
         let shown: Vec<_> = summary.top_sites.iter().map(|s| &s.site).collect();
         let via = where_stacks_differ(&shown, &base);
+        let mut rows = Vec::new();
         for (i, s) in summary.top_sites.iter().enumerate() {
-            sites.add_row(vec![
+            rows.push(vec![
                 (i + 1).to_string(),
                 site_cell(&s.site, options.frames, &base) + via[i].as_deref().unwrap_or(""),
                 count(s.blocks),
@@ -97,6 +98,7 @@ pub fn write_text(
                 format!("{:.0}%", 100.0 * s.share),
             ]);
         }
+        add_rows(&mut sites, rows, 1);
         align_right(&mut sites, &[0, 2, 3, 4]);
         write_table(out, "largest sites by live bytes:", &sites)?;
         paths_note(out, &base)?;

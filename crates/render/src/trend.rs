@@ -7,11 +7,11 @@ use snapdiff_analyze::CheckpointSource;
 use snapdiff_analyze::{CulpritKind, Suspect, Trend};
 
 use crate::TextOptions;
+use crate::text::{add_rows, grew, write_table};
 use crate::text::{
     align_right, duration, paths_base, paths_note, site_cell_before, size, sparkline, table,
     where_stacks_differ,
 };
-use crate::text::{grew, write_table};
 
 /// Where checkpoints (or steps) were cut, for people.
 pub fn source_label(source: CheckpointSource) -> &'static str {
@@ -94,13 +94,14 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
         let shown = &trend.suspects[..trend.suspects.len().min(options.top_limit())];
         let base = paths_base(shown.iter().map(|s| &s.site), options.full_paths);
         let via = where_stacks_differ(&shown.iter().map(|s| &s.site).collect::<Vec<_>>(), &base);
+        let mut rows = Vec::new();
         for (i, s) in shown.iter().enumerate() {
             let mut cell = site_cell_before(&s.site, s.before_recording, options.frames, &base);
             cell.push_str(via[i].as_deref().unwrap_or(""));
             if s.before_recording && s.site.culprit.kind != CulpritKind::NoStack {
                 cell.push_str("\n  (some blocks allocated before recording began)");
             }
-            t.add_row(vec![
+            rows.push(vec![
                 (i + 1).to_string(),
                 cell,
                 grew(size(s.growth_bytes), options.color),
@@ -117,6 +118,7 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
                 ),
             ]);
         }
+        add_rows(&mut t, rows, 1);
         align_right(&mut t, &[0, 2, 3, 4]);
         write_table(out, "sites that keep growing:", &t)?;
         paths_note(out, &base)?;
