@@ -303,12 +303,30 @@ fn ranks_dump_under_their_own_names_and_are_reported_apart() {
     if !torch_ready() {
         return;
     }
+    // Ranks of torch.multiprocessing.spawn, and of start_processes with
+    // the fork start method (children that step an optimizer: ranks, not
+    // DataLoader workers).
+    for start_method in ["spawn", "fork"] {
+        ranks_dump_apart(start_method);
+    }
+}
+
+fn ranks_dump_apart(start_method: &str) {
     let dir = tempdir();
     let out = dir.path().join("out");
     let run = capture(
         &out,
         &["--every", "5"],
-        &["--ranks", "2", "--leak", "hidden-state", "--leak-rank", "1"],
+        &[
+            "--ranks",
+            "2",
+            "--rank-start-method",
+            start_method,
+            "--leak",
+            "hidden-state",
+            "--leak-rank",
+            "1",
+        ],
     );
     let stdout = run.expect_code(0).stdout();
     let files = names(&pickles(&out));
@@ -316,7 +334,7 @@ fn ranks_dump_under_their_own_names_and_are_reported_apart() {
         assert_eq!(
             files.iter().filter(|n| n.starts_with(rank)).count(),
             7,
-            "{rank}: {files:?}"
+            "{start_method}, {rank}: {files:?}"
         );
     }
     assert_eq!(files.len(), 14, "the launcher made no tensor: {files:?}");
@@ -353,6 +371,52 @@ fn ranks_dump_under_their_own_names_and_are_reported_apart() {
     assert_eq!(
         processes[1]["trend"]["suspects"].as_array().unwrap().len(),
         1
+    );
+}
+
+#[test]
+fn torchrun_ranks_dump_apart_and_its_launcher_dumps_nothing() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    // torchrun itself (`python -m torch.distributed.run`): its agent imports
+    // torch and starts the ranks as new processes with RANK set.
+    let mut args: Vec<OsString> = vec!["capture".into(), "-o".into(), out.clone().into()];
+    args.extend(
+        [
+            "--every",
+            "5",
+            "--",
+            "python3",
+            "-m",
+            "torch.distributed.run",
+        ]
+        .map(OsString::from),
+    );
+    args.extend(["--standalone", "--nproc-per-node", "2"].map(OsString::from));
+    args.push(script().into());
+    args.extend(["--leak", "loss-list"].map(OsString::from));
+    let stdout = snapdiff(&args).expect_code(0).stdout();
+    let files = names(&pickles(&out));
+    for rank in ["rank0", "rank1"] {
+        assert_eq!(
+            files.iter().filter(|n| n.starts_with(rank)).count(),
+            7,
+            "{rank}: {files:?}"
+        );
+    }
+    assert_eq!(files.len(), 14, "the agent made no tensor: {files:?}");
+    assert!(
+        stdout.contains("snapshots of 2 processes (rank0, rank1)"),
+        "{stdout}"
+    );
+    let line = format!("torch_train.py:{}", leak_line("loss-list"));
+    assert_eq!(
+        stdout.matches(&line).count(),
+        2,
+        "both ranks leak: {stdout}"
     );
 }
 

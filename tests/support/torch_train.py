@@ -38,6 +38,7 @@ def parse():
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--start-method", choices=["fork", "spawn"], default="fork")
     p.add_argument("--ranks", type=int, default=0)
+    p.add_argument("--rank-start-method", choices=["fork", "spawn"], default="spawn")
     p.add_argument("--leak-rank", type=int, help="with --ranks, only this rank leaks")
     p.add_argument("--raise-at", type=int, default=0)
     p.add_argument("--step-seconds", type=float, default=0.0)
@@ -109,7 +110,9 @@ def run_rank(rank, args):
 def main():
     args = parse()
     if args.ranks:
-        torch.multiprocessing.spawn(run_rank, args=(args,), nprocs=args.ranks)
+        torch.multiprocessing.start_processes(
+            run_rank, args=(args,), nprocs=args.ranks, start_method=args.rank_start_method
+        )
     else:
         train(args)
     print("trained", file=sys.stderr)

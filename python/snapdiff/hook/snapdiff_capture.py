@@ -15,10 +15,10 @@ Rules it keeps so that it cannot hurt the job:
   signal that lands during a dump waits for it instead of deadlocking;
 - CUDA recording starts when the process initialises CUDA itself, never
   before, so processes that do not use CUDA are left alone;
-- DataLoader workers record and dump nothing: forked children stop at the
-  fork, and children started by multiprocessing's `spawn` start recording
-  only when they step an optimizer (as a rank of `torch.multiprocessing.spawn`
-  does, and a worker never does).
+- DataLoader workers record and dump nothing: children, forked or started
+  by multiprocessing's `spawn`, start recording only when they step an
+  optimizer (as a rank of `torch.multiprocessing.spawn` or `start_processes`
+  does, whatever its start method, and a worker never does).
 """
 
 import atexit
@@ -79,7 +79,10 @@ class Capture:
         self.settings = settings
         self.pid = os.getpid()
         self.recording = False  # dumps are taken only while recording
-        self.deferred = deferred
+        # Whether recording waits for the first optimizer step (a child
+        # process, which may be a DataLoader worker).
+        self.waiting_for_step = deferred
+        self.forked_child = False
         self.cpu = None  # the CPU recorder, when torch sees no CUDA device
         self.steps = 0
         self.pacer = None  # the optimizer whose steps are counted
@@ -132,11 +135,19 @@ class Capture:
         threading.Thread(target=self.serve, name="snapdiff-dumps", daemon=True).start()
 
     def install_recording(self):
-        if self.deferred:
-            return  # started by the first optimizer step; see install_step_hook
+        if self.waiting_for_step:
+            return  # started by the first optimizer step; see before_step
         self.start_recording()
 
     def start_recording(self):
+        if self.forked_child:
+            self.forked_child = False
+            self.install_dump_thread()
+            # A forked child ends with os._exit, past atexit; multiprocessing
+            # runs its finalizers just before.
+            import multiprocessing.util
+
+            multiprocessing.util.Finalize(None, self.guarded(self.at_exit), exitpriority=0)
         torch = self.torch
         if torch.cuda.is_available():
             # Runs now if this process already initialised CUDA, else when it does.
@@ -150,6 +161,8 @@ class Capture:
             warn("torch sees no CUDA device; recording CPU tensors with snapdiff's CPU recorder")
 
     def start_cuda(self):
+        if self.waiting_for_step:
+            return  # a forked child that has not stepped: maybe a worker
         torch = self.torch
         entries = self.settings.entries
         torch.cuda.memory._record_memory_history(
@@ -169,16 +182,14 @@ class Capture:
     def install_step_hook(self):
         import torch.optim.optimizer as optimizer
 
-        if self.deferred:
-            started = []
-
-            def before_first_step(opt, args, kwargs):
-                if not started:
-                    started.append(True)
-                    self.guarded(self.start_recording)()
-
-            optimizer.register_optimizer_step_pre_hook(before_first_step)
+        optimizer.register_optimizer_step_pre_hook(self.guarded(self.before_step))
         optimizer.register_optimizer_step_post_hook(self.guarded(self.after_step))
+
+    def before_step(self, opt, args, kwargs):
+        """The first step of a child process: it is a rank, not a worker."""
+        if self.waiting_for_step:
+            self.waiting_for_step = False
+            self.start_recording()
 
     def after_step(self, opt, args, kwargs):
         if self.pacer is None:
@@ -222,13 +233,25 @@ class Capture:
         return call
 
     def forked(self):
-        """In a forked child (a DataLoader worker): record and dump nothing."""
+        """In a forked child: a DataLoader worker, or a rank started with the
+        `fork` start method. It records and dumps nothing until it steps an
+        optimizer, which a worker never does; then it is a process of its
+        own, with its own steps and dump thread (threads do not survive a
+        fork)."""
         self.recording = False
         self.stopping.set()
         if self.cpu is not None:
             self.cpu.pause()
         for signum, handler in self.previous_handlers.items():
             signal.signal(signum, handler)
+        self.pid = os.getpid()
+        self.steps = 0
+        self.pacer = None
+        self.requests = queue.SimpleQueue()
+        self.dump_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.waiting_for_step = True
+        self.forked_child = True
 
     def serve(self):
         """The dump thread: serves requests from signals and the timer."""
