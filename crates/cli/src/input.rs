@@ -21,13 +21,13 @@ fn progress_lines() -> &'static indicatif::MultiProgress {
 }
 
 /// [`read`] of the `parts` a command needs. A large file's line shows a bar
-/// over the bytes read from disk (with rate and time left), then a spinner
-/// while it is parsed; the line goes when the file is read.
+/// over the bytes parsed (with rate and time left); the line goes when the
+/// file is read.
 pub(crate) fn read_parts(
     path: &std::path::Path,
     parts: Parts,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
-    use std::io::{IsTerminal, Read};
+    use std::io::IsTerminal;
     if path.is_dir() {
         return Err(snapdiff_format::Error::new(
             snapdiff_format::ErrorKind::Io,
@@ -39,7 +39,6 @@ pub(crate) fn read_parts(
     if len < PROGRESS_FROM_BYTES || !std::io::stderr().is_terminal() {
         return snapdiff_format::read_path_parts(path, parts);
     }
-    let cannot_read = |e| snapdiff_format::Error::io("cannot read", e).with_path(path);
     let bar = progress_lines().add(indicatif::ProgressBar::new(len));
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -49,23 +48,10 @@ pub(crate) fn read_parts(
         .progress_chars("=> "),
     );
     bar.set_message(format!("reading {}", path.display()));
-    let mut data = Vec::with_capacity(len as usize);
-    let mut file = std::fs::File::open(path).map_err(cannot_read)?;
-    let mut chunk = vec![0u8; 4 << 20];
-    loop {
-        let n = file.read(&mut chunk).map_err(cannot_read)?;
-        if n == 0 {
-            break;
-        }
-        data.extend_from_slice(&chunk[..n]);
-        bar.inc(n as u64);
-    }
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {msg}").expect("a valid template"),
-    );
-    bar.set_message(format!("parsing {}", path.display()));
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    let result = snapdiff_format::read_bytes_parts(&data, parts).map_err(|e| e.with_path(path));
+    let shown = bar.clone();
+    let result = snapdiff_format::read_path_with_progress(path, parts, move |done, _| {
+        shown.set_position(done);
+    });
     bar.finish_and_clear();
     progress_lines().remove(&bar);
     result

@@ -30,6 +30,7 @@ mod error;
 mod intern;
 mod model;
 mod pickle;
+mod read;
 mod snap;
 pub mod units;
 mod value;
@@ -43,6 +44,7 @@ pub use crate::model::{
     TraceEvent,
 };
 pub use crate::pickle::write_torch_pickle;
+pub use crate::read::{read_path, read_path_parts, read_path_with_progress};
 pub use crate::snap::{
     Existing, FORMAT_VERSION, MAGIC, read_json, read_snap, write_atomically, write_json, write_snap,
 };
@@ -111,9 +113,19 @@ pub fn read_bytes(data: &[u8]) -> Result<Snapshot> {
 
 /// Reads the `parts` of a snapshot from bytes of any supported kind.
 pub fn read_bytes_parts(data: &[u8], parts: Parts) -> Result<Snapshot> {
+    read_bytes_parts_with(data, parts, None)
+}
+
+/// [`read_bytes_parts`], telling `progress` how far a pickle's parsing has
+/// got now and then.
+fn read_bytes_parts_with(
+    data: &[u8],
+    parts: Parts,
+    progress: Option<read::Progress>,
+) -> Result<Snapshot> {
     let mut snap = match FileKind::detect(data) {
         Some(FileKind::Snap) => return snap::read_snap_parts(data, parts),
-        _ => read_bytes_whole(data)?,
+        _ => read_bytes_whole(data, progress)?,
     };
     if parts == Parts::WithoutEvents {
         for trace in &mut snap.traces {
@@ -124,14 +136,14 @@ pub fn read_bytes_parts(data: &[u8], parts: Parts) -> Result<Snapshot> {
 }
 
 /// Reads everything a file of any supported kind holds.
-fn read_bytes_whole(data: &[u8]) -> Result<Snapshot> {
+fn read_bytes_whole(data: &[u8], progress: Option<read::Progress>) -> Result<Snapshot> {
     match FileKind::detect(data) {
         Some(FileKind::Snap) => read_snap(data),
         Some(FileKind::Json) => read_json(data),
         Some(FileKind::Pickle) if data.starts_with(pickle::legacy_torch_save::MAGIC) => {
             pickle::legacy_torch_save::read(data)
         }
-        Some(FileKind::Pickle) => pickle::read(data, None),
+        Some(FileKind::Pickle) => pickle::read(data, None, progress),
         Some(FileKind::TorchZip) => pickle::torch_zip::read(data),
         None if data.is_empty() => Err(Error::new(
             ErrorKind::UnknownFormat,
@@ -156,19 +168,6 @@ fn read_bytes_whole(data: &[u8]) -> Result<Snapshot> {
             ))
         }
     }
-}
-
-/// Reads the snapshot file at `path`, whatever its kind. Errors name the file.
-pub fn read_path(path: impl AsRef<Path>) -> Result<Snapshot> {
-    read_path_parts(path, Parts::All)
-}
-
-/// Reads the `parts` of the snapshot file at `path`, whatever its kind.
-/// Errors name the file.
-pub fn read_path_parts(path: impl AsRef<Path>, parts: Parts) -> Result<Snapshot> {
-    let path = path.as_ref();
-    let data = std::fs::read(path).map_err(|e| Error::io("cannot read", e).with_path(path))?;
-    read_bytes_parts(&data, parts).map_err(|e| e.with_path(path))
 }
 
 /// Writes `snap` to `path` atomically, as JSON if the name ends in `.json`,

@@ -25,6 +25,7 @@ use crate::model::{FrameId, StackId};
 use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, Record, Val};
 use crate::pickle::lower::Lowerer;
 use crate::pickle::opcodes::{self, *};
+use crate::read::Progress;
 
 /// The memo index of the BINGET or LONG_BINGET at `pos`, and the position
 /// after it; `None` for any other opcode or a truncated one.
@@ -99,8 +100,9 @@ const MAX_MARKS: usize = 1 << 12;
 
 /// Runs the pickle in `data` and returns the value it leaves, the heap behind
 /// it, the lowered records, and the protocol it declared.
-pub(crate) fn run(data: &[u8]) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
+pub(crate) fn run(data: &[u8], progress: Option<Progress>) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
     let mut m = Machine::new(data);
+    m.progress = progress;
     let top = m.execute()?;
     Ok((top, m.heap, m.lower, m.protocol))
 }
@@ -141,7 +143,14 @@ struct Machine<'a> {
     /// default) reads long byte strings several times faster than FxHash.
     gets_hasher: hashbrown::DefaultHashBuilder,
     protocol: u8,
+    /// Told the position every [`PROGRESS_EVERY`] bytes, if given.
+    progress: Option<Progress>,
+    /// The position at which `progress` is told next.
+    next_progress: usize,
 }
+
+/// How often, in bytes of the input, the machine reports its position.
+const PROGRESS_EVERY: usize = 8 << 20;
 
 impl<'a> Machine<'a> {
     fn new(data: &'a [u8]) -> Machine<'a> {
@@ -168,6 +177,17 @@ impl<'a> Machine<'a> {
             stacks_by_gets: HashTable::new(),
             gets_hasher: hashbrown::DefaultHashBuilder::default(),
             protocol: 0,
+            progress: None,
+            next_progress: PROGRESS_EVERY,
+        }
+    }
+
+    /// Tells `progress` that the opcodes before `at` are done.
+    #[cold]
+    fn report_progress(&mut self, at: usize) {
+        self.next_progress = at + PROGRESS_EVERY;
+        if let Some(progress) = &mut self.progress {
+            progress(at);
         }
     }
 
@@ -177,6 +197,9 @@ impl<'a> Machine<'a> {
             let at = self.pos;
             if self.stack.len() > MAX_STACK || self.marks.len() > MAX_MARKS {
                 return Err(self.too_deep(at));
+            }
+            if at >= self.next_progress {
+                self.report_progress(at);
             }
             let op = *data.get(at).ok_or_else(|| {
                 self.error_at(

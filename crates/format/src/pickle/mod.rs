@@ -30,8 +30,12 @@ const SMALL_SEGMENT_SIZE: u64 = 2 << 20;
 
 /// Reads a snapshot pickle. `container` names what held it (e.g. "torch.save zip")
 /// for [`Meta::source`].
-pub(crate) fn read(data: &[u8], container: Option<&str>) -> Result<Snapshot> {
-    let (top, heap, mut lower, protocol) = machine::run(data)?;
+pub(crate) fn read(
+    data: &[u8],
+    container: Option<&str>,
+    progress: Option<crate::read::Progress>,
+) -> Result<Snapshot> {
+    let (top, heap, mut lower, protocol) = machine::run(data, progress)?;
     let mut snap = Snapshot {
         meta: Meta {
             producer: Meta::PRODUCER_TORCH.to_owned(),
@@ -424,7 +428,7 @@ mod tests {
         p.op(b"e");
         p.op(b"u.");
 
-        let snap = read(&p.out, None).unwrap();
+        let snap = read(&p.out, None, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -535,7 +539,7 @@ mod tests {
         p.traces_end();
         p.op(b"u.");
 
-        let snap = read(&p.out, None).unwrap();
+        let snap = read(&p.out, None, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -584,7 +588,7 @@ mod tests {
         p.traces_end();
         p.op(b"u.");
 
-        let snap = read(&p.out, None).unwrap();
+        let snap = read(&p.out, None, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -610,7 +614,7 @@ mod tests {
         p.op(b"((");
         p.get(a);
         p.op(b"e");
-        let err = read(&p.out, None).unwrap_err().to_string();
+        let err = read(&p.out, None, None).unwrap_err().to_string();
         assert!(
             err.contains("APPENDS") && err.contains("too few values"),
             "{err}"
@@ -668,7 +672,7 @@ mod tests {
         p.op(b"e"); // APPENDS to segments
         p.op(b"u."); // SETITEMS of the top dict, STOP
 
-        let snap = read(&p.out, None).unwrap();
+        let snap = read(&p.out, None, None).unwrap();
         assert_eq!(
             snap.meta.source.as_deref(),
             Some("PyTorch pickle (protocol 2)")

@@ -57,7 +57,7 @@ pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
             format!("data.pkl holds a {kind} file, not a pickle"),
         ));
     }
-    crate::pickle::read(&pickle, Some("torch.save zip")).map_err(|e| {
+    crate::pickle::read(&pickle, Some("torch.save zip"), None).map_err(|e| {
         let message = format!("data.pkl: {}", e.message());
         Error::new(e.kind(), message)
     })

@@ -1,0 +1,184 @@
+//! Reading snapshot files from disk.
+//!
+//! A large file is mapped rather than copied into memory, and while a
+//! pickle is parsed the pages already behind the parser are handed back to
+//! the system: a pickle of a gigabyte would otherwise hold the whole file
+//! in memory beside everything built from it. The parser looks back at
+//! earlier bytes now and then (strings it borrows, frame lists it has seen);
+//! those pages are read in again from the file, which is unchanged.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::{Parts, Snapshot, read_bytes_parts, read_bytes_parts_with};
+
+/// Told, now and then, how many bytes of a pickle have been parsed.
+pub(crate) type Progress = Box<dyn FnMut(usize)>;
+
+/// Files from this size are mapped rather than read into memory.
+const MAP_FROM_BYTES: u64 = 32 << 20;
+
+/// Reads the snapshot file at `path`, whatever its kind. Errors name the file.
+pub fn read_path(path: impl AsRef<Path>) -> Result<Snapshot> {
+    read_path_parts(path, Parts::All)
+}
+
+/// Reads the `parts` of the snapshot file at `path`, whatever its kind.
+/// Errors name the file.
+pub fn read_path_parts(path: impl AsRef<Path>, parts: Parts) -> Result<Snapshot> {
+    read_path_with(path.as_ref(), parts, Box::new(|_, _| {}))
+}
+
+/// [`read_path_parts`], calling `progress(done, total)` with the bytes of
+/// the file parsed so far (for a pickle, every few megabytes; for other
+/// kinds, once at the end).
+pub fn read_path_with_progress(
+    path: impl AsRef<Path>,
+    parts: Parts,
+    progress: impl FnMut(u64, u64) + 'static,
+) -> Result<Snapshot> {
+    read_path_with(path.as_ref(), parts, Box::new(progress))
+}
+
+fn read_path_with(
+    path: &Path,
+    parts: Parts,
+    mut progress: Box<dyn FnMut(u64, u64)>,
+) -> Result<Snapshot> {
+    let cannot_read = |e| Error::io("cannot read", e).with_path(path);
+    let file = std::fs::File::open(path).map_err(cannot_read)?;
+    let meta = file.metadata().map_err(cannot_read)?;
+    let total = meta.len();
+    let snap = if meta.is_file() && total >= MAP_FROM_BYTES {
+        // SAFETY: the mapping is read-only and private. Snapshot files are
+        // written under a temporary name and renamed into place (by
+        // snapdiff, its runtime and the capture hook), so a file being read
+        // is not rewritten in place; if another program truncated it
+        // meanwhile, reading past the new end would fault, as for any
+        // memory-mapped reader (ripgrep documents the same).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(cannot_read)?;
+        let mut release = PageRelease::new(&map);
+        read_bytes_parts_with(
+            &map,
+            parts,
+            Some(Box::new(move |done| {
+                release.before(done);
+                progress(done as u64, total);
+            })),
+        )
+    } else {
+        let data = std::fs::read(path).map_err(cannot_read)?;
+        read_bytes_parts(&data, parts)
+    };
+    let snap = snap.map_err(|e| e.with_path(path))?;
+    Ok(snap)
+}
+
+/// Hands the pages of a mapped file behind the parser back to the system.
+struct PageRelease {
+    /// The mapping's first byte, as an address (the mapping outlives the
+    /// parse that calls [`PageRelease::before`]).
+    start: usize,
+    /// Bytes from the start already handed back.
+    released: usize,
+}
+
+impl PageRelease {
+    fn new(map: &memmap2::Mmap) -> PageRelease {
+        PageRelease {
+            start: map.as_ptr() as usize,
+            released: 0,
+        }
+    }
+
+    /// Hands back the whole pages before byte `done`.
+    #[cfg(unix)]
+    fn before(&mut self, done: usize) {
+        // SAFETY: sysconf only reads a constant of the system.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let upto = done / page * page;
+        if upto > self.released {
+            // SAFETY: the range lies inside the mapping (whose start is
+            // page-aligned), which is private and read-only: dropping its
+            // pages changes no byte, the next access reads them from the
+            // file again. A failure leaves the pages where they are.
+            unsafe {
+                libc::madvise(
+                    (self.start + self.released) as *mut libc::c_void,
+                    upto - self.released,
+                    libc::MADV_DONTNEED,
+                );
+            }
+            self.released = upto;
+        }
+    }
+
+    #[cfg(not(unix))]
+    fn before(&mut self, _done: usize) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Action, DeviceTrace, Frame, Snapshot, TraceEvent};
+
+    /// A pickle large enough to be mapped, its pages handed back as it is
+    /// parsed, reads exactly as the same bytes read from memory.
+    #[test]
+    fn a_mapped_pickle_reads_as_the_same_bytes_in_memory() {
+        let mut snap = Snapshot {
+            frames: (0..2000)
+                .map(|i| Frame {
+                    name: format!("function_{i}").into(),
+                    file: format!("/home/user/project/module_{}.py", i % 97).into(),
+                    line: i,
+                    extra: vec![],
+                })
+                .collect(),
+            ..Snapshot::default()
+        };
+        snap.stacks = (0..500u32)
+            .map(|s| (0..30).map(|k| (s * 7 + k * 13) % 2000).collect())
+            .collect();
+        let events = (0..1_600_000u64)
+            .map(|i| TraceEvent {
+                action: if i % 2 == 0 {
+                    Action::Alloc
+                } else {
+                    Action::FreeCompleted
+                },
+                address: 0x7f00_0000_0000 + (i / 2) * 512,
+                size: 512 + i % 4096,
+                stream: 0,
+                time_us: Some(1_700_000_000_000_000 + i as i64),
+                stack: Some((i % 500) as u32),
+                compile_context: None,
+                user_metadata: None,
+                alloc_seq: None,
+                details: None,
+            })
+            .collect();
+        snap.traces.push(DeviceTrace { device: 0, events });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("large.pickle");
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        crate::write_torch_pickle(&snap, &mut file).unwrap();
+        drop(file);
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(len >= 2 * super::MAP_FROM_BYTES, "{len} bytes: not mapped");
+
+        let mut seen = Vec::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mapped =
+            super::read_path_with_progress(&path, crate::Parts::All, move |done, total| {
+                tx.send((done, total)).unwrap();
+            })
+            .unwrap();
+        seen.extend(rx.try_iter());
+        let in_memory = crate::read_bytes(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(mapped, in_memory);
+        assert_eq!(mapped.trace_len(), 1_600_000);
+        // Progress came in steps, up to near the end.
+        assert!(seen.len() >= 4, "{seen:?}");
+        assert!(seen.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 == len));
+    }
+}
