@@ -50,6 +50,46 @@ fn clean_training_step(a: &Allocator) {
     drop(activations);
 }
 
+/// Keeps one buffer, wherever it is called from.
+#[inline(never)]
+fn keep_one(a: &Allocator, history: &mut Vec<DeviceBuffer>) {
+    history.push(a.alloc(16 << 10, Stream::DEFAULT).unwrap()); // KEPT FROM TWO PATHS
+}
+
+#[inline(never)]
+fn first_path(a: &Allocator, history: &mut Vec<DeviceBuffer>) {
+    keep_one(a, history);
+}
+
+#[inline(never)]
+fn second_path(a: &Allocator, history: &mut Vec<DeviceBuffer>) {
+    keep_one(a, history);
+}
+
+#[test]
+fn a_line_reached_by_two_paths_is_one_site() {
+    let a = allocator();
+    let mut history = Vec::new();
+    let check = LeakCheck::begin(&a);
+    for _ in 0..3 {
+        first_path(&a, &mut history);
+        second_path(&a, &mut history);
+        check.step();
+    }
+    let report = check.finish();
+    assert_eq!(report.groups().len(), 1, "{report}");
+    assert_eq!(report.leaked_bytes(), 6 * (16 << 10));
+    assert_eq!(report.groups()[0].blocks(), 6);
+    assert_eq!(
+        report.groups()[0].culprit().line,
+        line_of("// KEPT FROM TWO PATHS")
+    );
+    assert!(
+        report.to_string().contains("(2 call paths to this line)"),
+        "{report}"
+    );
+}
+
 #[test]
 fn a_leaking_test_fails_naming_its_own_line() {
     let a = allocator();

@@ -155,7 +155,7 @@ pub fn site_cell(site: &Site, frames: usize, base: &str) -> String {
     }
     if site.stacks > 1 {
         cell.push_str(&format!(
-            "\n  ({} call paths; --by stack splits them)",
+            "\n  ({} call paths to this line)",
             count(site.stacks.into())
         ));
     }

@@ -181,6 +181,40 @@ impl LeakGroup {
     }
 }
 
+/// `groups` with those whose culprits are the same line made one, as the
+/// `snapdiff` command shows them by default: their blocks and bytes add up,
+/// and the stack holding more stands for both.
+fn by_culprit_line(groups: Vec<LeakGroup>) -> Vec<LeakGroup> {
+    let mut merged: Vec<LeakGroup> = Vec::with_capacity(groups.len());
+    let mut index = std::collections::HashMap::new();
+    for g in groups {
+        let c = &g.diff.site.culprit;
+        let line = (c.kind, c.name.clone(), c.file.clone(), c.line);
+        let Some(&at) = index.get(&line) else {
+            index.insert(line, merged.len());
+            merged.push(g);
+            continue;
+        };
+        let (into, other) = (&mut merged[at].diff, g.diff);
+        let stacks = into.site.stacks + other.site.stacks;
+        if other.delta_bytes > into.delta_bytes {
+            into.site = other.site;
+        }
+        into.site.stacks = stacks;
+        into.blocks_before += other.blocks_before;
+        into.blocks_after += other.blocks_after;
+        into.bytes_before += other.bytes_before;
+        into.bytes_after += other.bytes_after;
+        into.delta_bytes += other.delta_bytes;
+        into.allocated_before += other.allocated_before;
+        into.allocated_after += other.allocated_after;
+        if into.bytes_before > 0 {
+            into.change = Change::Grown;
+        }
+    }
+    merged
+}
+
 /// The outcome of a leak check: the sites that kept memory, most first.
 ///
 /// Its `Display` is the report a failed assertion prints.
@@ -265,6 +299,7 @@ impl LeakReport {
                 });
             }
         }
+        let mut groups = by_culprit_line(groups);
         groups.sort_by(|a, b| {
             b.diff
                 .delta_bytes
