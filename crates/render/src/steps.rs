@@ -52,9 +52,11 @@ fn write_device(d: &DeviceSteps, options: &TextOptions, out: &mut dyn Write) -> 
         "retained",
         "retained by",
     ]);
+    // The sites the table names: of the steps that retained something.
     let sites: Vec<_> = head
         .iter()
         .chain(tail)
+        .filter(|s| s.retained_bytes > 0)
         .flat_map(|s| s.retained_by.first())
         .map(|r| &r.site)
         .collect();
