@@ -3,8 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use snapdiff_analyze::CulpritRules;
-use snapdiff_analyze::{Moment, SiteBytes, live_by_site};
+use snapdiff_analyze::{CulpritRules, Moment, SiteBytes, live_by_site};
 use snapdiff_render::flamegraph::Drawn;
 
 /// Reads `files` (one, or BEFORE AFTER with `diff`) and takes their live

@@ -3,8 +3,7 @@
 
 use std::io::Write;
 
-use snapdiff_analyze::SiteBytes;
-use snapdiff_analyze::{Site, SiteFrame};
+use snapdiff_analyze::{Site, SiteBytes, SiteFrame};
 
 /// The sites a picture draws: of one snapshot, or of two paired by site as
 /// `(site, bytes before, bytes after)`.

@@ -3,8 +3,7 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::Category;
-use snapdiff_analyze::{CategoryTotal, DevicePeak, Peak, PeakSite};
+use snapdiff_analyze::{Category, CategoryTotal, DevicePeak, Peak, PeakSite};
 
 use crate::TextOptions;
 use crate::text::{add_rows, write_table};

@@ -3,8 +3,7 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::CheckpointSource;
-use snapdiff_analyze::{CulpritKind, Suspect, Trend};
+use snapdiff_analyze::{CheckpointSource, CulpritKind, Suspect, Trend};
 
 use crate::TextOptions;
 use crate::text::{add_rows, grew, write_table};

@@ -15,10 +15,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
-use snapdiff_analyze::floor_of;
-use snapdiff_analyze::{Change, GroupDiff};
-use snapdiff_analyze::{Culprit, CulpritRules, StackKey, StackKeys};
-use snapdiff_analyze::{Site, SiteFrame, SiteNamer, live_groups};
+use snapdiff_analyze::{
+    Change, Culprit, CulpritRules, GroupDiff, Site, SiteFrame, SiteNamer, StackKey, StackKeys,
+    floor_of, live_groups,
+};
 use snapdiff_format::Snapshot;
 use snapdiff_format::units::format_size;
 use snapdiff_render::TextOptions;

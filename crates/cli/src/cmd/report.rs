@@ -1,11 +1,10 @@
 //! `snapdiff report FILE... -o report.html`: reads and analyses the files,
 //! and has `snapdiff_render::html` draw the page.
 
-use snapdiff_analyze::timeline;
-use snapdiff_analyze::{CompareOptions, CulpritRules, Site, StackKeys, TrendOptions};
-use snapdiff_analyze::{Moment, live_by_site};
-use snapdiff_analyze::{PeakOptions, peak};
-use snapdiff_analyze::{compare, trend_trace};
+use snapdiff_analyze::{
+    CompareOptions, CulpritRules, DevicePeak, Moment, PeakOptions, Site, StackKeys, Timeline,
+    Trend, TrendOptions, compare, live_by_site, peak, timeline, trend_trace,
+};
 use snapdiff_format::{Action, Parts};
 use snapdiff_render::flamegraph::Drawn;
 use snapdiff_render::html::{Page, write_page};
@@ -82,9 +81,9 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
 /// at the peak and those that keep growing, with those sites.
 fn timeline_of(
     snap: &snapdiff_format::Snapshot,
-    p: &snapdiff_analyze::DevicePeak,
-    trend: Option<&snapdiff_analyze::Trend>,
-) -> Option<(snapdiff_analyze::Timeline, Vec<Site>)> {
+    p: &DevicePeak,
+    trend: Option<&Trend>,
+) -> Option<(Timeline, Vec<Site>)> {
     let trace = snap
         .traces
         .iter()

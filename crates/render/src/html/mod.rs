@@ -10,9 +10,7 @@
 use std::io::{self, Write};
 
 use serde_json::{Value, json};
-use snapdiff_analyze::DevicePeak;
-use snapdiff_analyze::Timeline;
-use snapdiff_analyze::{Comparison, Site, Trend};
+use snapdiff_analyze::{Comparison, DevicePeak, Site, Timeline, Trend};
 
 use crate::flamegraph::{Drawn, write_svg_for_page};
 
