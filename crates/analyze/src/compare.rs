@@ -100,6 +100,14 @@ pub struct Comparison {
     pub notes: Vec<String>,
 }
 
+/// `groups` with those whose culprits are the same line made one row: their
+/// blocks and bytes add up, the stack holding more stands for them, and
+/// [`Site::stacks`] counts them. What `compare` does unless the rules ask
+/// for rows by stack, and what other reports of [`GroupDiff`]s can do too.
+pub fn rows_by_culprit(groups: Vec<GroupDiff>) -> Vec<GroupDiff> {
+    merge_rows(groups, |g| culprit_line(&g.site), merge_diffs)
+}
+
 /// Adds the site of `other` to `into`: two stacks whose culprit is the same line.
 fn merge_diffs(into: &mut GroupDiff, other: GroupDiff) {
     let size = |g: &GroupDiff| g.bytes_before.max(g.bytes_after);
@@ -244,7 +252,7 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         .map(|g| g.delta_bytes as u64)
         .sum();
     if !options.rules.rows_by_stack() {
-        groups = merge_rows(groups, |g| culprit_line(&g.site), merge_diffs);
+        groups = rows_by_culprit(groups);
     }
     // Growth first, largest first; then the rest by the size of the change,
     // rounding last.

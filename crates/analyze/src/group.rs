@@ -106,7 +106,7 @@ pub fn live_groups(snap: &Snapshot, keys: &StackKeys) -> LiveGroups {
 }
 
 /// A frame as reports show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct SiteFrame {
     /// Function name.
     pub name: String,

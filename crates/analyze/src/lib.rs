@@ -41,7 +41,9 @@ mod timeline;
 mod trend;
 
 pub use crate::category::{Categories, Category};
-pub use crate::compare::{Change, CompareOptions, Comparison, GroupDiff, Matching, compare};
+pub use crate::compare::{
+    Change, CompareOptions, Comparison, GroupDiff, Matching, compare, rows_by_culprit,
+};
 pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_base, short_name};
 pub use crate::frame_class::{FrameClass, classify, notebook_cell};
 pub use crate::group::{

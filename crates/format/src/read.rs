@@ -30,8 +30,8 @@ pub fn read_path_parts(path: impl AsRef<Path>, parts: Parts) -> Result<Snapshot>
 }
 
 /// [`read_path_parts`], calling `progress(done, total)` with the bytes of
-/// the file parsed so far (for a pickle, every few megabytes; for other
-/// kinds, once at the end).
+/// the file parsed so far: for a large pickle every few megabytes, and for
+/// every file once when it is read (`done == total`).
 pub fn read_path_with_progress(
     path: impl AsRef<Path>,
     parts: Parts,
@@ -43,12 +43,13 @@ pub fn read_path_with_progress(
 fn read_path_with(
     path: &Path,
     parts: Parts,
-    mut progress: Box<dyn FnMut(u64, u64)>,
+    progress: Box<dyn FnMut(u64, u64)>,
 ) -> Result<Snapshot> {
     let cannot_read = |e| Error::io("cannot read", e).with_path(path);
     let file = std::fs::File::open(path).map_err(cannot_read)?;
     let meta = file.metadata().map_err(cannot_read)?;
     let total = meta.len();
+    let progress = std::rc::Rc::new(std::cell::RefCell::new(progress));
     let snap = if meta.is_file() && total >= MAP_FROM_BYTES {
         // SAFETY: the mapping is read-only and private. Snapshot files are
         // written under a temporary name and renamed into place (by
@@ -58,12 +59,13 @@ fn read_path_with(
         // memory-mapped reader (ripgrep documents the same).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(cannot_read)?;
         let mut release = PageRelease::new(&map);
+        let told = progress.clone();
         read_bytes_parts_with(
             &map,
             parts,
             Some(Box::new(move |done| {
                 release.before(done);
-                progress(done as u64, total);
+                (told.borrow_mut())(done as u64, total);
             })),
         )
     } else {
@@ -71,6 +73,7 @@ fn read_path_with(
         read_bytes_parts(&data, parts)
     };
     let snap = snap.map_err(|e| e.with_path(path))?;
+    (progress.borrow_mut())(total, total);
     Ok(snap)
 }
 
@@ -180,5 +183,6 @@ mod tests {
         // Progress came in steps, up to near the end.
         assert!(seen.len() >= 4, "{seen:?}");
         assert!(seen.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 == len));
+        assert_eq!(seen.last(), Some(&(len, len)), "the end is told");
     }
 }

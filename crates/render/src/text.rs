@@ -191,18 +191,36 @@ pub fn where_stacks_differ(sites: &[&Site], base: &str) -> Vec<Option<String>> {
         let c = &s.culprit;
         (c.kind, &c.name, &c.file, c.line)
     }
+    use std::collections::HashMap;
+    // Rows by culprit line; then, for each line shared by several rows, how
+    // many of them have each frame at each depth: a row differs from
+    // another at depth `i` when fewer than all of them share its frame
+    // there. One pass over the frames, however many rows share a line.
+    let mut by_line: HashMap<_, Vec<&Site>> = HashMap::new();
+    for site in sites {
+        by_line.entry(line(site)).or_default().push(site);
+    }
+    let mut counts: HashMap<_, Vec<HashMap<Option<&SiteFrame>, usize>>> = HashMap::new();
+    for (key, rows) in &by_line {
+        if rows.len() < 2 {
+            continue;
+        }
+        let depth = rows.iter().map(|r| r.frames.len()).max().unwrap_or(0);
+        let mut at_depth: Vec<HashMap<Option<&SiteFrame>, usize>> = vec![HashMap::new(); depth];
+        for row in rows {
+            for (i, seen) in at_depth.iter_mut().enumerate() {
+                *seen.entry(row.frames.get(i)).or_default() += 1;
+            }
+        }
+        counts.insert(*key, at_depth);
+    }
     sites
         .iter()
         .map(|site| {
-            let others: Vec<&&Site> = sites
-                .iter()
-                .filter(|o| o.key != site.key && line(o) == line(site))
-                .collect();
-            if others.is_empty() {
-                return None;
-            }
-            let at = (0..site.frames.len())
-                .find(|&i| others.iter().any(|o| o.frames.get(i) != site.frames.get(i)))?;
+            let line = line(site);
+            let at_depth = counts.get(&line)?;
+            let rows = by_line[&line].len();
+            let at = (0..site.frames.len()).find(|&i| at_depth[i][&site.frames.get(i)] < rows)?;
             Some(format!("\n  via {}", frame_text(&site.frames[at], base)))
         })
         .collect()
@@ -462,6 +480,35 @@ mod tests {
         }
         out.flush().unwrap();
         String::from_utf8(out.inner).unwrap()
+    }
+
+    #[test]
+    fn rows_with_one_culprit_line_show_where_their_stacks_differ() {
+        use snapdiff_analyze::StackKey;
+        let frame = |name: &str, line| SiteFrame {
+            name: name.to_owned(),
+            file: "/w/m.py".to_owned(),
+            line,
+        };
+        let site = |key: u64, frames: Vec<SiteFrame>| Site {
+            key: StackKey(key),
+            culprit: Culprit {
+                name: "f".to_owned(),
+                file: "/w/m.py".to_owned(),
+                line: 1,
+                kind: CulpritKind::User,
+            },
+            frames,
+            stacks: 1,
+        };
+        let a = site(1, vec![frame("f", 1), frame("g", 10), frame("main", 5)]);
+        let b = site(2, vec![frame("f", 1), frame("h", 20), frame("main", 5)]);
+        let mut c = site(3, vec![frame("k", 7)]);
+        c.culprit.line = 7;
+        let via = where_stacks_differ(&[&a, &b, &c], "");
+        assert_eq!(via[0].as_deref(), Some("\n  via g  /w/m.py:10"));
+        assert_eq!(via[1].as_deref(), Some("\n  via h  /w/m.py:20"));
+        assert_eq!(via[2], None, "no other row has its line");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use regex::Regex;
 use snapdiff_analyze::{
     Change, Culprit, CulpritRules, GroupDiff, Site, SiteFrame, SiteNamer, StackKey, StackKeys,
-    floor_of, live_groups,
+    floor_of, live_groups, rows_by_culprit,
 };
 use snapdiff_format::Snapshot;
 use snapdiff_format::units::format_size;
@@ -182,37 +182,12 @@ impl LeakGroup {
 }
 
 /// `groups` with those whose culprits are the same line made one, as the
-/// `snapdiff` command shows them by default: their blocks and bytes add up,
-/// and the stack holding more stands for both.
+/// `snapdiff` command shows them by default.
 fn by_culprit_line(groups: Vec<LeakGroup>) -> Vec<LeakGroup> {
-    let mut merged: Vec<LeakGroup> = Vec::with_capacity(groups.len());
-    let mut index = std::collections::HashMap::new();
-    for g in groups {
-        let c = &g.diff.site.culprit;
-        let line = (c.kind, c.name.clone(), c.file.clone(), c.line);
-        let Some(&at) = index.get(&line) else {
-            index.insert(line, merged.len());
-            merged.push(g);
-            continue;
-        };
-        let (into, other) = (&mut merged[at].diff, g.diff);
-        let stacks = into.site.stacks + other.site.stacks;
-        if other.delta_bytes > into.delta_bytes {
-            into.site = other.site;
-        }
-        into.site.stacks = stacks;
-        into.blocks_before += other.blocks_before;
-        into.blocks_after += other.blocks_after;
-        into.bytes_before += other.bytes_before;
-        into.bytes_after += other.bytes_after;
-        into.delta_bytes += other.delta_bytes;
-        into.allocated_before += other.allocated_before;
-        into.allocated_after += other.allocated_after;
-        if into.bytes_before > 0 {
-            into.change = Change::Grown;
-        }
-    }
-    merged
+    rows_by_culprit(groups.into_iter().map(|g| g.diff).collect())
+        .into_iter()
+        .map(|diff| LeakGroup { diff })
+        .collect()
 }
 
 /// The outcome of a leak check: the sites that kept memory, most first.
