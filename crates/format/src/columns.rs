@@ -9,68 +9,36 @@
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::model::{Action, CompactString, DeviceTrace, Frame, TraceEvent};
+use crate::events::{Events, OTHER_ACTION, Sparse, write_i64, write_u64};
+use crate::model::{Action, CompactString, DeviceTrace, EventDetails, Frame, TraceEvent};
 use crate::value::Extra;
-
-/// Code of an action without a code of its own in the action column; its name
-/// is in `other_actions`, in order of appearance.
-const OTHER_ACTION: u8 = u8::MAX;
 
 #[derive(Serialize)]
 struct TraceRows<'a> {
     device: u32,
-    events: &'a [TraceEvent],
+    events: &'a Events,
 }
 
 #[derive(Deserialize)]
 struct TraceRowsOwned {
     device: u32,
-    events: Vec<TraceEvent>,
+    events: Events,
 }
 
-/// Writes LEB128 varints, zigzag for signed values, and presence bitmaps.
+/// Writes LEB128 varints, zigzag for signed values ([`write_u64`]).
 ///
-/// Hand-written because no crate pairs these with the bitmap layout below,
-/// and decoding a column of plain bytes is many times faster than decoding
-/// the same values one MessagePack item at a time.
+/// Hand-written because decoding a column of plain bytes is many times
+/// faster than decoding the same values one MessagePack item at a time.
 #[derive(Default)]
 struct ColumnWriter(Vec<u8>);
 
 impl ColumnWriter {
-    fn u64(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.0.push(v as u8 | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
+    fn u64(&mut self, v: u64) {
+        write_u64(&mut self.0, v);
     }
 
     fn i64(&mut self, v: i64) {
-        self.u64(((v << 1) ^ (v >> 63)) as u64);
-    }
-
-    /// A bitmap with bit `i` set when `present(i)`, then `write` for each present value.
-    fn optional<T: Copy>(
-        events: &[TraceEvent],
-        get: impl Fn(&TraceEvent) -> Option<T>,
-        write: impl Fn(&mut Self, T),
-    ) -> Vec<u8> {
-        let mut w = ColumnWriter(vec![0; events.len().div_ceil(8)]);
-        for (i, e) in events.iter().enumerate() {
-            if let Some(v) = get(e) {
-                w.0[i / 8] |= 1 << (i % 8);
-                write(&mut w, v);
-            }
-        }
-        w.0
-    }
-
-    fn all(events: &[TraceEvent], write: impl Fn(&mut Self, &TraceEvent)) -> Vec<u8> {
-        let mut w = ColumnWriter(Vec::with_capacity(events.len() * 2));
-        for e in events {
-            write(&mut w, e);
-        }
-        w.0
+        write_i64(&mut self.0, v);
     }
 }
 
@@ -182,80 +150,56 @@ impl Serialize for DeviceTrace {
             }
             .serialize(s);
         }
-        let ev = self.events.as_slice();
-        let bytes = serde_bytes::ByteBuf::from;
-        let mut last_time = 0i64;
-        let time_deltas = {
-            let mut w = ColumnWriter(vec![0; ev.len().div_ceil(8)]);
-            for (i, e) in ev.iter().enumerate() {
-                if let Some(t) = e.time_us {
-                    w.0[i / 8] |= 1 << (i % 8);
-                    w.i64(t.wrapping_sub(last_time));
-                    last_time = t;
+        // The packed columns are the file's columns; only the rare fields,
+        // kept apart in memory, get columns of their own here.
+        let c = self.events.columns();
+        let n = c.actions.len();
+        let bytes = |b: &[u8]| serde_bytes::ByteBuf::from(b);
+        let sparse = |column: &Sparse| {
+            let mut b = Vec::with_capacity(column.present.len() + column.values.len());
+            b.extend_from_slice(&column.present);
+            b.extend_from_slice(&column.values);
+            serde_bytes::ByteBuf::from(b)
+        };
+        let rare = |write: &dyn Fn(&mut Vec<u8>, &EventDetails) -> bool| {
+            let mut present = vec![0u8; n.div_ceil(8)];
+            let mut values = Vec::new();
+            for (i, details) in c.details {
+                if write(&mut values, details) {
+                    present[i / 8] |= 1 << (i % 8);
                 }
             }
-            w.0
+            present.extend_from_slice(&values);
+            serde_bytes::ByteBuf::from(present)
         };
         TraceColumns {
             device: self.device,
-            actions: bytes(
-                ev.iter()
-                    .map(|e| e.action.code().unwrap_or(OTHER_ACTION))
-                    .collect(),
-            ),
-            other_actions: ev
+            actions: bytes(c.actions),
+            other_actions: c.other_actions.iter().map(|&name| name.to_owned()).collect(),
+            address: bytes(c.address),
+            size: bytes(c.size),
+            stream: bytes(c.stream),
+            time_deltas: sparse(c.time),
+            stack: sparse(c.stack),
+            device_free: rare(&|out, d| {
+                d.device_free.map(|free| write_u64(out, free)).is_some()
+            }),
+            compile_context: sparse(c.compile_context),
+            user_metadata: sparse(c.user_metadata),
+            pool_id: rare(&|out, d| {
+                d.pool_id
+                    .map(|(a, b)| {
+                        write_i64(out, a);
+                        write_i64(out, b);
+                    })
+                    .is_some()
+            }),
+            alloc_seq: sparse(c.alloc_seq),
+            extra: c
+                .details
                 .iter()
-                .filter(|e| e.action.code().is_none())
-                .map(|e| e.action.name().to_owned())
-                .collect(),
-            // Addresses as they are: a free repeats its allocation's address
-            // exactly, which the compressor finds; differences would hide that.
-            address: bytes(ColumnWriter::all(ev, |w, e| w.u64(e.address))),
-            size: bytes(ColumnWriter::all(ev, |w, e| w.u64(e.size))),
-            stream: bytes(ColumnWriter::all(ev, |w, e| w.i64(e.stream))),
-            time_deltas: bytes(time_deltas),
-            stack: bytes(ColumnWriter::optional(
-                ev,
-                |e| e.stack,
-                |w, v| w.u64(v.into()),
-            )),
-            device_free: bytes(ColumnWriter::optional(
-                ev,
-                TraceEvent::device_free,
-                ColumnWriter::u64,
-            )),
-            compile_context: bytes(ColumnWriter::optional(
-                ev,
-                |e| e.compile_context,
-                |w, v| w.u64(v.into()),
-            )),
-            user_metadata: bytes(ColumnWriter::optional(
-                ev,
-                |e| e.user_metadata,
-                |w, v| w.u64(v.into()),
-            )),
-            pool_id: bytes(ColumnWriter::optional(
-                ev,
-                |e| e.details.as_ref().and_then(|d| d.pool_id),
-                |w, (a, b)| {
-                    w.i64(a);
-                    w.i64(b);
-                },
-            )),
-            alloc_seq: bytes(ColumnWriter::optional(
-                ev,
-                |e| e.alloc_seq,
-                ColumnWriter::u64,
-            )),
-            extra: ev
-                .iter()
-                .enumerate()
-                .filter_map(|(i, e)| {
-                    e.details
-                        .as_ref()
-                        .filter(|d| !d.extra.is_empty())
-                        .map(|d| (i as u32, d.extra.clone()))
-                })
+                .filter(|(_, d)| !d.extra.is_empty())
+                .map(|(i, d)| (*i as u32, d.extra.clone()))
                 .collect(),
         }
         .serialize(s)
@@ -295,7 +239,8 @@ fn decode_trace(c: TraceColumns) -> Result<DeviceTrace, String> {
     let mut pool_id = ColumnReader::sparse(&c.pool_id, n)?;
     let mut alloc_seq = ColumnReader::sparse(&c.alloc_seq, n)?;
     let mut last_time = 0i64;
-    let mut events = Vec::with_capacity(n);
+    let mut events = Events::new();
+    let mut extra = c.extra.into_iter().peekable();
     for (i, &code) in c.actions.iter().enumerate() {
         let action = match code {
             OTHER_ACTION => Action::Other(
@@ -344,6 +289,9 @@ fn decode_trace(c: TraceColumns) -> Result<DeviceTrace, String> {
         if pool_id.has(i) {
             e.details_mut().pool_id = Some((pool_id.i64()?, pool_id.i64()?));
         }
+        if let Some((_, keys)) = extra.next_if(|&(j, _)| j as usize == i) {
+            e.details_mut().extra = keys;
+        }
         events.push(e);
     }
     for column in [
@@ -360,12 +308,8 @@ fn decode_trace(c: TraceColumns) -> Result<DeviceTrace, String> {
     ] {
         column.finish()?;
     }
-    for (i, extra) in c.extra {
-        events
-            .get_mut(i as usize)
-            .ok_or("extra keys for an event that does not exist")?
-            .details_mut()
-            .extra = extra;
+    if extra.next().is_some() {
+        return Err("extra keys for an event that does not exist, or out of order".to_owned());
     }
     Ok(DeviceTrace {
         device: c.device,

@@ -27,6 +27,7 @@
 mod codes;
 mod columns;
 mod error;
+mod events;
 mod intern;
 mod model;
 mod pickle;
@@ -38,6 +39,7 @@ mod value;
 use std::path::Path;
 
 pub use crate::error::{Error, ErrorKind, Result};
+pub use crate::events::{EventIter, Events};
 pub use crate::model::{
     Action, Annotation, Block, BlockState, CompactString, DeviceInfo, DeviceTrace, EventDetails,
     Frame, FrameId, HistoryEntry, Meta, Pool, Segment, Snapshot, StackId, StrId, Totals,
@@ -129,7 +131,7 @@ fn read_bytes_parts_with(
     };
     if parts == Parts::WithoutEvents {
         for trace in &mut snap.traces {
-            trace.events = Vec::new();
+            trace.events = Events::new();
         }
     }
     Ok(snap)

@@ -10,6 +10,7 @@
 pub use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
+use crate::events::Events;
 use crate::codes::impl_coded_enum;
 use crate::value::{Extra, Value};
 
@@ -223,8 +224,8 @@ pub struct HistoryEntry {
 pub struct DeviceTrace {
     /// Device ordinal.
     pub device: u32,
-    /// The events.
-    pub events: Vec<TraceEvent>,
+    /// The events, packed (millions take tens of megabytes, not hundreds).
+    pub events: Events,
 }
 
 /// What a trace event records.
@@ -366,10 +367,9 @@ impl<'de> Deserialize<'de> for Action {
     }
 }
 
-/// One recorded allocator event.
+/// One recorded allocator event, as [`Events`] yields it.
 ///
-/// Kept small (traces can hold millions): fields that few events carry live
-/// in the boxed [`EventDetails`].
+/// Fields that few events carry live in the boxed [`EventDetails`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceEvent {
     /// What happened.

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Parts;
 use crate::error::{Error, ErrorKind, Result};
+use crate::events::Events;
 use crate::model::{Annotation, DeviceTrace, Frame, FrameId, Meta, Segment, Snapshot};
 use crate::value::{Extra, Value};
 
@@ -136,7 +137,7 @@ impl From<WithoutEvents> for Snapshot {
                 .into_iter()
                 .map(|t| DeviceTrace {
                     device: t.0,
-                    events: Vec::new(),
+                    events: Events::new(),
                 })
                 .collect(),
             annotations: w.annotations,

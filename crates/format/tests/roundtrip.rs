@@ -195,7 +195,10 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
                     },
                 );
             let trace = (0u32..4, proptest::collection::vec(event, 0..30))
-                .prop_map(|(device, events)| DeviceTrace { device, events });
+                .prop_map(|(device, events)| DeviceTrace {
+                    device,
+                    events: events.into(),
+                });
             let meta = (
                 "[a-z-]{1,10}",
                 proptest::option::of(any::<i64>()),
@@ -303,7 +306,7 @@ proptest! {
         // Without events: everything else the same, each trace's device kept.
         let mut expected = snap;
         for trace in &mut expected.traces {
-            trace.events.clear();
+            trace.events = Default::default();
         }
         prop_assert_eq!(read_bytes_parts(&bytes, Parts::WithoutEvents).unwrap(), expected);
     }

@@ -15,6 +15,7 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
+use crate::events::Events;
 use crate::intern::Interner;
 use crate::model::{
     Action, Block, BlockState, Frame, FrameId, HistoryEntry, StackId, StrId, TraceEvent,
@@ -65,7 +66,7 @@ pub(crate) struct Lowerer {
     /// none): such a string given again, through the memo, needs no compare.
     string_ids: Vec<StrId>,
     /// Lowered events, moved out when placed into a trace.
-    events: Vec<TraceEvent>,
+    events: Events,
     /// Whether each lowered event was already moved out.
     event_taken: Vec<bool>,
     /// Whether each lowered event was already put into a list; see
@@ -182,7 +183,7 @@ impl Lowerer {
             // A trace event takes at least 48 pickled bytes and a distinct
             // frame at least 32; reserving for that many costs address space,
             // not memory, and saves copying the tables as they grow.
-            events: Vec::with_capacity(len / 48),
+            events: Events::with_capacity(len / 48),
             event_taken: Vec::with_capacity(len / 48),
             event_placed: Vec::with_capacity(len / 48),
             // A block dict takes at least 48 pickled bytes too.
@@ -495,64 +496,55 @@ impl Lowerer {
 
     /// Converts an event dict and adds it to the end of the event store; on
     /// failure the store is left as it was.
-    ///
-    /// The event is filled in where it is stored. Built in a local and moved
-    /// in, its fields were read back by wide loads right after narrow stores,
-    /// which stalls store forwarding (`perf annotate`: a sixth of the time
-    /// spent on events).
-    #[inline(always)] // so that its result is not copied out through memory
     fn add_event(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Result<(), Failure> {
-        let i = self.events.len();
-        self.events.extend(std::iter::once_with(|| BLANK_EVENT));
-        let filled = self.fill_event(heap, entries, i);
-        if filled.is_err() {
-            self.events.truncate(i);
-        }
-        filled
+        let event = self.event(heap, entries)?;
+        self.events.push(event);
+        Ok(())
     }
 
-    fn fill_event(&mut self, heap: &Heap, entries: &[[Val; 2]], i: usize) -> Result<(), Failure> {
+    fn event(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Result<TraceEvent, Failure> {
+        let mut e = BLANK_EVENT;
         let (mut has_action, mut has_size) = (false, false);
         for &[k, v] in entries {
             let wrap = |f: Failure| at(&key_text(heap, k), f);
             match heap.key(k) {
                 Key::Action => {
-                    self.events[i].action = self.action(heap, v).map_err(wrap)?;
+                    e.action = self.action(heap, v).map_err(wrap)?;
                     has_action = true;
                 }
-                Key::Addr => self.events[i].address = u64_of(heap, v).map_err(wrap)?,
+                Key::Addr => e.address = u64_of(heap, v).map_err(wrap)?,
                 Key::Size => {
-                    self.events[i].size = u64_of(heap, v).map_err(wrap)?;
+                    e.size = u64_of(heap, v).map_err(wrap)?;
                     has_size = true;
                 }
-                Key::Stream => self.events[i].stream = i64_of(heap, v).map_err(wrap)?,
-                Key::TimeUs => self.events[i].time_us = Some(i64_of(heap, v).map_err(wrap)?),
+                Key::Stream => e.stream = i64_of(heap, v).map_err(wrap)?,
+                Key::TimeUs => e.time_us = Some(i64_of(heap, v).map_err(wrap)?),
                 Key::Frames => {
-                    self.events[i].stack = match lowered_stack(heap, v) {
+                    e.stack = match lowered_stack(heap, v) {
                         Some(stack) => Some(stack),
                         None => self.stack(heap, v).map_err(wrap)?,
                     }
                 }
                 Key::DeviceFree => {
                     let free = u64_of(heap, v).map_err(wrap)?;
-                    self.events[i].details_mut().device_free = Some(free);
+                    e.details_mut().device_free = Some(free);
                 }
                 Key::CompileContext => {
                     let id = self.event_text(heap, v, EventText::CompileContext);
-                    self.events[i].compile_context = Some(id.map_err(wrap)?)
+                    e.compile_context = Some(id.map_err(wrap)?)
                 }
                 Key::UserMetadata => {
                     let id = self.event_text(heap, v, EventText::UserMetadata);
-                    self.events[i].user_metadata = Some(id.map_err(wrap)?)
+                    e.user_metadata = Some(id.map_err(wrap)?)
                 }
                 Key::PoolId => {
                     let pool = pair_of(heap, v).map_err(wrap)?;
-                    self.events[i].details_mut().pool_id = Some(pool);
+                    e.details_mut().pool_id = Some(pool);
                 }
                 _ => {
                     let value = self.value(heap, v, 1).map_err(wrap)?;
                     let extra = (key_text(heap, k), value);
-                    self.events[i].details_mut().extra.push(extra);
+                    e.details_mut().extra.push(extra);
                 }
             }
         }
@@ -562,7 +554,7 @@ impl Lowerer {
         if !has_size {
             return Err(missing("size"));
         }
-        Ok(())
+        Ok(e)
     }
 
     /// The action a string names, looked up once per pickled string object.
@@ -718,15 +710,12 @@ impl Lowerer {
                     match self.event_taken.get_mut(i) {
                         Some(taken) if !*taken => {
                             *taken = true;
-                            Ok(std::mem::take(&mut self.events[i]))
+                            Ok(self.events.get(i).expect("a lowered event"))
                         }
                         _ => Err(": the same trace event dict appears twice".to_owned()),
                     }
                 }
-                Container::Dict(entries) => {
-                    self.add_event(heap, entries)?;
-                    Ok(self.events.pop().expect("the event just added"))
-                }
+                Container::Dict(entries) => self.event(heap, entries),
                 _ => Err(format!(
                     ": expected a trace event dict, found {}",
                     describe(heap, v)
@@ -747,7 +736,7 @@ impl Lowerer {
         &mut self,
         heap: &Heap,
         items: &[Val],
-    ) -> Option<Vec<TraceEvent>> {
+    ) -> Option<Events> {
         let start = self.events.len().checked_sub(items.len())?;
         let in_order = items.iter().enumerate().all(|(k, &v)| {
             matches!(v, Val::Obj(id) if matches!(heap.containers[id as usize],
@@ -757,9 +746,6 @@ impl Lowerer {
             return None;
         }
         self.event_taken.truncate(start);
-        // The store's spare capacity goes with it: never touched, it costs
-        // address space, not memory, and shrinking it would copy every event
-        // (a fortieth of the read).
         Some(if start == 0 {
             std::mem::take(&mut self.events)
         } else {
@@ -810,7 +796,10 @@ impl Lowerer {
                 Container::Frame(f) => self.charged(frame_value(&self.frames[*f as usize]))?,
                 Container::Stack(s) => self.charged(self.stack_value(Some(*s)))?,
                 Container::Event(i) => match self.event_taken.get(*i as usize) {
-                    Some(false) => self.charged(self.event_value(&self.events[*i as usize]))?,
+                    Some(false) => {
+                        let event = self.events.get(*i as usize).expect("a lowered event");
+                        self.charged(self.event_value(&event))?
+                    }
                     _ => return Err(": the same trace event dict appears twice".to_owned()),
                 },
                 Container::Block(i) => match &self.blocks[*i as usize] {

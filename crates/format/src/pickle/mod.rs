@@ -18,6 +18,7 @@ mod write;
 pub use write::write_torch_pickle;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::events::Events;
 use crate::model::{Annotation, DeviceTrace, Meta, Pool, Segment, Snapshot};
 use heap::{
     Failure, Heap, Val, at, bool_of, entries, here, i64_of, index, items, key_text, pair_of,
@@ -195,7 +196,7 @@ fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, 
         let events = match lower.take_event_tail(heap, list) {
             Some(events) => events,
             None => {
-                let mut events = Vec::with_capacity(list.len());
+                let mut events = Events::new();
                 for (i, &e) in list.iter().enumerate() {
                     events.push(
                         lower
@@ -438,7 +439,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            snap.traces[0].events[0].stack, snap.traces[0].events[1].stack,
+            snap.traces[0].events.get(0).unwrap().stack, snap.traces[0].events.get(1).unwrap().stack,
             "the same frames are one stack"
         );
         let (key, mixed) = &snap.extra[0];
@@ -556,15 +557,15 @@ mod tests {
                 vec![("a", 5), ("a", 1)],
             ]
         );
-        let frames: Vec<&Frame> = snap.stack_frames(snap.traces[0].events[1].stack).collect();
+        let frames: Vec<&Frame> = snap.stack_frames(snap.traces[0].events.get(1).unwrap().stack).collect();
         assert!(frames.iter().all(|f| f.file == "train.py"), "{frames:?}");
         assert!(frames[0].extra.is_empty());
         assert_eq!(frames[4].extra, [("column".to_owned(), "4".to_owned())]);
         assert_eq!(
-            snap.traces[0].events[0]
+            snap.traces[0].events.get(0).unwrap()
                 .stack
                 .map(|s| snap.stacks[s as usize][0]),
-            snap.traces[0].events[1]
+            snap.traces[0].events.get(1).unwrap()
                 .stack
                 .map(|s| snap.stacks[s as usize][0]),
             "a frame read both ways is one frame"

@@ -51,7 +51,7 @@ struct Writer<'a, W: Write> {
     out: std::io::BufWriter<W>,
     /// Memo slots used so far.
     memo: u32,
-    strings: FxHashMap<&'a str, u32>,
+    strings: FxHashMap<Box<str>, u32>,
     frames: Vec<Option<u32>>,
     stacks: Vec<Option<u32>>,
     snap: &'a Snapshot,
@@ -116,13 +116,13 @@ impl<'a, W: Write> Writer<'a, W> {
     }
 
     /// A string, memoized: each distinct text is written once.
-    fn str(&mut self, s: &'a str) -> Io {
+    fn str(&mut self, s: &str) -> Io {
         if let Some(&slot) = self.strings.get(s) {
             return self.get(slot);
         }
         self.text(s)?;
         let slot = self.memoize()?;
-        self.strings.insert(s, slot);
+        self.strings.insert(s.into(), slot);
         Ok(())
     }
 
@@ -154,7 +154,7 @@ impl<'a, W: Write> Writer<'a, W> {
         Ok(())
     }
 
-    fn value(&mut self, v: &'a Value) -> Io {
+    fn value(&mut self, v: &Value) -> Io {
         match v {
             Value::None => self.op(NONE),
             Value::Bool(b) => self.bool(*b),
@@ -250,12 +250,16 @@ impl<'a, W: Write> Writer<'a, W> {
         self.list(snap.segments.len(), |w, i| w.segment(&snap.segments[i]))?;
         self.str("device_traces")?;
         self.list(devices, |w, d| {
-            let events: &[TraceEvent] = snap
+            let mut events = snap
                 .traces
                 .iter()
                 .find(|t| t.device as usize == d)
-                .map_or(&[], |t| &t.events);
-            w.list(events.len(), |w, i| w.event(&events[i]))
+                .map(|t| t.events.iter());
+            let len = events.as_ref().map_or(0, |e| e.len());
+            w.list(len, |w, _| match events.as_mut().and_then(Iterator::next) {
+                Some(e) => w.event(&e),
+                None => Ok(()),
+            })
         })?;
         self.str("external_annotations")?;
         self.list(snap.annotations.len(), |w, i| {
@@ -400,7 +404,7 @@ impl<'a, W: Write> Writer<'a, W> {
         self.op(SETITEMS)
     }
 
-    fn event(&mut self, e: &'a TraceEvent) -> Io {
+    fn event(&mut self, e: &TraceEvent) -> Io {
         self.op(EMPTY_DICT)?;
         self.memoize()?;
         self.op(MARK)?;
