@@ -241,7 +241,7 @@ fn everything_pytorch_records_has_a_place() {
         Some("Optimizer.step#AdamW.step")
     );
     assert_eq!(training.annotations[0].stage.as_deref(), Some("START"));
-    let ev = &training.traces[0].events[0];
+    let ev = training.traces[0].events.get(0).unwrap();
     assert_eq!(ev.compile_context.map(|s| training.string(s)), Some("N/A"));
     assert_eq!(ev.user_metadata.map(|s| training.string(s)), Some(""));
     assert!(ev.time_us.is_some());
@@ -286,7 +286,7 @@ fn generated_fixtures_keep_legacy_and_optional_fields() {
         blocks[0].address + blocks[0].size,
         "missing addresses are computed"
     );
-    assert_eq!(legacy.traces[0].events[0].time_us, None);
+    assert_eq!(legacy.traces[0].events.get(0).unwrap().time_us, None);
 
     let snap = read_path(fixture("torch-format/snapshot-p4.pickle")).unwrap();
     let settings = &snap.allocator_settings;

@@ -148,11 +148,11 @@ pub fn start_state(snap: &Snapshot, device: u32) -> Result<Vec<StartSegment>, No
 }
 
 /// The events of `device`'s trace (none if it has no trace).
-pub fn trace_of(snap: &Snapshot, device: u32) -> &[TraceEvent] {
+pub fn trace_of(snap: &Snapshot, device: u32) -> Vec<TraceEvent> {
     snap.traces
         .iter()
         .find(|t| t.device == device)
-        .map_or(&[][..], |t| &t.events)
+        .map_or_else(Vec::new, |t| t.events.iter().collect())
 }
 
 /// What the backend was asked, and what it did.
@@ -662,26 +662,21 @@ fn with_source_stacks(snap: &mut Snapshot, source: &Snapshot, stacks: &[Option<S
     snap.frames = source.frames.clone();
     snap.stacks = source.stacks.clone();
     snap.strings = source.strings.clone();
-    let trace = &mut snap.traces[0];
+    let mut events: Vec<TraceEvent> = snap.traces[0].events.iter().collect();
     // The start state's events end at its snapshot marker; a ring that
     // wrapped lost them, with the marker, and the allocations before the
     // oldest kept event are unknown.
-    let kept_from = trace
-        .events
+    let kept_from = events
         .iter()
         .position(|e| e.action == Action::Snapshot)
         .map(|m| m + 1);
     let allocs_lost = match kept_from {
         Some(from) => {
-            trace.events.drain(..from);
+            events.drain(..from);
             0
         }
         None => {
-            let in_trace = trace
-                .events
-                .iter()
-                .filter(|e| e.action == Action::Alloc)
-                .count();
+            let in_trace = events.iter().filter(|e| e.action == Action::Alloc).count();
             stacks.len() - in_trace
         }
     };
@@ -691,15 +686,15 @@ fn with_source_stacks(snap: &mut Snapshot, source: &Snapshot, stacks: &[Option<S
     let mut segment_stack: HashMap<u64, Option<StackId>> = HashMap::new();
     // Segment events waiting for the allocation that made their segment.
     let mut made_by_next = Vec::new();
-    for i in 0..trace.events.len() {
-        let e = &mut trace.events[i];
+    for i in 0..events.len() {
+        let e = &mut events[i];
         match e.action {
             Action::Alloc => {
                 e.stack = *next.next().expect("one stack per allocation");
                 block_stack.insert(e.address, e.stack);
                 let stack = e.stack;
                 for j in made_by_next.drain(..) {
-                    let segment: &mut snapdiff_format::TraceEvent = &mut trace.events[j];
+                    let segment: &mut TraceEvent = &mut events[j];
                     segment.stack = stack;
                     segment_stack.insert(segment.address, stack);
                 }
@@ -711,6 +706,7 @@ fn with_source_stacks(snap: &mut Snapshot, source: &Snapshot, stacks: &[Option<S
             _ => e.stack = block_stack.get(&e.address).copied().flatten(),
         }
     }
+    snap.traces[0].events = events.into();
     for seg in &mut snap.segments {
         seg.stack = segment_stack.get(&seg.address).copied().flatten();
         for b in &mut seg.blocks {

@@ -66,7 +66,7 @@ fn the_runtime_allocates_where_pytorch_did_on_every_real_trace() {
             };
             let mut replay = Replay::new(trace.device, &start, bare());
             replay
-                .run(trace_of(&snap, trace.device), |_, e, _| {
+                .run(&trace_of(&snap, trace.device), |_, e, _| {
                     *checked.entry(e.action.name().to_owned()).or_default() += 1;
                 })
                 .unwrap_or_else(|d| panic!("{name}: event {}: {}", d.event, d.what));

@@ -12,7 +12,8 @@
 //!   free_completed pairs, with step marks), one site leaking a block per step.
 
 use snapdiff_format::{
-    Action, Block, BlockState, DeviceTrace, Frame, Meta, Pool, Segment, Snapshot, TraceEvent,
+    Action, Block, BlockState, DeviceTrace, Events, Frame, Meta, Pool, Segment, Snapshot,
+    TraceEvent,
 };
 
 const STACKS: u32 = 2_000;
@@ -95,7 +96,7 @@ fn blocks_snapshot(leak: bool) -> Snapshot {
 
 fn trace_snapshot() -> Snapshot {
     let (frames, stacks) = frames_and_stacks();
-    let mut events = Vec::with_capacity(10_000_000);
+    let mut events = Events::with_capacity(10_000_000);
     let mut time = 1_700_000_000_000_000i64;
     let mut step = 0u64;
     let mut leaked = 0u64;
@@ -146,7 +147,10 @@ fn trace_snapshot() -> Snapshot {
         meta: meta(),
         frames,
         stacks,
-        traces: vec![DeviceTrace { device: 0, events }],
+        traces: vec![DeviceTrace {
+            device: 0,
+            events,
+        }],
         ..Snapshot::default()
     }
 }

@@ -251,7 +251,7 @@ mod tests {
         };
         snap.traces.push(DeviceTrace {
             device: 0,
-            events: vec![alloc(0, 50, 0), alloc(1, 150, 0), alloc(2, 250, 1)],
+            events: vec![alloc(0, 50, 0), alloc(1, 150, 0), alloc(2, 250, 1)].into(),
         });
         let categories = Categories::new(&snap);
         assert_eq!(

@@ -13,7 +13,7 @@
 //! the next window is not an iteration.
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::{Action, TraceEvent};
+use snapdiff_format::{Action, Events};
 
 use crate::stack_key::{StackKey, StackKeys};
 
@@ -41,7 +41,7 @@ pub(crate) struct Iterations {
 
 /// The iterations of `events`, if its allocations repeat at least three
 /// times with one period.
-pub(crate) fn find(events: &[TraceEvent], keys: &StackKeys) -> Option<Iterations> {
+pub(crate) fn find(events: &Events, keys: &StackKeys) -> Option<Iterations> {
     let allocs: Vec<(usize, StackKey)> = events
         .iter()
         .enumerate()
@@ -127,7 +127,7 @@ fn self_match(allocs: &[(usize, StackKey)], lag: usize) -> f64 {
 
 /// The share of bytes allocated in windows of `period` allocations that are
 /// freed before the end of the following window.
-fn freed_within_next(events: &[TraceEvent], allocs: &[(usize, StackKey)], period: usize) -> f64 {
+fn freed_within_next(events: &Events, allocs: &[(usize, StackKey)], period: usize) -> f64 {
     // Where the window after window `w` ends, as an event index.
     let window_end = |w: usize| allocs.get((w + 2) * period).map_or(events.len(), |a| a.0);
     // Open allocations by address: (window, bytes).
@@ -160,7 +160,7 @@ fn freed_within_next(events: &[TraceEvent], allocs: &[(usize, StackKey)], period
 
 /// The allocation index in `0..period` before which live memory is lowest,
 /// summed over the whole iterations.
-fn lowest_phase(events: &[TraceEvent], allocs: &[(usize, StackKey)], period: usize) -> usize {
+fn lowest_phase(events: &Events, allocs: &[(usize, StackKey)], period: usize) -> usize {
     let frees_complete = events.iter().any(|e| e.action == Action::FreeCompleted);
     let mut live = 0i64;
     // Live bytes just before each allocation.
@@ -186,7 +186,7 @@ fn lowest_phase(events: &[TraceEvent], allocs: &[(usize, StackKey)], period: usi
 
 #[cfg(test)]
 mod tests {
-    use snapdiff_format::{Action, Snapshot, TraceEvent};
+    use snapdiff_format::{Action, Events, Snapshot, TraceEvent};
 
     use super::find;
     use crate::stack_key::{StackKeys, test_frame};
@@ -195,7 +195,7 @@ mod tests {
     /// is site `k`), and the events of `program`: `(site, true)` allocates
     /// a 1 KiB block at the site, `(site, false)` frees the newest live
     /// block allocated there.
-    fn run(sites: u32, program: &[(u32, bool)]) -> (Vec<TraceEvent>, StackKeys) {
+    fn run(sites: u32, program: &[(u32, bool)]) -> (Events, StackKeys) {
         let mut snap = Snapshot::default();
         for k in 0..sites {
             snap.frames.push(test_frame("f", &format!("site{k}.py"), 1));
@@ -203,7 +203,7 @@ mod tests {
         }
         let mut live: Vec<Vec<u64>> = vec![Vec::new(); sites as usize];
         let mut next_address = 0x1000;
-        let mut events = Vec::new();
+        let mut events = Events::new();
         for &(site, alloc) in program {
             let address = if alloc {
                 next_address += 1024;

@@ -112,12 +112,8 @@ pub fn oom(snap: &Snapshot, options: &OomOptions) -> Oom {
         .traces
         .iter()
         .filter_map(|trace| {
-            let errors = trace
-                .events
-                .iter()
-                .filter(|e| e.action == Action::Oom)
-                .count();
-            let index = trace.events.iter().rposition(|e| e.action == Action::Oom)?;
+            let errors = trace.events.actions().filter(|a| *a == Action::Oom).count();
+            let index = trace.events.actions().rposition(|a| a == Action::Oom)?;
             Some(device_oom(
                 snap,
                 trace,
@@ -148,16 +144,16 @@ fn device_oom(
     (keys, namer, categories): (&StackKeys, &SiteNamer, &Categories),
     grew: &[Suspect],
 ) -> DeviceOom {
-    let event = &trace.events[index];
+    let event = trace.events.get(index).unwrap_or_default();
     let at = replay(snap, keys, trace, &[index]);
     let (category_totals, sites) = live_breakdown(&at, namer, categories);
     let allocated_bytes = sites.iter().map(|s| s.bytes).sum();
     // The snapshot's free blocks are those of the error only when nothing
     // was allocated or freed after it (the cache released to retry is gone
     // by then either way).
-    let taken_at_error = !trace.events[index + 1..].iter().any(|e| {
+    let taken_at_error = !trace.events.actions().skip(index + 1).any(|a| {
         matches!(
-            e.action,
+            a,
             Action::Alloc | Action::FreeCompleted | Action::FreeRequested
         )
     });

@@ -174,7 +174,7 @@ fn device_peak(
         events: trace.events.len(),
         time_us: event_index
             .checked_sub(1)
-            .and_then(|i| trace.events[i].time_us),
+            .and_then(|i| trace.events.get(i)?.time_us),
         allocated_bytes,
         reserved_bytes,
         cache_bytes: reserved_bytes.map(|r| r.saturating_sub(allocated_bytes)),

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use snapdiff_format::{BlockState, Pool, Snapshot, Totals};
+use rustc_hash::FxHashMap;
+use snapdiff_format::{Action, BlockState, Pool, Snapshot, Totals};
 
 use crate::culprit::CulpritRules;
 use crate::group::{self, Site, SiteNamer, live_groups, merge_rows};
@@ -87,16 +88,16 @@ pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
             }
         }
     }
-    // Count by borrowed name (millions of events, a handful of names).
-    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    // Count by action (millions of events, a handful of actions).
+    let mut counts: FxHashMap<Action, u64> = FxHashMap::default();
     for trace in &snap.traces {
-        for ev in &trace.events {
-            *counts.entry(ev.action.name()).or_insert(0) += 1;
+        for action in trace.events.actions() {
+            *counts.entry(action).or_insert(0) += 1;
         }
     }
     let actions = counts
         .into_iter()
-        .map(|(name, n)| (name.to_owned(), n))
+        .map(|(action, n)| (action.name().to_owned(), n))
         .collect();
     let keys = StackKeys::new(snap);
     let groups = live_groups(snap, &keys);

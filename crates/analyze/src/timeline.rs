@@ -101,7 +101,7 @@ pub fn timeline(
         device: trace.device,
         time_us: events
             .iter()
-            .map(|&e| e.checked_sub(1).and_then(|i| trace.events[i].time_us))
+            .map(|&e| e.checked_sub(1).and_then(|i| trace.events.get(i)?.time_us))
             .collect(),
         events,
         allocated,
@@ -138,7 +138,7 @@ mod tests {
                 event(Action::FreeCompleted, 1, 100, 1),
                 event(Action::Alloc, 2, 10, 0),
                 event(Action::Alloc, 3, 5, 1),
-            ],
+            ].into(),
         });
         let keys = StackKeys::new(&snap);
         let sites = [keys.key(Some(0)), keys.key(Some(1))];

@@ -602,24 +602,20 @@ fn cuts_by(
         at,
         steps: None,
     };
-    let after = |action: Action| -> Vec<usize> {
-        events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.action == action)
-            .map(|(i, _)| i + 1)
-            .collect()
-    };
     match source {
         // Where a program marks its steps, they are the checkpoints it
         // means. Each cut is the start of a step; the trace's end, after the
         // last step's work, is the start of the next.
         CheckpointSource::StepMarks => {
-            let mut marks = after(Action::Step);
+            let (mut marks, mut steps): (Vec<usize>, Vec<u64>) = events
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.action == Action::Step)
+                .map(|(i, e)| (i + 1, e.size))
+                .unzip();
             if marks.is_empty() {
                 return None;
             }
-            let mut steps: Vec<u64> = marks.iter().map(|&i| events[i - 1].size).collect();
             if marks.last() != Some(&len) {
                 steps.push(steps[steps.len() - 1] + 1);
                 marks.push(len);
@@ -632,7 +628,12 @@ fn cuts_by(
         }
         // Where earlier dumps were taken; the end of the trace is this one's.
         CheckpointSource::SnapshotMarkers => {
-            let mut markers = after(Action::Snapshot);
+            let mut markers: Vec<usize> = events
+                .actions()
+                .enumerate()
+                .filter(|(_, a)| *a == Action::Snapshot)
+                .map(|(i, _)| i + 1)
+                .collect();
             if markers.is_empty() {
                 return None;
             }
@@ -649,13 +650,20 @@ fn cuts_by(
                 .filter_map(|a| a.time_us)
                 .collect();
             times.sort_unstable();
-            if times.is_empty() || !events.iter().all(|e| e.time_us.is_some()) {
+            if times.is_empty() {
                 return None;
             }
-            let mut cuts: Vec<usize> = times
-                .iter()
-                .map(|&t| events.partition_point(|e| e.time_us.unwrap_or(0) < t))
-                .collect();
+            // Each cut falls before the first event at or after its time;
+            // every event must have a time.
+            let mut cuts = Vec::with_capacity(times.len() + 1);
+            let mut pending = times.iter().peekable();
+            for (i, e) in events.iter().enumerate() {
+                let time = e.time_us?;
+                while pending.next_if(|&&t| t <= time).is_some() {
+                    cuts.push(i);
+                }
+            }
+            cuts.extend(pending.map(|_| len));
             cuts.push(len);
             cuts.dedup();
             (cuts.len() > 1).then(|| plain(cuts))
@@ -686,7 +694,7 @@ fn cuts_by(
 /// noise. At most `n` cuts, spread over the iterations, and one at the end;
 /// `None` when memory falls back fewer than 3 times (one forward pass, say):
 /// such a trace has no repeated steps to compare.
-fn iteration_troughs(events: &[snapdiff_format::TraceEvent], n: usize) -> Option<Vec<usize>> {
+fn iteration_troughs(events: &snapdiff_format::Events, n: usize) -> Option<Vec<usize>> {
     let mut live = 0i64;
     let curve: Vec<i64> = events
         .iter()
@@ -842,7 +850,7 @@ fn trend_of_device(
         .iter()
         .enumerate()
         .map(|(k, &idx)| Checkpoint {
-            time_us: idx.checked_sub(1).and_then(|i| trace.events[i].time_us),
+            time_us: idx.checked_sub(1).and_then(|i| trace.events.get(i)?.time_us),
             step: steps.as_ref().map(|steps| steps[k]),
             event_index: Some(idx),
         })

@@ -432,10 +432,10 @@ fn the_trace_records_pytorch_actions_in_a_bounded_ring() {
     let seq = a.snapshot().segments[0].blocks[0].alloc_seq;
     drop(buf);
     let snap = a.snapshot();
-    let actions: Vec<&str> = snap.traces[0]
+    let actions: Vec<String> = snap.traces[0]
         .events
-        .iter()
-        .map(|e| e.action.name())
+        .actions()
+        .map(|a| a.name().to_owned())
         .collect();
     assert_eq!(
         actions,
@@ -448,7 +448,7 @@ fn the_trace_records_pytorch_actions_in_a_bounded_ring() {
             "free_completed"
         ]
     );
-    let events = &snap.traces[0].events;
+    let events: Vec<_> = snap.traces[0].events.iter().collect();
     assert_eq!(
         (events[0].size, events[1].size, events[2].size),
         (1, 2 << 20, 1000)
