@@ -147,10 +147,7 @@ fn trace_snapshot() -> Snapshot {
         meta: meta(),
         frames,
         stacks,
-        traces: vec![DeviceTrace {
-            device: 0,
-            events,
-        }],
+        traces: vec![DeviceTrace { device: 0, events }],
         ..Snapshot::default()
     }
 }

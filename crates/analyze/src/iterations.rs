@@ -43,8 +43,7 @@ pub(crate) struct Iterations {
 /// times with one period.
 pub(crate) fn find(events: &Events, keys: &StackKeys) -> Option<Iterations> {
     let allocs: Vec<(usize, StackKey)> = events
-        .iter()
-        .enumerate()
+        .indexed()
         .filter(|(_, e)| e.action == Action::Alloc)
         .map(|(i, e)| (i, keys.key(e.stack)))
         .collect();
@@ -134,7 +133,7 @@ fn freed_within_next(events: &Events, allocs: &[(usize, StackKey)], period: usiz
     let mut open: FxHashMap<u64, (usize, u64)> = FxHashMap::default();
     let mut seen = 0;
     let (mut allocated, mut freed) = (0u64, 0u64);
-    for (i, e) in events.iter().enumerate() {
+    for (i, e) in events.indexed() {
         match e.action {
             Action::Alloc => {
                 allocated += e.size;
@@ -161,7 +160,7 @@ fn freed_within_next(events: &Events, allocs: &[(usize, StackKey)], period: usiz
 /// The allocation index in `0..period` before which live memory is lowest,
 /// summed over the whole iterations.
 fn lowest_phase(events: &Events, allocs: &[(usize, StackKey)], period: usize) -> usize {
-    let frees_complete = events.iter().any(|e| e.action == Action::FreeCompleted);
+    let frees_complete = events.actions().any(|a| a == Action::FreeCompleted);
     let mut live = 0i64;
     // Live bytes just before each allocation.
     let mut before = Vec::with_capacity(allocs.len());

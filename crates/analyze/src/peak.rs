@@ -129,7 +129,7 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
     let devices: Vec<DevicePeak> = snap
         .traces
         .iter()
-        .filter(|t| t.events.iter().any(|e| e.action == Action::Alloc))
+        .filter(|t| t.events.actions().any(|a| a == Action::Alloc))
         .map(|trace| {
             // First the highest point, then the live sites there.
             let highest = replay(snap, &keys, trace, &[]).highest;
@@ -270,7 +270,7 @@ pub(crate) fn reserved_over(
             _ => 0,
         }
     };
-    if !trace.events.iter().any(|e| change(&e.action, 1) != 0) || snap.segments.is_empty() {
+    if !trace.events.actions().any(|a| change(&a, 1) != 0) || snap.segments.is_empty() {
         return None;
     }
     let at_end: i128 = snap
@@ -291,7 +291,7 @@ pub(crate) fn reserved_over(
         event_index: 0,
         bytes: reserved as u64,
     };
-    for (i, e) in trace.events.iter().enumerate() {
+    for (i, e) in trace.events.indexed() {
         reserved += change(&e.action, e.size);
         let bytes = reserved.max(0) as u64;
         if i + 1 == index {

@@ -65,7 +65,7 @@ pub fn live_by_site(
             .traces
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.events.iter().any(|e| e.action == Action::Alloc))
+            .filter(|(_, t)| t.events.actions().any(|a| a == Action::Alloc))
             .collect();
         if busy.is_empty() {
             return Err(

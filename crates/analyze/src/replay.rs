@@ -67,7 +67,7 @@ pub fn replay_with(
     let events = &trace.events;
     // Traces that record `free_completed` free a block then; older or
     // partial ones only have `free_requested`.
-    let free_action = if events.iter().any(|e| e.action == Action::FreeCompleted) {
+    let free_action = if events.actions().any(|a| a == Action::FreeCompleted) {
         Action::FreeCompleted
     } else {
         Action::FreeRequested
@@ -131,7 +131,7 @@ pub fn replay_with(
     out.highest = (live_bytes, 0);
     out.start_bytes = live_bytes;
     let mut cuts = cuts.iter().copied().peekable();
-    for (i, e) in events.iter().enumerate() {
+    for (i, e) in events.indexed() {
         while cuts.next_if(|&c| c <= i).is_some() {
             out.points.push(totals.clone());
         }

@@ -125,7 +125,7 @@ pub fn steps(snap: &Snapshot, options: &StepsOptions) -> Steps {
     let mut notes = Vec::new();
     let mut devices = Vec::new();
     for (t, trace) in snap.traces.iter().enumerate() {
-        if !trace.events.iter().any(|e| e.action == Action::Alloc) {
+        if !trace.events.actions().any(|a| a == Action::Alloc) {
             continue;
         }
         let Some(cuts) = step_cuts(snap, &keys, t, usize::MAX).filter(|c| c.at.len() >= 2) else {

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
 use rustc_hash::FxHashMap;
+use serde::Serialize;
 use snapdiff_format::{Action, BlockState, Pool, Snapshot, Totals};
 
 use crate::culprit::CulpritRules;

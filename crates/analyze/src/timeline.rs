@@ -138,7 +138,8 @@ mod tests {
                 event(Action::FreeCompleted, 1, 100, 1),
                 event(Action::Alloc, 2, 10, 0),
                 event(Action::Alloc, 3, 5, 1),
-            ].into(),
+            ]
+            .into(),
         });
         let keys = StackKeys::new(&snap);
         let sites = [keys.key(Some(0)), keys.key(Some(1))];

@@ -607,15 +607,20 @@ fn cuts_by(
         // means. Each cut is the start of a step; the trace's end, after the
         // last step's work, is the start of the next.
         CheckpointSource::StepMarks => {
-            let (mut marks, mut steps): (Vec<usize>, Vec<u64>) = events
-                .iter()
+            let mut marks: Vec<usize> = events
+                .actions()
                 .enumerate()
-                .filter(|(_, e)| e.action == Action::Step)
-                .map(|(i, e)| (i + 1, e.size))
-                .unzip();
+                .filter(|(_, a)| *a == Action::Step)
+                .map(|(i, _)| i + 1)
+                .collect();
             if marks.is_empty() {
                 return None;
             }
+            // A step mark's size is its step number.
+            let mut steps: Vec<u64> = marks
+                .iter()
+                .map(|&i| events.get(i - 1).map_or(0, |e| e.size))
+                .collect();
             if marks.last() != Some(&len) {
                 steps.push(steps[steps.len() - 1] + 1);
                 marks.push(len);
@@ -657,7 +662,7 @@ fn cuts_by(
             // every event must have a time.
             let mut cuts = Vec::with_capacity(times.len() + 1);
             let mut pending = times.iter().peekable();
-            for (i, e) in events.iter().enumerate() {
+            for (i, e) in events.indexed() {
                 let time = e.time_us?;
                 while pending.next_if(|&&t| t <= time).is_some() {
                     cuts.push(i);
@@ -850,7 +855,9 @@ fn trend_of_device(
         .iter()
         .enumerate()
         .map(|(k, &idx)| Checkpoint {
-            time_us: idx.checked_sub(1).and_then(|i| trace.events.get(i)?.time_us),
+            time_us: idx
+                .checked_sub(1)
+                .and_then(|i| trace.events.get(i)?.time_us),
             step: steps.as_ref().map(|steps| steps[k]),
             event_index: Some(idx),
         })

@@ -8,9 +8,10 @@
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_bytes::ByteBuf;
 
-use crate::events::{Events, OTHER_ACTION, Sparse, write_i64, write_u64};
-use crate::model::{Action, CompactString, DeviceTrace, EventDetails, Frame, TraceEvent};
+use crate::events::{Events, OTHER_ACTION};
+use crate::model::{Action, CompactString, DeviceTrace, Frame, TraceEvent};
 use crate::value::Extra;
 
 #[derive(Serialize)]
@@ -25,21 +26,22 @@ struct TraceRowsOwned {
     events: Events,
 }
 
-/// Writes LEB128 varints, zigzag for signed values ([`write_u64`]).
+/// Appends `v` as a LEB128 varint.
 ///
-/// Hand-written because decoding a column of plain bytes is many times
-/// faster than decoding the same values one MessagePack item at a time.
-#[derive(Default)]
-struct ColumnWriter(Vec<u8>);
-
-impl ColumnWriter {
-    fn u64(&mut self, v: u64) {
-        write_u64(&mut self.0, v);
+/// Hand-written, with its reader below, because decoding a column of plain
+/// bytes is many times faster than decoding the same values one MessagePack
+/// item at a time.
+fn write_u64(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
     }
+    out.push(v as u8);
+}
 
-    fn i64(&mut self, v: i64) {
-        write_i64(&mut self.0, v);
-    }
+/// Appends `v` zigzag-encoded as a LEB128 varint.
+fn write_i64(out: &mut Vec<u8>, v: i64) {
+    write_u64(out, ((v << 1) ^ (v >> 63)) as u64);
 }
 
 /// A column that ends early or holds an overlong number.
@@ -52,7 +54,7 @@ impl From<Corrupt> for String {
     }
 }
 
-/// Reads what [`ColumnWriter`] wrote, failing cleanly on short or overlong input.
+/// Reads what [`write_u64`] and [`write_i64`] wrote, failing cleanly on short or overlong input.
 struct ColumnReader<'a> {
     bytes: &'a [u8],
     pos: usize,
@@ -125,18 +127,18 @@ impl<'a> ColumnReader<'a> {
 #[derive(Serialize, Deserialize)]
 struct TraceColumns {
     device: u32,
-    actions: serde_bytes::ByteBuf,
+    actions: ByteBuf,
     other_actions: Vec<String>,
-    address: serde_bytes::ByteBuf,
-    size: serde_bytes::ByteBuf,
-    stream: serde_bytes::ByteBuf,
-    time_deltas: serde_bytes::ByteBuf,
-    stack: serde_bytes::ByteBuf,
-    device_free: serde_bytes::ByteBuf,
-    compile_context: serde_bytes::ByteBuf,
-    user_metadata: serde_bytes::ByteBuf,
-    pool_id: serde_bytes::ByteBuf,
-    alloc_seq: serde_bytes::ByteBuf,
+    address: ByteBuf,
+    size: ByteBuf,
+    stream: ByteBuf,
+    time_deltas: ByteBuf,
+    stack: ByteBuf,
+    device_free: ByteBuf,
+    compile_context: ByteBuf,
+    user_metadata: ByteBuf,
+    pool_id: ByteBuf,
+    alloc_seq: ByteBuf,
     /// Event index and extra keys, for the few events with any.
     extra: Vec<(u32, Extra)>,
 }
@@ -150,60 +152,75 @@ impl Serialize for DeviceTrace {
             }
             .serialize(s);
         }
-        // The packed columns are the file's columns; only the rare fields,
-        // kept apart in memory, get columns of their own here.
-        let c = self.events.columns();
-        let n = c.actions.len();
-        let bytes = |b: &[u8]| serde_bytes::ByteBuf::from(b);
-        let sparse = |column: &Sparse| {
-            let mut b = Vec::with_capacity(column.present.len() + column.values.len());
-            b.extend_from_slice(&column.present);
-            b.extend_from_slice(&column.values);
-            serde_bytes::ByteBuf::from(b)
+        let n = self.events.len();
+        let mut c = TraceColumns {
+            device: self.device,
+            actions: ByteBuf::with_capacity(n),
+            other_actions: Vec::new(),
+            address: ByteBuf::with_capacity(n * 6),
+            size: ByteBuf::with_capacity(n * 3),
+            stream: ByteBuf::with_capacity(n),
+            time_deltas: bitmap(n),
+            stack: bitmap(n),
+            device_free: bitmap(n),
+            compile_context: bitmap(n),
+            user_metadata: bitmap(n),
+            pool_id: bitmap(n),
+            alloc_seq: bitmap(n),
+            extra: Vec::new(),
         };
-        let rare = |write: &dyn Fn(&mut Vec<u8>, &EventDetails) -> bool| {
-            let mut present = vec![0u8; n.div_ceil(8)];
-            let mut values = Vec::new();
-            for (i, details) in c.details {
-                if write(&mut values, details) {
-                    present[i / 8] |= 1 << (i % 8);
+        let mut last_time = 0i64;
+        for (i, e) in self.events.indexed() {
+            let mark = |column: &mut ByteBuf| column[i / 8] |= 1 << (i % 8);
+            c.actions.push(e.action.code().unwrap_or(OTHER_ACTION));
+            if e.action.code().is_none() {
+                c.other_actions.push(e.action.name().to_owned());
+            }
+            // Addresses as they are: a free repeats its allocation's address
+            // exactly, which the compressor finds; differences would hide that.
+            write_u64(&mut c.address, e.address);
+            write_u64(&mut c.size, e.size);
+            write_i64(&mut c.stream, e.stream);
+            if let Some(t) = e.time_us {
+                mark(&mut c.time_deltas);
+                write_i64(&mut c.time_deltas, t.wrapping_sub(last_time));
+                last_time = t;
+            }
+            for (column, id) in [
+                (&mut c.stack, e.stack),
+                (&mut c.compile_context, e.compile_context),
+                (&mut c.user_metadata, e.user_metadata),
+            ] {
+                if let Some(id) = id {
+                    mark(column);
+                    write_u64(column, id.into());
                 }
             }
-            present.extend_from_slice(&values);
-            serde_bytes::ByteBuf::from(present)
-        };
-        TraceColumns {
-            device: self.device,
-            actions: bytes(c.actions),
-            other_actions: c.other_actions.iter().map(|&name| name.to_owned()).collect(),
-            address: bytes(c.address),
-            size: bytes(c.size),
-            stream: bytes(c.stream),
-            time_deltas: sparse(c.time),
-            stack: sparse(c.stack),
-            device_free: rare(&|out, d| {
-                d.device_free.map(|free| write_u64(out, free)).is_some()
-            }),
-            compile_context: sparse(c.compile_context),
-            user_metadata: sparse(c.user_metadata),
-            pool_id: rare(&|out, d| {
-                d.pool_id
-                    .map(|(a, b)| {
-                        write_i64(out, a);
-                        write_i64(out, b);
-                    })
-                    .is_some()
-            }),
-            alloc_seq: sparse(c.alloc_seq),
-            extra: c
-                .details
-                .iter()
-                .filter(|(_, d)| !d.extra.is_empty())
-                .map(|(i, d)| (*i as u32, d.extra.clone()))
-                .collect(),
+            if let Some(seq) = e.alloc_seq {
+                mark(&mut c.alloc_seq);
+                write_u64(&mut c.alloc_seq, seq);
+            }
+            let Some(details) = e.details else { continue };
+            if let Some(free) = details.device_free {
+                mark(&mut c.device_free);
+                write_u64(&mut c.device_free, free);
+            }
+            if let Some((a, b)) = details.pool_id {
+                mark(&mut c.pool_id);
+                write_i64(&mut c.pool_id, a);
+                write_i64(&mut c.pool_id, b);
+            }
+            if !details.extra.is_empty() {
+                c.extra.push((i as u32, details.extra));
+            }
         }
-        .serialize(s)
+        c.serialize(s)
     }
+}
+
+/// A presence bitmap for `n` events, all clear, that values follow.
+fn bitmap(n: usize) -> ByteBuf {
+    ByteBuf::from(vec![0; n.div_ceil(8)])
 }
 
 fn u32_of(v: u64) -> Result<u32, String> {
@@ -239,7 +256,7 @@ fn decode_trace(c: TraceColumns) -> Result<DeviceTrace, String> {
     let mut pool_id = ColumnReader::sparse(&c.pool_id, n)?;
     let mut alloc_seq = ColumnReader::sparse(&c.alloc_seq, n)?;
     let mut last_time = 0i64;
-    let mut events = Events::new();
+    let mut events = Events::with_capacity(n);
     let mut extra = c.extra.into_iter().peekable();
     for (i, &code) in c.actions.iter().enumerate() {
         let action = match code {
@@ -335,12 +352,12 @@ struct FrameColumnsV1 {
 struct FrameColumns<'a> {
     texts: Vec<&'a str>,
     /// Per frame, the index of its name in `texts`.
-    names: serde_bytes::ByteBuf,
+    names: ByteBuf,
     /// Per frame, the index of its file in `texts`.
-    files: serde_bytes::ByteBuf,
+    files: ByteBuf,
     /// Per frame, its line minus the previous frame's line (small once
     /// frames are sorted; see [`Snapshot::sort_frames`](crate::Snapshot::sort_frames)).
-    line_deltas: serde_bytes::ByteBuf,
+    line_deltas: ByteBuf,
     /// Frame index and extra keys, for the few frames with any.
     extra: Vec<(u32, &'a [(String, String)])>,
 }
@@ -359,11 +376,7 @@ pub(crate) mod frames {
         }
         let mut texts: Vec<&str> = Vec::new();
         let mut text_ids: FxHashMap<&str, u64> = FxHashMap::default();
-        let (mut names, mut files, mut lines) = (
-            ColumnWriter::default(),
-            ColumnWriter::default(),
-            ColumnWriter::default(),
-        );
+        let (mut names, mut files, mut lines) = (Vec::new(), Vec::new(), Vec::new());
         let mut last_line = 0i64;
         for f in frames {
             for (text, column) in [(f.name.as_str(), &mut names), (f.file.as_str(), &mut files)] {
@@ -371,16 +384,16 @@ pub(crate) mod frames {
                     texts.push(text);
                     texts.len() as u64 - 1
                 });
-                column.u64(id);
+                write_u64(column, id);
             }
-            lines.i64(i64::from(f.line) - last_line);
+            write_i64(&mut lines, i64::from(f.line) - last_line);
             last_line = i64::from(f.line);
         }
         FrameColumns {
             texts,
-            names: names.0.into(),
-            files: files.0.into(),
-            line_deltas: lines.0.into(),
+            names: names.into(),
+            files: files.into(),
+            line_deltas: lines.into(),
             extra: frames
                 .iter()
                 .enumerate()
@@ -421,9 +434,9 @@ pub(crate) mod frames {
                 return from_v1(v1).map_err(A::Error::custom);
             }
             let texts: Vec<CompactString> = seq.next_element()?.ok_or_else(missing)?;
-            let names: serde_bytes::ByteBuf = seq.next_element()?.ok_or_else(missing)?;
-            let files: serde_bytes::ByteBuf = seq.next_element()?.ok_or_else(missing)?;
-            let lines: serde_bytes::ByteBuf = seq.next_element()?.ok_or_else(missing)?;
+            let names: ByteBuf = seq.next_element()?.ok_or_else(missing)?;
+            let files: ByteBuf = seq.next_element()?.ok_or_else(missing)?;
+            let lines: ByteBuf = seq.next_element()?.ok_or_else(missing)?;
             let extra: Vec<(u32, Vec<(String, String)>)> =
                 seq.next_element()?.ok_or_else(missing)?;
             if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
@@ -519,15 +532,15 @@ pub(crate) mod stacks {
         if s.is_human_readable() {
             return stacks.serialize(s);
         }
-        let mut w = ColumnWriter::default();
-        w.u64(stacks.len() as u64);
+        let mut w = Vec::new();
+        write_u64(&mut w, stacks.len() as u64);
         for stack in stacks {
-            w.u64(stack.len() as u64);
+            write_u64(&mut w, stack.len() as u64);
             for &f in stack {
-                w.u64(u64::from(f));
+                write_u64(&mut w, u64::from(f));
             }
         }
-        s.serialize_bytes(&w.0)
+        s.serialize_bytes(&w)
     }
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
@@ -602,7 +615,7 @@ pub(crate) mod stacks {
         /// The column `serialize` writes for `stacks`.
         fn encode(stacks: &[Vec<FrameId>]) -> Vec<u8> {
             let msgpack = rmp_serde::to_vec(&Stacks(stacks)).unwrap();
-            rmp_serde::from_slice::<serde_bytes::ByteBuf>(&msgpack)
+            rmp_serde::from_slice::<ByteBuf>(&msgpack)
                 .unwrap()
                 .into_vec()
         }

@@ -1,38 +1,25 @@
-//! A device's trace events, packed column by column.
+//! A device's trace events, stored column by column.
 //!
-//! Traces run to tens of millions of events. As [`TraceEvent`] structs they
-//! take 112 bytes each; packed here they take about 20: one byte column per
-//! field, numbers as LEB128 varints, optional fields behind a presence
-//! bitmap, times as differences from the previous time. This is the layout
-//! `.snap` files store (docs/format.md), so files are written without
-//! re-encoding.
-//!
-//! Analyses walk a trace in order, decoding one event at a time
-//! ([`Events::iter`]); walking 112-byte structs was bound by memory
-//! bandwidth, so the decoding costs little. Looking at one event by index
-//! starts from the nearest checkpoint, kept every [`CHECKPOINT_EVERY`]
-//! events.
-//!
-//! Hand-written: no crate packs rows of optional fields into this layout.
+//! Traces run to tens of millions of events. As a vector of [`TraceEvent`]
+//! structs they take 112 bytes each, most of it room for options that are
+//! rarely set; stored here as one column per field, with presence bitmaps
+//! for the optional ones and side lists for the rare ones, they take 41. A
+//! pass over a trace reads the same bytes in the same order either way.
 
 use std::fmt;
 
 use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::model::{Action, EventDetails, TraceEvent};
+use crate::model::{Action, EventDetails, StackId, StrId, TraceEvent};
 
 /// Code of an action without a code of its own in the action column; its
 /// name is kept beside it.
 pub(crate) const OTHER_ACTION: u8 = u8::MAX;
 
-/// Events between two checkpoints: looking at one event decodes at most this
-/// many, and the checkpoints cost a third of a byte per event.
-const CHECKPOINT_EVERY: usize = 256;
-
-/// The recorded events of one device, oldest first, packed (see the module
-/// documentation). Built by pushing events or collecting them; read by
-/// iterating, which yields each event as a [`TraceEvent`].
+/// The recorded events of one device, oldest first, one column per field
+/// (see the module documentation). Built by pushing events or collecting
+/// them; read by iterating, which yields each event as a [`TraceEvent`].
 ///
 /// ```
 /// use snapdiff_format::{Action, Events, TraceEvent};
@@ -50,120 +37,59 @@ pub struct Events {
     actions: Vec<u8>,
     /// The names of actions without a code, with the index of their event.
     other_actions: Vec<(usize, Box<str>)>,
-    address: Vec<u8>,
-    size: Vec<u8>,
-    /// Zigzag varints.
-    stream: Vec<u8>,
-    /// Zigzag differences from the previous time present (from 0 for the first).
-    time: Sparse,
-    stack: Sparse,
-    compile_context: Sparse,
-    user_metadata: Sparse,
-    alloc_seq: Sparse,
+    address: Vec<u64>,
+    size: Vec<u64>,
+    stream: Vec<i64>,
+    time_us: Optional<i64>,
+    stack: Optional<StackId>,
+    compile_context: Optional<StrId>,
+    user_metadata: Optional<StrId>,
+    /// Allocation sequence numbers, with the index of their event: only
+    /// snapdiff's own allocator records them, and only for allocations.
+    alloc_seq: Vec<(usize, u64)>,
     /// The rare fields, with the index of their event.
     details: Vec<(usize, Box<EventDetails>)>,
-    /// Where each column stands before events 0, [`CHECKPOINT_EVERY`], 2 ×
-    /// [`CHECKPOINT_EVERY`], ...
-    checkpoints: Vec<Position>,
-    /// Where each column ends: the position of the next event pushed.
-    end: Position,
 }
 
-/// An optional field: a presence bitmap, and the values present.
+/// An optional field: a value per event (the default where it has none)
+/// and a bitmap of the events that have one.
 #[derive(Clone, Default, PartialEq)]
-pub(crate) struct Sparse {
-    pub(crate) present: Vec<u8>,
-    pub(crate) values: Vec<u8>,
+struct Optional<T> {
+    values: Vec<T>,
+    present: Vec<u64>,
 }
 
-impl Sparse {
-    fn push(&mut self, i: usize, value: Option<u64>) {
-        if i % 8 == 0 {
+impl<T: Copy + Default> Optional<T> {
+    fn push(&mut self, value: Option<T>) {
+        let i = self.values.len();
+        if i.is_multiple_of(64) {
             self.present.push(0);
         }
-        if let Some(v) = value {
-            self.present[i / 8] |= 1 << (i % 8);
-            write_u64(&mut self.values, v);
+        if value.is_some() {
+            self.present[i / 64] |= 1 << (i % 64);
         }
+        self.values.push(value.unwrap_or_default());
     }
 
-    #[inline]
-    fn has(&self, i: usize) -> bool {
-        self.present[i / 8] & (1 << (i % 8)) != 0
-    }
-
-    /// The value of event `i`, reading it at `pos` if present.
-    #[inline]
-    fn get(&self, i: usize, pos: &mut usize) -> Option<u64> {
-        self.has(i).then(|| read_u64(&self.values, pos))
-    }
-
-    /// Keeps the first `len` events, whose values end at `values_end`.
-    fn truncate(&mut self, len: usize, values_end: usize) {
-        self.present.truncate(len.div_ceil(8));
+    fn truncate(&mut self, len: usize) {
+        self.values.truncate(len);
+        self.present.truncate(len.div_ceil(64));
         if let Some(last) = self.present.last_mut()
-            && len % 8 != 0
+            && !len.is_multiple_of(64)
         {
-            *last &= (1u8 << (len % 8)) - 1;
+            *last &= (1u64 << (len % 64)) - 1;
         }
-        self.values.truncate(values_end);
+    }
+
+    fn reserve(&mut self, n: usize) {
+        self.values.reserve(n);
+        self.present.reserve(n.div_ceil(64));
     }
 }
 
-/// Where each column stands at one event: byte offsets into the varint
-/// columns, indexes into the side lists, and the time differences start from.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct Position {
-    address: usize,
-    size: usize,
-    stream: usize,
-    time: usize,
-    stack: usize,
-    compile_context: usize,
-    user_metadata: usize,
-    alloc_seq: usize,
-    other_actions: usize,
-    details: usize,
-    last_time: i64,
-}
-
-/// Appends `v` as a LEB128 varint.
-#[inline]
-pub(crate) fn write_u64(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-/// Appends `v` zigzag-encoded as a LEB128 varint.
-#[inline]
-pub(crate) fn write_i64(out: &mut Vec<u8>, v: i64) {
-    write_u64(out, ((v << 1) ^ (v >> 63)) as u64);
-}
-
-/// Reads a varint this module wrote at `pos`, moving past it. The columns
-/// are only ever filled by [`write_u64`], so they hold whole varints.
-#[inline]
-fn read_u64(bytes: &[u8], pos: &mut usize) -> u64 {
-    let mut v = 0u64;
-    let mut shift = 0;
-    while let Some(&b) = bytes.get(*pos) {
-        *pos += 1;
-        v |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            break;
-        }
-        shift += 7;
-    }
-    v
-}
-
-#[inline]
-fn read_i64(bytes: &[u8], pos: &mut usize) -> i64 {
-    let z = read_u64(bytes, pos);
-    (z >> 1) as i64 ^ -((z & 1) as i64)
+/// Where the entries of events from `i` on start in a side list sorted by event.
+fn side_start<T>(list: &[(usize, T)], i: usize) -> usize {
+    list.partition_point(|&(j, _)| j < i)
 }
 
 impl Events {
@@ -172,25 +98,18 @@ impl Events {
         Events::default()
     }
 
-    /// No events, with room for at least `n` before the columns grow.
+    /// No events, with room for `n` before the columns grow.
     pub fn with_capacity(n: usize) -> Events {
-        let sparse = || Sparse {
-            present: Vec::with_capacity(n.div_ceil(8)),
-            values: Vec::new(),
-        };
-        Events {
-            actions: Vec::with_capacity(n),
-            address: Vec::with_capacity(n),
-            size: Vec::with_capacity(n),
-            stream: Vec::with_capacity(n),
-            time: sparse(),
-            stack: sparse(),
-            compile_context: sparse(),
-            user_metadata: sparse(),
-            alloc_seq: sparse(),
-            checkpoints: Vec::with_capacity(n / CHECKPOINT_EVERY + 1),
-            ..Events::default()
-        }
+        let mut events = Events::default();
+        events.actions.reserve(n);
+        events.address.reserve(n);
+        events.size.reserve(n);
+        events.stream.reserve(n);
+        events.time_us.reserve(n);
+        events.stack.reserve(n);
+        events.compile_context.reserve(n);
+        events.user_metadata.reserve(n);
+        events
     }
 
     /// Number of events.
@@ -206,49 +125,28 @@ impl Events {
     /// Adds `e` after the last event.
     pub fn push(&mut self, e: TraceEvent) {
         let i = self.len();
-        if i % CHECKPOINT_EVERY == 0 {
-            self.checkpoints.push(self.end);
-        }
-        match e.action.code() {
-            Some(code) => self.actions.push(code),
-            None => {
+        match e.action {
+            Action::Other(name) => {
                 self.actions.push(OTHER_ACTION);
-                let name = match e.action {
-                    Action::Other(name) => name,
-                    known => known.name().into(),
-                };
                 self.other_actions.push((i, name));
             }
+            known => self
+                .actions
+                .push(known.code().expect("every action but Other has a code")),
         }
-        write_u64(&mut self.address, e.address);
-        write_u64(&mut self.size, e.size);
-        write_i64(&mut self.stream, e.stream);
-        let delta = e.time_us.map(|t| {
-            let delta = t.wrapping_sub(self.end.last_time);
-            self.end.last_time = t;
-            ((delta << 1) ^ (delta >> 63)) as u64
-        });
-        self.time.push(i, delta);
-        self.stack.push(i, e.stack.map(u64::from));
-        self.compile_context.push(i, e.compile_context.map(u64::from));
-        self.user_metadata.push(i, e.user_metadata.map(u64::from));
-        self.alloc_seq.push(i, e.alloc_seq);
+        self.address.push(e.address);
+        self.size.push(e.size);
+        self.stream.push(e.stream);
+        self.time_us.push(e.time_us);
+        self.stack.push(e.stack);
+        self.compile_context.push(e.compile_context);
+        self.user_metadata.push(e.user_metadata);
+        if let Some(seq) = e.alloc_seq {
+            self.alloc_seq.push((i, seq));
+        }
         if let Some(details) = e.details {
             self.details.push((i, details));
         }
-        self.end = Position {
-            address: self.address.len(),
-            size: self.size.len(),
-            stream: self.stream.len(),
-            time: self.time.values.len(),
-            stack: self.stack.values.len(),
-            compile_context: self.compile_context.values.len(),
-            user_metadata: self.user_metadata.values.len(),
-            alloc_seq: self.alloc_seq.values.len(),
-            other_actions: self.other_actions.len(),
-            details: self.details.len(),
-            last_time: self.end.last_time,
-        };
     }
 
     /// The events in order.
@@ -256,23 +154,36 @@ impl Events {
         self.iter_from(0)
     }
 
+    /// The events in order, each with its index: `iter().enumerate()`, made
+    /// to be inlined into the loops over millions of events, where
+    /// `Enumerate` was not.
+    pub fn indexed(&self) -> Indexed<'_> {
+        Indexed(self.iter())
+    }
+
     /// The events from index `start` on (none if `start` is past the end).
     pub fn iter_from(&self, start: usize) -> EventIter<'_> {
-        let start = start.min(self.len());
-        let mut iter = EventIter {
-            events: self,
-            next: start / CHECKPOINT_EVERY * CHECKPOINT_EVERY,
-            end: self.len(),
-            at: self
-                .checkpoints
-                .get(start / CHECKPOINT_EVERY)
-                .copied()
-                .unwrap_or(self.end),
-        };
-        while iter.next < start {
-            iter.next();
+        let next = start.min(self.len());
+        EventIter {
+            next,
+            actions: self.actions[next..].iter(),
+            address: self.address[next..].iter(),
+            size: self.size[next..].iter(),
+            stream: self.stream[next..].iter(),
+            time_us: self.time_us.values[next..].iter(),
+            stack: self.stack.values[next..].iter(),
+            compile_context: self.compile_context.values[next..].iter(),
+            user_metadata: self.user_metadata.values[next..].iter(),
+            present: [
+                &self.time_us.present,
+                &self.stack.present,
+                &self.compile_context.present,
+                &self.user_metadata.present,
+            ],
+            other_actions: &self.other_actions[side_start(&self.other_actions, next)..],
+            alloc_seq: &self.alloc_seq[side_start(&self.alloc_seq, next)..],
+            details: &self.details[side_start(&self.details, next)..],
         }
-        iter
     }
 
     /// Event `i`, if there is one.
@@ -286,7 +197,7 @@ impl Events {
     }
 
     /// The actions of the events in order: for passes that look at nothing
-    /// else, without decoding the other fields.
+    /// else.
     pub fn actions(&self) -> impl DoubleEndedIterator<Item = Action> + ExactSizeIterator + '_ {
         self.actions
             .iter()
@@ -294,12 +205,16 @@ impl Events {
             .map(|(i, &code)| self.action(i, code))
     }
 
+    #[inline(always)]
     fn action(&self, i: usize, code: u8) -> Action {
-        if code == OTHER_ACTION {
-            let k = self.other_actions.partition_point(|&(j, _)| j < i);
-            return Action::Other(self.other_actions[k].1.clone());
-        }
-        Action::from_code(code).expect("action codes come from Action::code")
+        Action::from_code(code).unwrap_or_else(|| self.other_action(i))
+    }
+
+    /// The action of event `i`, one without a code.
+    #[cold]
+    fn other_action(&self, i: usize) -> Action {
+        let k = side_start(&self.other_actions, i);
+        Action::Other(self.other_actions[k].1.clone())
     }
 
     /// Keeps the first `len` events and drops the rest.
@@ -307,20 +222,18 @@ impl Events {
         if len >= self.len() {
             return;
         }
-        let at = self.iter_from(len).at;
         self.actions.truncate(len);
-        self.other_actions.truncate(at.other_actions);
-        self.address.truncate(at.address);
-        self.size.truncate(at.size);
-        self.stream.truncate(at.stream);
-        self.time.truncate(len, at.time);
-        self.stack.truncate(len, at.stack);
-        self.compile_context.truncate(len, at.compile_context);
-        self.user_metadata.truncate(len, at.user_metadata);
-        self.alloc_seq.truncate(len, at.alloc_seq);
-        self.details.truncate(at.details);
-        self.checkpoints.truncate(len.div_ceil(CHECKPOINT_EVERY));
-        self.end = at;
+        self.other_actions
+            .truncate(side_start(&self.other_actions, len));
+        self.address.truncate(len);
+        self.size.truncate(len);
+        self.stream.truncate(len);
+        self.time_us.truncate(len);
+        self.stack.truncate(len);
+        self.compile_context.truncate(len);
+        self.user_metadata.truncate(len);
+        self.alloc_seq.truncate(side_start(&self.alloc_seq, len));
+        self.details.truncate(side_start(&self.details, len));
     }
 
     /// Moves the events from index `at` on into a store of their own.
@@ -329,110 +242,121 @@ impl Events {
         self.truncate(at);
         tail
     }
+}
 
-    /// The packed columns, for writing `.snap` files as they are.
-    pub(crate) fn columns(&self) -> Columns<'_> {
-        Columns {
-            actions: &self.actions,
-            other_actions: self.other_actions.iter().map(|(_, name)| &**name).collect(),
-            address: &self.address,
-            size: &self.size,
-            stream: &self.stream,
-            time: &self.time,
-            stack: &self.stack,
-            compile_context: &self.compile_context,
-            user_metadata: &self.user_metadata,
-            alloc_seq: &self.alloc_seq,
-            details: &self.details,
-        }
+/// The events of an [`Events`] in order, each built as it is reached.
+///
+/// It walks every column side by side. Inlined into a loop, the loads of
+/// the fields that the loop does not use are dropped by the compiler, so a
+/// pass pays only for the columns it reads.
+#[derive(Clone)]
+pub struct EventIter<'a> {
+    /// Index of the next event.
+    next: usize,
+    actions: std::slice::Iter<'a, u8>,
+    address: std::slice::Iter<'a, u64>,
+    size: std::slice::Iter<'a, u64>,
+    stream: std::slice::Iter<'a, i64>,
+    time_us: std::slice::Iter<'a, i64>,
+    stack: std::slice::Iter<'a, StackId>,
+    compile_context: std::slice::Iter<'a, StrId>,
+    user_metadata: std::slice::Iter<'a, StrId>,
+    /// The presence bitmaps of time, stack, compile context and user metadata.
+    present: [&'a [u64]; 4],
+    /// The side lists from the next event's entries on.
+    other_actions: &'a [(usize, Box<str>)],
+    alloc_seq: &'a [(usize, u64)],
+    details: &'a [(usize, Box<EventDetails>)],
+}
+
+/// Whether bit `i` of `bitmap` is set.
+#[inline(always)]
+fn has(bitmap: &[u64], i: usize) -> bool {
+    bitmap
+        .get(i / 64)
+        .is_some_and(|word| word & (1 << (i % 64)) != 0)
+}
+
+/// The value of event `i` in `list`, a side list whose entries from the
+/// next event's on are left; moves past it.
+#[inline(always)]
+fn take_side<T: Clone>(list: &mut &[(usize, T)], i: usize) -> Option<T> {
+    match list.first() {
+        Some((j, _)) if *j == i => Some(take_first(list)),
+        _ => None,
     }
 }
 
-/// The packed columns of [`Events`], borrowed.
-pub(crate) struct Columns<'a> {
-    pub(crate) actions: &'a [u8],
-    /// Names of the actions coded [`OTHER_ACTION`], in order.
-    pub(crate) other_actions: Vec<&'a str>,
-    pub(crate) address: &'a [u8],
-    pub(crate) size: &'a [u8],
-    pub(crate) stream: &'a [u8],
-    pub(crate) time: &'a Sparse,
-    pub(crate) stack: &'a Sparse,
-    pub(crate) compile_context: &'a Sparse,
-    pub(crate) user_metadata: &'a Sparse,
-    pub(crate) alloc_seq: &'a Sparse,
-    pub(crate) details: &'a [(usize, Box<EventDetails>)],
-}
-
-/// The events of an [`Events`] in order, each decoded as it is reached.
-#[derive(Clone)]
-pub struct EventIter<'a> {
-    events: &'a Events,
-    /// Index of the next event.
-    next: usize,
-    end: usize,
-    /// Where the next event's fields start.
-    at: Position,
+/// The first value of a side list, moving past it: out of line, so that
+/// the loops [`EventIter`] is inlined into stay small (few events have
+/// entries in side lists).
+#[cold]
+#[inline(never)]
+fn take_first<T: Clone>(list: &mut &[(usize, T)]) -> T {
+    let value = list[0].1.clone();
+    *list = &list[1..];
+    value
 }
 
 impl Iterator for EventIter<'_> {
     type Item = TraceEvent;
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<TraceEvent> {
-        if self.next >= self.end {
-            return None;
-        }
-        let (ev, i, at) = (self.events, self.next, &mut self.at);
+        let &code = self.actions.next()?;
+        let i = self.next;
         self.next += 1;
-        let code = ev.actions[i];
-        let action = if code == OTHER_ACTION {
-            at.other_actions += 1;
-            Action::Other(ev.other_actions[at.other_actions - 1].1.clone())
-        } else {
-            Action::from_code(code).expect("action codes come from Action::code")
+        let action = match Action::from_code(code) {
+            Some(action) => action,
+            None => Action::Other(take_side(&mut self.other_actions, i).unwrap_or_default()),
         };
-        let time_us = ev.time.has(i).then(|| {
-            at.last_time = at
-                .last_time
-                .wrapping_add(read_i64(&ev.time.values, &mut at.time));
-            at.last_time
-        });
-        let details = match ev.details.get(at.details) {
-            Some((j, details)) if *j == i => {
-                at.details += 1;
-                Some(details.clone())
-            }
-            _ => None,
-        };
+        let optional =
+            |present: &[u64], value: Option<&u32>| value.copied().filter(|_| has(present, i));
         Some(TraceEvent {
             action,
-            address: read_u64(&ev.address, &mut at.address),
-            size: read_u64(&ev.size, &mut at.size),
-            stream: read_i64(&ev.stream, &mut at.stream),
-            time_us,
-            // Ids were pushed from u32 values.
-            stack: ev.stack.get(i, &mut at.stack).map(|v| v as u32),
-            compile_context: ev
-                .compile_context
-                .get(i, &mut at.compile_context)
-                .map(|v| v as u32),
-            user_metadata: ev
-                .user_metadata
-                .get(i, &mut at.user_metadata)
-                .map(|v| v as u32),
-            alloc_seq: ev.alloc_seq.get(i, &mut at.alloc_seq),
-            details,
+            address: self.address.next().copied().unwrap_or_default(),
+            size: self.size.next().copied().unwrap_or_default(),
+            stream: self.stream.next().copied().unwrap_or_default(),
+            time_us: self
+                .time_us
+                .next()
+                .copied()
+                .filter(|_| has(self.present[0], i)),
+            stack: optional(self.present[1], self.stack.next()),
+            compile_context: optional(self.present[2], self.compile_context.next()),
+            user_metadata: optional(self.present[3], self.user_metadata.next()),
+            alloc_seq: take_side(&mut self.alloc_seq, i),
+            details: take_side(&mut self.details, i),
         })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.end - self.next;
-        (n, Some(n))
+        self.actions.size_hint()
     }
 }
 
 impl ExactSizeIterator for EventIter<'_> {}
+
+/// The events of an [`Events`] in order, with their indexes; see
+/// [`Events::indexed`].
+#[derive(Clone)]
+pub struct Indexed<'a>(EventIter<'a>);
+
+impl Iterator for Indexed<'_> {
+    type Item = (usize, TraceEvent);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<(usize, TraceEvent)> {
+        let i = self.0.next;
+        self.0.next().map(|e| (i, e))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl ExactSizeIterator for Indexed<'_> {}
 
 impl<'a> IntoIterator for &'a Events {
     type Item = TraceEvent;

@@ -39,7 +39,7 @@ mod value;
 use std::path::Path;
 
 pub use crate::error::{Error, ErrorKind, Result};
-pub use crate::events::{EventIter, Events};
+pub use crate::events::{EventIter, Events, Indexed};
 pub use crate::model::{
     Action, Annotation, Block, BlockState, CompactString, DeviceInfo, DeviceTrace, EventDetails,
     Frame, FrameId, HistoryEntry, Meta, Pool, Segment, Snapshot, StackId, StrId, Totals,

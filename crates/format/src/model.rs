@@ -10,8 +10,8 @@
 pub use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
-use crate::events::Events;
 use crate::codes::impl_coded_enum;
+use crate::events::Events;
 use crate::value::{Extra, Value};
 
 /// Index into [`Snapshot::frames`].
@@ -278,6 +278,7 @@ impl Action {
     }
 
     /// The known action with one-byte code `code`.
+    #[inline]
     pub(crate) fn from_code(code: u8) -> Option<Action> {
         Some(match code {
             0 => Action::Alloc,
@@ -603,7 +604,7 @@ impl Snapshot {
             }
         }
         for trace in &self.traces {
-            for (ei, ev) in trace.events.iter().enumerate() {
+            for (ei, ev) in trace.events.indexed() {
                 let what = || format!("device {} trace event {ei}", trace.device);
                 check_stack(ev.stack, &what)?;
                 for s in [ev.compile_context, ev.user_metadata].into_iter().flatten() {

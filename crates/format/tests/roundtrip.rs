@@ -194,10 +194,12 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
                         }
                     },
                 );
-            let trace = (0u32..4, proptest::collection::vec(event, 0..30))
-                .prop_map(|(device, events)| DeviceTrace {
-                    device,
-                    events: events.into(),
+            let trace =
+                (0u32..4, proptest::collection::vec(event, 0..30)).prop_map(|(device, events)| {
+                    DeviceTrace {
+                        device,
+                        events: events.into(),
+                    }
                 });
             let meta = (
                 "[a-z-]{1,10}",

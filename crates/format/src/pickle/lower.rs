@@ -732,11 +732,7 @@ impl Lowerer {
     /// exactly them in order. This is the common case (PyTorch writes each
     /// device's events in order, one device after another) and it moves the
     /// events without copying them one by one.
-    pub(crate) fn take_event_tail(
-        &mut self,
-        heap: &Heap,
-        items: &[Val],
-    ) -> Option<Events> {
+    pub(crate) fn take_event_tail(&mut self, heap: &Heap, items: &[Val]) -> Option<Events> {
         let start = self.events.len().checked_sub(items.len())?;
         let in_order = items.iter().enumerate().all(|(k, &v)| {
             matches!(v, Val::Obj(id) if matches!(heap.containers[id as usize],

@@ -439,7 +439,8 @@ mod tests {
             ]
         );
         assert_eq!(
-            snap.traces[0].events.get(0).unwrap().stack, snap.traces[0].events.get(1).unwrap().stack,
+            snap.traces[0].events.get(0).unwrap().stack,
+            snap.traces[0].events.get(1).unwrap().stack,
             "the same frames are one stack"
         );
         let (key, mixed) = &snap.extra[0];
@@ -557,15 +558,23 @@ mod tests {
                 vec![("a", 5), ("a", 1)],
             ]
         );
-        let frames: Vec<&Frame> = snap.stack_frames(snap.traces[0].events.get(1).unwrap().stack).collect();
+        let frames: Vec<&Frame> = snap
+            .stack_frames(snap.traces[0].events.get(1).unwrap().stack)
+            .collect();
         assert!(frames.iter().all(|f| f.file == "train.py"), "{frames:?}");
         assert!(frames[0].extra.is_empty());
         assert_eq!(frames[4].extra, [("column".to_owned(), "4".to_owned())]);
         assert_eq!(
-            snap.traces[0].events.get(0).unwrap()
+            snap.traces[0]
+                .events
+                .get(0)
+                .unwrap()
                 .stack
                 .map(|s| snap.stacks[s as usize][0]),
-            snap.traces[0].events.get(1).unwrap()
+            snap.traces[0]
+                .events
+                .get(1)
+                .unwrap()
                 .stack
                 .map(|s| snap.stacks[s as usize][0]),
             "a frame read both ways is one frame"
