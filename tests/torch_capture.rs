@@ -121,6 +121,25 @@ fn trend_json(files: &[PathBuf]) -> Value {
     snapdiff(args).expect_code(0).json()
 }
 
+/// The pid of the job that wrote the first dump in `dir`, once its line is
+/// in the manifest (written just after the dump).
+fn first_pid(dir: &Path) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(dir.join("manifest.jsonl")).unwrap_or_default();
+        let pid = text
+            .lines()
+            .next()
+            .and_then(|l| serde_json::from_str::<Value>(l).ok())
+            .and_then(|entry| entry["pid"].as_i64());
+        if let Some(pid) = pid {
+            return pid as i32;
+        }
+        assert!(Instant::now() < deadline, "no manifest line within a minute");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits until `dir` holds a pickle (the job is past its first dump).
 fn wait_for_first_dump(dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -530,7 +549,7 @@ fn a_job_killed_mid_dump_leaves_only_whole_files() {
         );
         wait_for_first_dump(&out);
         std::thread::sleep(Duration::from_millis(delay_ms));
-        let job = manifest(&out)[0]["pid"].as_i64().unwrap() as i32;
+        let job = first_pid(&out);
         // SAFETY: signals the job capture started, which is still running.
         unsafe { libc::kill(job, libc::SIGKILL) };
         let output = wait_bounded(child);

@@ -6,12 +6,15 @@
 //! side compress far better than rows of mixed fields (a third smaller on
 //! real snapshots). JSON keeps the plain row form, one object per event.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_bytes::ByteBuf;
 
-use crate::events::{Events, OTHER_ACTION};
-use crate::model::{Action, CompactString, DeviceTrace, Frame, TraceEvent};
+use crate::events::{EventColumns, Events, OTHER_ACTION, Optional};
+use crate::model::{Action, CompactString, DeviceTrace, EventDetails, Frame};
 use crate::value::Extra;
 
 #[derive(Serialize)]
@@ -124,21 +127,35 @@ impl<'a> ColumnReader<'a> {
 
 /// The binary form of a [`DeviceTrace`]: the device, then one byte string
 /// per field (see docs/format.md for the layout of each).
+///
+/// The columns are borrowed from the file's body when read: copied, they
+/// were a third of the memory it took to read a long trace.
 #[derive(Serialize, Deserialize)]
-struct TraceColumns {
+struct TraceColumns<'a> {
     device: u32,
-    actions: ByteBuf,
+    #[serde(borrow, with = "serde_bytes")]
+    actions: Cow<'a, [u8]>,
     other_actions: Vec<String>,
-    address: ByteBuf,
-    size: ByteBuf,
-    stream: ByteBuf,
-    time_deltas: ByteBuf,
-    stack: ByteBuf,
-    device_free: ByteBuf,
-    compile_context: ByteBuf,
-    user_metadata: ByteBuf,
-    pool_id: ByteBuf,
-    alloc_seq: ByteBuf,
+    #[serde(borrow, with = "serde_bytes")]
+    address: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    size: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    stream: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    time_deltas: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    stack: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    device_free: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    compile_context: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    user_metadata: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    pool_id: Cow<'a, [u8]>,
+    #[serde(borrow, with = "serde_bytes")]
+    alloc_seq: Cow<'a, [u8]>,
     /// Event index and extra keys, for the few events with any.
     extra: Vec<(u32, Extra)>,
 }
@@ -155,11 +172,11 @@ impl Serialize for DeviceTrace {
         let n = self.events.len();
         let mut c = TraceColumns {
             device: self.device,
-            actions: ByteBuf::with_capacity(n),
+            actions: Cow::Owned(Vec::with_capacity(n)),
             other_actions: Vec::new(),
-            address: ByteBuf::with_capacity(n * 6),
-            size: ByteBuf::with_capacity(n * 3),
-            stream: ByteBuf::with_capacity(n),
+            address: Cow::Owned(Vec::with_capacity(n * 6)),
+            size: Cow::Owned(Vec::with_capacity(n * 3)),
+            stream: Cow::Owned(Vec::with_capacity(n)),
             time_deltas: bitmap(n),
             stack: bitmap(n),
             device_free: bitmap(n),
@@ -171,25 +188,27 @@ impl Serialize for DeviceTrace {
         };
         let mut last_time = 0i64;
         for (i, e) in self.events.indexed() {
-            let mark = |column: &mut ByteBuf| column[i / 8] |= 1 << (i % 8);
-            c.actions.push(e.action.code().unwrap_or(OTHER_ACTION));
+            let mark = |column: &mut Vec<u8>| column[i / 8] |= 1 << (i % 8);
+            c.actions
+                .to_mut()
+                .push(e.action.code().unwrap_or(OTHER_ACTION));
             if e.action.code().is_none() {
                 c.other_actions.push(e.action.name().to_owned());
             }
             // Addresses as they are: a free repeats its allocation's address
             // exactly, which the compressor finds; differences would hide that.
-            write_u64(&mut c.address, e.address);
-            write_u64(&mut c.size, e.size);
-            write_i64(&mut c.stream, e.stream);
+            write_u64(c.address.to_mut(), e.address);
+            write_u64(c.size.to_mut(), e.size);
+            write_i64(c.stream.to_mut(), e.stream);
             if let Some(t) = e.time_us {
-                mark(&mut c.time_deltas);
-                write_i64(&mut c.time_deltas, t.wrapping_sub(last_time));
+                mark(c.time_deltas.to_mut());
+                write_i64(c.time_deltas.to_mut(), t.wrapping_sub(last_time));
                 last_time = t;
             }
             for (column, id) in [
-                (&mut c.stack, e.stack),
-                (&mut c.compile_context, e.compile_context),
-                (&mut c.user_metadata, e.user_metadata),
+                (c.stack.to_mut(), e.stack),
+                (c.compile_context.to_mut(), e.compile_context),
+                (c.user_metadata.to_mut(), e.user_metadata),
             ] {
                 if let Some(id) = id {
                     mark(column);
@@ -197,18 +216,18 @@ impl Serialize for DeviceTrace {
                 }
             }
             if let Some(seq) = e.alloc_seq {
-                mark(&mut c.alloc_seq);
-                write_u64(&mut c.alloc_seq, seq);
+                mark(c.alloc_seq.to_mut());
+                write_u64(c.alloc_seq.to_mut(), seq);
             }
             let Some(details) = e.details else { continue };
             if let Some(free) = details.device_free {
-                mark(&mut c.device_free);
-                write_u64(&mut c.device_free, free);
+                mark(c.device_free.to_mut());
+                write_u64(c.device_free.to_mut(), free);
             }
             if let Some((a, b)) = details.pool_id {
-                mark(&mut c.pool_id);
-                write_i64(&mut c.pool_id, a);
-                write_i64(&mut c.pool_id, b);
+                mark(c.pool_id.to_mut());
+                write_i64(c.pool_id.to_mut(), a);
+                write_i64(c.pool_id.to_mut(), b);
             }
             if !details.extra.is_empty() {
                 c.extra.push((i as u32, details.extra));
@@ -219,8 +238,8 @@ impl Serialize for DeviceTrace {
 }
 
 /// A presence bitmap for `n` events, all clear, that values follow.
-fn bitmap(n: usize) -> ByteBuf {
-    ByteBuf::from(vec![0; n.div_ceil(8)])
+fn bitmap(n: usize) -> Cow<'static, [u8]> {
+    Cow::Owned(vec![0; n.div_ceil(8)])
 }
 
 fn u32_of(v: u64) -> Result<u32, String> {
@@ -241,97 +260,102 @@ impl<'de> Deserialize<'de> for DeviceTrace {
     }
 }
 
-/// Rebuilds the events in one pass, reading every column side by side.
-fn decode_trace(c: TraceColumns) -> Result<DeviceTrace, String> {
+/// Rebuilds the events column by column, checking each.
+fn decode_trace(mut c: TraceColumns) -> Result<DeviceTrace, String> {
     let n = c.actions.len();
-    let mut others = c.other_actions.into_iter();
-    let mut address = ColumnReader::dense(&c.address);
-    let mut size = ColumnReader::dense(&c.size);
-    let mut stream = ColumnReader::dense(&c.stream);
-    let mut time = ColumnReader::sparse(&c.time_deltas, n)?;
-    let mut stack = ColumnReader::sparse(&c.stack, n)?;
-    let mut device_free = ColumnReader::sparse(&c.device_free, n)?;
-    let mut compile_context = ColumnReader::sparse(&c.compile_context, n)?;
-    let mut user_metadata = ColumnReader::sparse(&c.user_metadata, n)?;
-    let mut pool_id = ColumnReader::sparse(&c.pool_id, n)?;
-    let mut alloc_seq = ColumnReader::sparse(&c.alloc_seq, n)?;
-    let mut last_time = 0i64;
-    let mut events = Events::with_capacity(n);
-    let mut extra = c.extra.into_iter().peekable();
+    let mut names = std::mem::take(&mut c.other_actions).into_iter();
+    let mut other_actions = Vec::new();
     for (i, &code) in c.actions.iter().enumerate() {
-        let action = match code {
-            OTHER_ACTION => Action::Other(
-                others
-                    .next()
-                    .ok_or("missing name of an unknown action")?
-                    .into(),
-            ),
-            code => Action::from_code(code).ok_or_else(|| format!("unknown action code {code}"))?,
-        };
-        let mut e = TraceEvent {
-            action,
-            address: address.u64()?,
-            size: size.u64()?,
-            stream: stream.i64()?,
-            time_us: None,
-            stack: if stack.has(i) {
-                Some(u32_of(stack.u64()?)?)
-            } else {
-                None
-            },
-            compile_context: if compile_context.has(i) {
-                Some(u32_of(compile_context.u64()?)?)
-            } else {
-                None
-            },
-            user_metadata: if user_metadata.has(i) {
-                Some(u32_of(user_metadata.u64()?)?)
-            } else {
-                None
-            },
-            alloc_seq: if alloc_seq.has(i) {
-                Some(alloc_seq.u64()?)
-            } else {
-                None
-            },
-            details: None,
-        };
-        if time.has(i) {
-            last_time = last_time.wrapping_add(time.i64()?);
-            e.time_us = Some(last_time);
+        if code == OTHER_ACTION {
+            let name = names.next().ok_or("missing name of an unknown action")?;
+            other_actions.push((i, name.into_boxed_str()));
+        } else if Action::from_code(code).is_none() {
+            return Err(format!("unknown action code {code}"));
         }
-        if device_free.has(i) {
-            e.details_mut().device_free = Some(device_free.u64()?);
-        }
-        if pool_id.has(i) {
-            e.details_mut().pool_id = Some((pool_id.i64()?, pool_id.i64()?));
-        }
-        if let Some((_, keys)) = extra.next_if(|&(j, _)| j as usize == i) {
-            e.details_mut().extra = keys;
-        }
-        events.push(e);
     }
-    for column in [
-        &address,
-        &size,
-        &stream,
-        &time,
-        &stack,
-        &device_free,
-        &compile_context,
-        &user_metadata,
-        &pool_id,
-        &alloc_seq,
-    ] {
-        column.finish()?;
-    }
-    if extra.next().is_some() {
-        return Err("extra keys for an event that does not exist, or out of order".to_owned());
-    }
+    let optional = |bytes: &[u8]| {
+        let mut r = ColumnReader::sparse(bytes, n)?;
+        let field = Optional::read(r.present, n, || u32_of(r.u64()?))?;
+        r.finish()?;
+        Ok::<_, String>(field)
+    };
+    let mut time = ColumnReader::sparse(&c.time_deltas, n)?;
+    let mut last_time = 0i64;
+    let time_us = Optional::read(time.present, n, || {
+        last_time = last_time.wrapping_add(time.i64()?);
+        Ok::<_, Corrupt>(last_time)
+    })?;
+    time.finish()?;
+    let columns = EventColumns {
+        address: dense(&c.address, n, |r| r.u64())?,
+        size: dense(&c.size, n, |r| r.u64())?,
+        stream: dense(&c.stream, n, |r| r.i64())?,
+        time_us,
+        stack: optional(&c.stack)?,
+        compile_context: optional(&c.compile_context)?,
+        user_metadata: optional(&c.user_metadata)?,
+        alloc_seq: rare(&c.alloc_seq, n, |r| r.u64())?,
+        details: details(&c, n)?,
+        actions: c.actions.into_owned(),
+        other_actions,
+    };
     Ok(DeviceTrace {
         device: c.device,
-        events,
+        events: Events::from_columns(columns),
     })
+}
+
+/// The `n` values of a column with one per event.
+fn dense<T>(
+    bytes: &[u8],
+    n: usize,
+    mut read: impl FnMut(&mut ColumnReader) -> Result<T, Corrupt>,
+) -> Result<Vec<T>, String> {
+    let mut r = ColumnReader::dense(bytes);
+    let mut values = Vec::with_capacity(n);
+    for _ in 0..n {
+        values.push(read(&mut r)?);
+    }
+    r.finish()?;
+    Ok(values)
+}
+
+/// The values of a sparse column that few events have, with their event.
+fn rare<T>(
+    bytes: &[u8],
+    n: usize,
+    mut read: impl FnMut(&mut ColumnReader) -> Result<T, Corrupt>,
+) -> Result<Vec<(usize, T)>, String> {
+    let mut r = ColumnReader::sparse(bytes, n)?;
+    let mut values = Vec::new();
+    for i in 0..n {
+        if r.has(i) {
+            values.push((i, read(&mut r)?));
+        }
+    }
+    r.finish()?;
+    Ok(values)
+}
+
+/// The rare fields of the events that have any, sorted by event.
+fn details(c: &TraceColumns, n: usize) -> Result<Vec<(usize, Box<EventDetails>)>, String> {
+    let mut details: BTreeMap<usize, Box<EventDetails>> = BTreeMap::new();
+    for (i, free) in rare(&c.device_free, n, |r| r.u64())? {
+        details.entry(i).or_default().device_free = Some(free);
+    }
+    for (i, pool) in rare(&c.pool_id, n, |r| Ok((r.i64()?, r.i64()?)))? {
+        details.entry(i).or_default().pool_id = Some(pool);
+    }
+    let mut last = None;
+    for (i, keys) in &c.extra {
+        let i = *i as usize;
+        if i >= n || last.is_some_and(|last| i <= last) {
+            return Err("extra keys for an event that does not exist, or out of order".to_owned());
+        }
+        last = Some(i);
+        details.entry(i).or_default().extra = keys.clone();
+    }
+    Ok(details.into_iter().collect())
 }
 
 /// The frame table as version 1 wrote it: every name and file in full.

@@ -51,15 +51,53 @@ pub struct Events {
     details: Vec<(usize, Box<EventDetails>)>,
 }
 
+/// The columns of [`Events`], for [`Events::from_columns`].
+pub(crate) struct EventColumns {
+    pub(crate) actions: Vec<u8>,
+    pub(crate) other_actions: Vec<(usize, Box<str>)>,
+    pub(crate) address: Vec<u64>,
+    pub(crate) size: Vec<u64>,
+    pub(crate) stream: Vec<i64>,
+    pub(crate) time_us: Optional<i64>,
+    pub(crate) stack: Optional<StackId>,
+    pub(crate) compile_context: Optional<StrId>,
+    pub(crate) user_metadata: Optional<StrId>,
+    pub(crate) alloc_seq: Vec<(usize, u64)>,
+    pub(crate) details: Vec<(usize, Box<EventDetails>)>,
+}
+
 /// An optional field: a value per event (the default where it has none)
 /// and a bitmap of the events that have one.
 #[derive(Clone, Default, PartialEq)]
-struct Optional<T> {
+pub(crate) struct Optional<T> {
     values: Vec<T>,
     present: Vec<u64>,
 }
 
 impl<T: Copy + Default> Optional<T> {
+    /// The field of `n` events, present where bit `i` of `present` (a
+    /// bitmap of bytes, as `.snap` files store it) is set, with the values
+    /// present given by `next` in order.
+    pub(crate) fn read<E>(
+        present: &[u8],
+        n: usize,
+        mut next: impl FnMut() -> Result<T, E>,
+    ) -> Result<Optional<T>, E> {
+        let mut field = Optional {
+            values: Vec::with_capacity(n),
+            present: vec![0; n.div_ceil(64)],
+        };
+        for i in 0..n {
+            if present[i / 8] & (1 << (i % 8)) != 0 {
+                field.present[i / 64] |= 1 << (i % 64);
+                field.values.push(next()?);
+            } else {
+                field.values.push(T::default());
+            }
+        }
+        Ok(field)
+    }
+
     fn push(&mut self, value: Option<T>) {
         let i = self.values.len();
         if i.is_multiple_of(64) {
@@ -110,6 +148,38 @@ impl Events {
         events.compile_context.reserve(n);
         events.user_metadata.reserve(n);
         events
+    }
+
+    /// Events from their columns, as a `.snap` file's are read: every
+    /// column holds `actions.len()` values, and the side lists are sorted by
+    /// event and name events that exist, as the reader checks.
+    pub(crate) fn from_columns(columns: EventColumns) -> Events {
+        let EventColumns {
+            actions,
+            other_actions,
+            address,
+            size,
+            stream,
+            time_us,
+            stack,
+            compile_context,
+            user_metadata,
+            alloc_seq,
+            details,
+        } = columns;
+        Events {
+            actions,
+            other_actions,
+            address,
+            size,
+            stream,
+            time_us,
+            stack,
+            compile_context,
+            user_metadata,
+            alloc_seq,
+            details,
+        }
     }
 
     /// Number of events.
