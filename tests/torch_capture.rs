@@ -135,7 +135,10 @@ fn first_pid(dir: &Path) -> i32 {
         if let Some(pid) = pid {
             return pid as i32;
         }
-        assert!(Instant::now() < deadline, "no manifest line within a minute");
+        assert!(
+            Instant::now() < deadline,
+            "no manifest line within a minute"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -13,7 +13,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_bytes::ByteBuf;
 
-use crate::events::{EventColumns, Events, OTHER_ACTION, Optional};
+use crate::events::{Column, EventColumns, Events, OTHER_ACTION, Optional};
 use crate::model::{Action, CompactString, DeviceTrace, EventDetails, Frame};
 use crate::value::Extra;
 
@@ -289,7 +289,15 @@ fn decode_trace(mut c: TraceColumns) -> Result<DeviceTrace, String> {
     let columns = EventColumns {
         address: dense(&c.address, n, |r| r.u64())?,
         size: dense(&c.size, n, |r| r.u64())?,
-        stream: dense(&c.stream, n, |r| r.i64())?,
+        stream: {
+            let mut r = ColumnReader::dense(&c.stream);
+            let mut stream = Column::default();
+            for _ in 0..n {
+                stream.push(r.i64()?);
+            }
+            r.finish()?;
+            stream
+        },
         time_us,
         stack: optional(&c.stack)?,
         compile_context: optional(&c.compile_context)?,

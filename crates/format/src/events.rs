@@ -2,9 +2,11 @@
 //!
 //! Traces run to tens of millions of events. As a vector of [`TraceEvent`]
 //! structs they take 112 bytes each, most of it room for options that are
-//! rarely set; stored here as one column per field, with presence bitmaps
-//! for the optional ones and side lists for the rare ones, they take 41. A
-//! pass over a trace reads the same bytes in the same order either way.
+//! rarely set. Stored here as one column per field, with presence bitmaps
+//! for the optional ones, side lists for the rare ones, and one value for a
+//! column whose events all have the same (the stream of a single-stream
+//! program, PyTorch's compile context `N/A` and empty user metadata), they
+//! take 25 to 41.
 
 use std::fmt;
 
@@ -39,7 +41,7 @@ pub struct Events {
     other_actions: Vec<(usize, Box<str>)>,
     address: Vec<u64>,
     size: Vec<u64>,
-    stream: Vec<i64>,
+    stream: Column<i64>,
     time_us: Optional<i64>,
     stack: Optional<StackId>,
     compile_context: Optional<StrId>,
@@ -57,7 +59,7 @@ pub(crate) struct EventColumns {
     pub(crate) other_actions: Vec<(usize, Box<str>)>,
     pub(crate) address: Vec<u64>,
     pub(crate) size: Vec<u64>,
-    pub(crate) stream: Vec<i64>,
+    pub(crate) stream: Column<i64>,
     pub(crate) time_us: Optional<i64>,
     pub(crate) stack: Optional<StackId>,
     pub(crate) compile_context: Optional<StrId>,
@@ -66,15 +68,83 @@ pub(crate) struct EventColumns {
     pub(crate) details: Vec<(usize, Box<EventDetails>)>,
 }
 
+/// A field's values, one per event: a single value while every event has
+/// the same, a vector from the first that differs.
+#[derive(Clone, Debug)]
+pub(crate) enum Column<T> {
+    Same { value: T, len: usize },
+    Each(Vec<T>),
+}
+
+impl<T: Copy + Default> Default for Column<T> {
+    fn default() -> Self {
+        Column::Same {
+            value: T::default(),
+            len: 0,
+        }
+    }
+}
+
+impl<T: Copy + Default + PartialEq> Column<T> {
+    fn len(&self) -> usize {
+        match self {
+            Column::Same { len, .. } => *len,
+            Column::Each(values) => values.len(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, v: T) {
+        match self {
+            Column::Same { value, len } if *len == 0 || *value == v => {
+                *value = v;
+                *len += 1;
+            }
+            Column::Same { value, len } => {
+                let mut values = Vec::with_capacity(*len * 2);
+                values.resize(*len, *value);
+                values.push(v);
+                *self = Column::Each(values);
+            }
+            Column::Each(values) => values.push(v),
+        }
+    }
+
+    /// The value of event `i` (the default past the end).
+    #[inline(always)]
+    fn get(&self, i: usize) -> T {
+        match self {
+            Column::Same { value, .. } => *value,
+            Column::Each(values) => values.get(i).copied().unwrap_or_default(),
+        }
+    }
+
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Column::Same { len, .. } => *len = (*len).min(n),
+            Column::Each(values) => values.truncate(n),
+        }
+    }
+}
+
+/// Equal when the values are, however they are stored.
+impl<T: Copy + Default + PartialEq> PartialEq for Column<T> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Column::Each(a), Column::Each(b)) => a == b,
+            _ => self.len() == other.len() && (0..self.len()).all(|i| self.get(i) == other.get(i)),
+        }
+    }
+}
+
 /// An optional field: a value per event (the default where it has none)
 /// and a bitmap of the events that have one.
 #[derive(Clone, Default, PartialEq)]
-pub(crate) struct Optional<T> {
-    values: Vec<T>,
+pub(crate) struct Optional<T: Copy + Default + PartialEq> {
+    values: Column<T>,
     present: Vec<u64>,
 }
 
-impl<T: Copy + Default> Optional<T> {
+impl<T: Copy + Default + PartialEq> Optional<T> {
     /// The field of `n` events, present where bit `i` of `present` (a
     /// bitmap of bytes, as `.snap` files store it) is set, with the values
     /// present given by `next` in order.
@@ -84,7 +154,7 @@ impl<T: Copy + Default> Optional<T> {
         mut next: impl FnMut() -> Result<T, E>,
     ) -> Result<Optional<T>, E> {
         let mut field = Optional {
-            values: Vec::with_capacity(n),
+            values: Column::default(),
             present: vec![0; n.div_ceil(64)],
         };
         for i in 0..n {
@@ -109,6 +179,12 @@ impl<T: Copy + Default> Optional<T> {
         self.values.push(value.unwrap_or_default());
     }
 
+    /// The value of event `i`, if it has one.
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<T> {
+        has(&self.present, i).then(|| self.values.get(i))
+    }
+
     fn truncate(&mut self, len: usize) {
         self.values.truncate(len);
         self.present.truncate(len.div_ceil(64));
@@ -120,7 +196,6 @@ impl<T: Copy + Default> Optional<T> {
     }
 
     fn reserve(&mut self, n: usize) {
-        self.values.reserve(n);
         self.present.reserve(n.div_ceil(64));
     }
 }
@@ -142,7 +217,6 @@ impl Events {
         events.actions.reserve(n);
         events.address.reserve(n);
         events.size.reserve(n);
-        events.stream.reserve(n);
         events.time_us.reserve(n);
         events.stack.reserve(n);
         events.compile_context.reserve(n);
@@ -239,17 +313,11 @@ impl Events {
             actions: self.actions[next..].iter(),
             address: self.address[next..].iter(),
             size: self.size[next..].iter(),
-            stream: self.stream[next..].iter(),
-            time_us: self.time_us.values[next..].iter(),
-            stack: self.stack.values[next..].iter(),
-            compile_context: self.compile_context.values[next..].iter(),
-            user_metadata: self.user_metadata.values[next..].iter(),
-            present: [
-                &self.time_us.present,
-                &self.stack.present,
-                &self.compile_context.present,
-                &self.user_metadata.present,
-            ],
+            stream: &self.stream,
+            time_us: &self.time_us,
+            stack: &self.stack,
+            compile_context: &self.compile_context,
+            user_metadata: &self.user_metadata,
             other_actions: &self.other_actions[side_start(&self.other_actions, next)..],
             alloc_seq: &self.alloc_seq[side_start(&self.alloc_seq, next)..],
             details: &self.details[side_start(&self.details, next)..],
@@ -326,13 +394,11 @@ pub struct EventIter<'a> {
     actions: std::slice::Iter<'a, u8>,
     address: std::slice::Iter<'a, u64>,
     size: std::slice::Iter<'a, u64>,
-    stream: std::slice::Iter<'a, i64>,
-    time_us: std::slice::Iter<'a, i64>,
-    stack: std::slice::Iter<'a, StackId>,
-    compile_context: std::slice::Iter<'a, StrId>,
-    user_metadata: std::slice::Iter<'a, StrId>,
-    /// The presence bitmaps of time, stack, compile context and user metadata.
-    present: [&'a [u64]; 4],
+    stream: &'a Column<i64>,
+    time_us: &'a Optional<i64>,
+    stack: &'a Optional<StackId>,
+    compile_context: &'a Optional<StrId>,
+    user_metadata: &'a Optional<StrId>,
     /// The side lists from the next event's entries on.
     other_actions: &'a [(usize, Box<str>)],
     alloc_seq: &'a [(usize, u64)],
@@ -380,21 +446,15 @@ impl Iterator for EventIter<'_> {
             Some(action) => action,
             None => Action::Other(take_side(&mut self.other_actions, i).unwrap_or_default()),
         };
-        let optional =
-            |present: &[u64], value: Option<&u32>| value.copied().filter(|_| has(present, i));
         Some(TraceEvent {
             action,
             address: self.address.next().copied().unwrap_or_default(),
             size: self.size.next().copied().unwrap_or_default(),
-            stream: self.stream.next().copied().unwrap_or_default(),
-            time_us: self
-                .time_us
-                .next()
-                .copied()
-                .filter(|_| has(self.present[0], i)),
-            stack: optional(self.present[1], self.stack.next()),
-            compile_context: optional(self.present[2], self.compile_context.next()),
-            user_metadata: optional(self.present[3], self.user_metadata.next()),
+            stream: self.stream.get(i),
+            time_us: self.time_us.get(i),
+            stack: self.stack.get(i),
+            compile_context: self.compile_context.get(i),
+            user_metadata: self.user_metadata.get(i),
             alloc_seq: take_side(&mut self.alloc_seq, i),
             details: take_side(&mut self.details, i),
         })
@@ -556,5 +616,29 @@ mod tests {
             head.extend(rows[at..].iter().cloned());
             assert_eq!(head, Events::from(rows.clone()), "cut at {at}");
         }
+    }
+
+    #[test]
+    fn a_column_holds_one_value_until_one_differs() {
+        let mut column = Column::default();
+        for _ in 0..5 {
+            column.push(7i64);
+        }
+        assert!(matches!(column, Column::Same { value: 7, len: 5 }));
+        column.push(-1);
+        assert!(matches!(&column, Column::Each(v) if v == &[7, 7, 7, 7, 7, -1]));
+        // Equal by values, however stored.
+        column.truncate(3);
+        let mut same = Column::default();
+        (0..3).for_each(|_| same.push(7i64));
+        assert_eq!(column, same);
+        assert_ne!(column, Column::default());
+
+        // A trace of one stream, then a second one.
+        let mut rows = varied(300);
+        rows.iter_mut().for_each(|e| e.stream = 5);
+        rows[299].stream = 6;
+        let events = Events::from(rows.clone());
+        assert_eq!(events.iter().collect::<Vec<_>>(), rows);
     }
 }
