@@ -93,19 +93,26 @@ impl<T: Copy + Default + PartialEq> Column<T> {
         }
     }
 
+    #[inline(always)]
     pub(crate) fn push(&mut self, v: T) {
         match self {
             Column::Same { value, len } if *len == 0 || *value == v => {
                 *value = v;
                 *len += 1;
             }
-            Column::Same { value, len } => {
-                let mut values = Vec::with_capacity(*len * 2);
-                values.resize(*len, *value);
-                values.push(v);
-                *self = Column::Each(values);
-            }
+            Column::Same { .. } => self.spread(v),
             Column::Each(values) => values.push(v),
+        }
+    }
+
+    /// Turns one value for all into a value for each, then adds `v`.
+    #[cold]
+    fn spread(&mut self, v: T) {
+        if let Column::Same { value, len } = *self {
+            let mut values = Vec::with_capacity(len * 2);
+            values.resize(len, value);
+            values.push(v);
+            *self = Column::Each(values);
         }
     }
 
@@ -168,6 +175,7 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
         Ok(field)
     }
 
+    #[inline(always)]
     fn push(&mut self, value: Option<T>) {
         let i = self.values.len();
         if i.is_multiple_of(64) {
@@ -267,6 +275,7 @@ impl Events {
     }
 
     /// Adds `e` after the last event.
+    #[inline(always)]
     pub fn push(&mut self, e: TraceEvent) {
         let i = self.len();
         match e.action {

@@ -502,6 +502,13 @@ impl Lowerer {
         Ok(())
     }
 
+    /// Converts an event dict.
+    ///
+    /// Inlined into its callers so that the event's fields go from
+    /// registers into the store's columns: built in memory and copied, its
+    /// fields were read back by wide loads right after narrow stores, which
+    /// stalls store forwarding.
+    #[inline(always)]
     fn event(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Result<TraceEvent, Failure> {
         let mut e = BLANK_EVENT;
         let (mut has_action, mut has_size) = (false, false);
