@@ -13,7 +13,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_bytes::ByteBuf;
 
-use crate::events::{Column, EventColumns, Events, OTHER_ACTION, Optional};
+use crate::events::{Column, Events, OTHER_ACTION, Optional};
 use crate::model::{Action, CompactString, DeviceTrace, EventDetails, Frame};
 use crate::value::Extra;
 
@@ -286,7 +286,7 @@ fn decode_trace(mut c: TraceColumns) -> Result<DeviceTrace, String> {
         Ok::<_, Corrupt>(last_time)
     })?;
     time.finish()?;
-    let columns = EventColumns {
+    let events = Events {
         address: dense(&c.address, n, |r| r.u64())?,
         size: dense(&c.size, n, |r| r.u64())?,
         stream: {
@@ -309,7 +309,7 @@ fn decode_trace(mut c: TraceColumns) -> Result<DeviceTrace, String> {
     };
     Ok(DeviceTrace {
         device: c.device,
-        events: Events::from_columns(columns),
+        events,
     })
 }
 
@@ -674,5 +674,86 @@ pub(crate) mod stacks {
             let err = from_bytes(&extra).unwrap_err();
             assert!(err.contains("extra bytes"), "{err}");
         }
+    }
+}
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+    use crate::model::TraceEvent;
+
+    /// The columns of a small trace, as a `.snap` file holds them.
+    fn columns_of(events: Vec<TraceEvent>) -> Vec<u8> {
+        let trace = DeviceTrace {
+            device: 0,
+            events: events.into(),
+        };
+        rmp_serde::to_vec(&trace).unwrap()
+    }
+
+    fn events() -> Vec<TraceEvent> {
+        (0..20)
+            .map(|i| TraceEvent {
+                action: if i == 7 {
+                    Action::Other("future_action".into())
+                } else {
+                    Action::Alloc
+                },
+                address: 0x7f00_0000_0000 + i * 512,
+                size: 512,
+                time_us: Some(1_700_000_000_000_000 + i as i64),
+                stack: Some(i as u32 % 3),
+                ..TraceEvent::default()
+            })
+            .collect()
+    }
+
+    /// Decodes `bytes` after `tamper` changed its columns.
+    fn decode_with(tamper: impl FnOnce(&mut TraceColumns)) -> Result<DeviceTrace, String> {
+        let bytes = columns_of(events());
+        let mut c: TraceColumns = rmp_serde::from_slice(&bytes).unwrap();
+        tamper(&mut c);
+        decode_trace(c)
+    }
+
+    #[test]
+    fn trace_columns_read_back_and_corrupt_ones_are_refused() {
+        let back = decode_with(|_| {}).unwrap();
+        assert_eq!(back.events.iter().collect::<Vec<_>>(), events());
+
+        let cases: [(&str, Box<dyn FnOnce(&mut TraceColumns)>); 6] = [
+            ("ends early", Box::new(|c| c.address.to_mut().truncate(10))),
+            ("extra bytes", Box::new(|c| c.size.to_mut().push(1))),
+            (
+                "unknown action code",
+                Box::new(|c| c.actions.to_mut()[0] = 200),
+            ),
+            ("missing name", Box::new(|c| c.other_actions.clear())),
+            (
+                "out of range",
+                Box::new(|c| {
+                    // Event 0's stack becomes 2^40.
+                    let stack = c.stack.to_mut();
+                    stack.truncate(3);
+                    stack.extend([0x80, 0x80, 0x80, 0x80, 0x80, 0x20]);
+                    stack.extend(columns_stack_tail());
+                }),
+            ),
+            (
+                "extra keys for an event that does not exist",
+                Box::new(|c| c.extra.push((99, Extra::default()))),
+            ),
+        ];
+        for (expected, tamper) in cases {
+            let err = decode_with(tamper).unwrap_err();
+            assert!(err.contains(expected), "{expected}: {err}");
+        }
+    }
+
+    /// The stack column's values after event 0's.
+    fn columns_stack_tail() -> Vec<u8> {
+        let bytes = columns_of(events());
+        let c: TraceColumns = rmp_serde::from_slice(&bytes).unwrap();
+        c.stack[4..].to_vec()
     }
 }

@@ -33,29 +33,15 @@ pub(crate) const OTHER_ACTION: u8 = u8::MAX;
 /// assert_eq!(events.get(2).map(|e| e.address), Some(1024));
 /// assert_eq!(events.iter().map(|e| e.size).sum::<u64>(), 1536);
 /// ```
+///
+/// Every column holds one value per event, and the side lists are sorted by
+/// event; the `.snap` reader (`columns.rs`) builds the columns directly and
+/// checks both.
 #[derive(Clone, Default, PartialEq)]
 pub struct Events {
     /// One code per event; [`OTHER_ACTION`] for actions without a code.
-    actions: Vec<u8>,
-    /// The names of actions without a code, with the index of their event.
-    other_actions: Vec<(usize, Box<str>)>,
-    address: Vec<u64>,
-    size: Vec<u64>,
-    stream: Column<i64>,
-    time_us: Optional<i64>,
-    stack: Optional<StackId>,
-    compile_context: Optional<StrId>,
-    user_metadata: Optional<StrId>,
-    /// Allocation sequence numbers, with the index of their event: only
-    /// snapdiff's own allocator records them, and only for allocations.
-    alloc_seq: Vec<(usize, u64)>,
-    /// The rare fields, with the index of their event.
-    details: Vec<(usize, Box<EventDetails>)>,
-}
-
-/// The columns of [`Events`], for [`Events::from_columns`].
-pub(crate) struct EventColumns {
     pub(crate) actions: Vec<u8>,
+    /// The names of actions without a code, with the index of their event.
     pub(crate) other_actions: Vec<(usize, Box<str>)>,
     pub(crate) address: Vec<u64>,
     pub(crate) size: Vec<u64>,
@@ -64,7 +50,10 @@ pub(crate) struct EventColumns {
     pub(crate) stack: Optional<StackId>,
     pub(crate) compile_context: Optional<StrId>,
     pub(crate) user_metadata: Optional<StrId>,
+    /// Allocation sequence numbers, with the index of their event: only
+    /// snapdiff's own allocator records them, and only for allocations.
     pub(crate) alloc_seq: Vec<(usize, u64)>,
+    /// The rare fields, with the index of their event.
     pub(crate) details: Vec<(usize, Box<EventDetails>)>,
 }
 
@@ -230,38 +219,6 @@ impl Events {
         events.compile_context.reserve(n);
         events.user_metadata.reserve(n);
         events
-    }
-
-    /// Events from their columns, as a `.snap` file's are read: every
-    /// column holds `actions.len()` values, and the side lists are sorted by
-    /// event and name events that exist, as the reader checks.
-    pub(crate) fn from_columns(columns: EventColumns) -> Events {
-        let EventColumns {
-            actions,
-            other_actions,
-            address,
-            size,
-            stream,
-            time_us,
-            stack,
-            compile_context,
-            user_metadata,
-            alloc_seq,
-            details,
-        } = columns;
-        Events {
-            actions,
-            other_actions,
-            address,
-            size,
-            stream,
-            time_us,
-            stack,
-            compile_context,
-            user_metadata,
-            alloc_seq,
-            details,
-        }
     }
 
     /// Number of events.
