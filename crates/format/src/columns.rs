@@ -708,6 +708,9 @@ mod trace_tests {
             .collect()
     }
 
+    /// A change to a trace's columns.
+    type Tamper = Box<dyn FnOnce(&mut TraceColumns)>;
+
     /// Decodes `bytes` after `tamper` changed its columns.
     fn decode_with(tamper: impl FnOnce(&mut TraceColumns)) -> Result<DeviceTrace, String> {
         let bytes = columns_of(events());
@@ -721,7 +724,7 @@ mod trace_tests {
         let back = decode_with(|_| {}).unwrap();
         assert_eq!(back.events.iter().collect::<Vec<_>>(), events());
 
-        let cases: [(&str, Box<dyn FnOnce(&mut TraceColumns)>); 6] = [
+        let cases: [(&str, Tamper); 6] = [
             ("ends early", Box::new(|c| c.address.to_mut().truncate(10))),
             ("extra bytes", Box::new(|c| c.size.to_mut().push(1))),
             (
