@@ -602,17 +602,21 @@ fn cuts_by(
         at,
         steps: None,
     };
+    // One past each event with `action`: the cut just after it.
+    let after = |action: Action| -> Vec<usize> {
+        events
+            .actions()
+            .enumerate()
+            .filter(|(_, a)| *a == action)
+            .map(|(i, _)| i + 1)
+            .collect()
+    };
     match source {
         // Where a program marks its steps, they are the checkpoints it
         // means. Each cut is the start of a step; the trace's end, after the
         // last step's work, is the start of the next.
         CheckpointSource::StepMarks => {
-            let mut marks: Vec<usize> = events
-                .actions()
-                .enumerate()
-                .filter(|(_, a)| *a == Action::Step)
-                .map(|(i, _)| i + 1)
-                .collect();
+            let mut marks = after(Action::Step);
             if marks.is_empty() {
                 return None;
             }
@@ -633,12 +637,7 @@ fn cuts_by(
         }
         // Where earlier dumps were taken; the end of the trace is this one's.
         CheckpointSource::SnapshotMarkers => {
-            let mut markers: Vec<usize> = events
-                .actions()
-                .enumerate()
-                .filter(|(_, a)| *a == Action::Snapshot)
-                .map(|(i, _)| i + 1)
-                .collect();
+            let mut markers = after(Action::Snapshot);
             if markers.is_empty() {
                 return None;
             }

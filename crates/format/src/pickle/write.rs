@@ -14,6 +14,7 @@ use std::io::Write;
 
 use rustc_hash::FxHashMap;
 
+use crate::events::Events;
 use crate::model::{Action, BlockState, Frame, Pool, Segment, Snapshot, StackId, TraceEvent};
 use crate::value::Value;
 use crate::{Error, Result};
@@ -250,15 +251,15 @@ impl<'a, W: Write> Writer<'a, W> {
         self.list(snap.segments.len(), |w, i| w.segment(&snap.segments[i]))?;
         self.str("device_traces")?;
         self.list(devices, |w, d| {
-            let mut events = snap
+            let none = Events::new();
+            let events = snap
                 .traces
                 .iter()
                 .find(|t| t.device as usize == d)
-                .map(|t| t.events.iter());
-            let len = events.as_ref().map_or(0, |e| e.len());
-            w.list(len, |w, _| match events.as_mut().and_then(Iterator::next) {
-                Some(e) => w.event(&e),
-                None => Ok(()),
+                .map_or(&none, |t| &t.events);
+            let mut each = events.iter();
+            w.list(events.len(), |w, _| {
+                w.event(&each.next().expect("one event per item of the list"))
             })
         })?;
         self.str("external_annotations")?;
