@@ -29,6 +29,19 @@ pub(crate) enum Val {
     /// Stands in for the dict's [`Val::Obj`] on the stack and in the memo, so
     /// that the frame lists referring to it need not look the dict up.
     Frame(u32),
+    /// A trace-event dict already lowered: the event's index in the
+    /// lowerer's store. Like the two below, it stands in for the container's
+    /// [`Val::Obj`] where the machine can find every handle, so that the
+    /// container can be freed: a long trace would otherwise keep one or two
+    /// containers per event.
+    Event(u32),
+    /// A block dict already lowered: the block's index in the lowerer's store.
+    Block(u32),
+    /// A list of frames that was a record's `frames` when the record was
+    /// complete: the interned stack. (Two such lists with the same frames
+    /// are the same stand-in; they can no longer change, so they read the
+    /// same.)
+    Stack(u32),
 }
 
 /// A container, or the typed record a completed dict was lowered to.
@@ -46,6 +59,13 @@ pub(crate) enum Container {
     Event(u32),
     /// A block dict, now an index into the lowerer's block store.
     Block(u32),
+    /// A list of `len` lowered trace events, the lowerer's events from
+    /// `start` on, in order: a device's trace as PyTorch writes it, held
+    /// without a handle per event.
+    Events {
+        start: u32,
+        len: u32,
+    },
 }
 
 /// A typed record that a container was lowered to; see [`Heap::settle`].
@@ -113,6 +133,37 @@ impl Key {
 /// The keys of a frame dict, in the order PyTorch writes them.
 pub(super) const FRAME_KEYS: [Key; 3] = [Key::Name, Key::Filename, Key::Line];
 
+/// Where the memo holds a container, as far as the machine knows: so that
+/// a dict lowered to a record can be freed once the machine has put the
+/// record in place of the only handles to it (see `Machine::record_in_place_of`).
+///
+/// Handles to a container are copied only by memo writes, memo reads and
+/// DUP; a container copied by a read or a DUP, or memoized twice, may have
+/// handles anywhere and is [`MemoRef::SHARED`] for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemoRef(u32);
+
+impl MemoRef {
+    /// Never memoized or copied: the one handle is where it was made.
+    pub(crate) const NONE: MemoRef = MemoRef(u32::MAX);
+    /// Handles may be anywhere.
+    pub(crate) const SHARED: MemoRef = MemoRef(u32::MAX - 1);
+
+    /// The memo slot holding the container's only other handle, if that is
+    /// all there is.
+    pub(crate) fn slot(self) -> Option<usize> {
+        (self.0 < MemoRef::SHARED.0).then_some(self.0 as usize)
+    }
+
+    /// The reference after the container is memoized in `slot`.
+    fn memoized(self, slot: usize) -> MemoRef {
+        match u32::try_from(slot) {
+            Ok(slot) if self == MemoRef::NONE && slot < MemoRef::SHARED.0 => MemoRef(slot),
+            _ => MemoRef::SHARED,
+        }
+    }
+}
+
 /// How many emptied dict and list vectors to keep for reuse.
 const MAX_SPARE: usize = 64;
 
@@ -129,6 +180,8 @@ pub(crate) struct Heap<'a> {
     pub(crate) bytes: Vec<&'a [u8]>,
     pub(crate) bigs: Vec<i128>,
     pub(crate) containers: Vec<Container>,
+    /// Where the memo holds each container; parallel to `containers`.
+    memo_refs: Vec<MemoRef>,
 }
 
 impl<'a> Heap<'a> {
@@ -199,7 +252,45 @@ impl<'a> Heap<'a> {
     pub(super) fn push_with(&mut self, make: impl FnOnce() -> Container) -> u32 {
         let id = self.containers.len() as u32;
         self.containers.extend(std::iter::once_with(make));
+        self.memo_refs.push(MemoRef::NONE);
         id
+    }
+
+    /// A heap for a pickle of `len` bytes.
+    pub(super) fn for_input(len: usize) -> Heap<'a> {
+        // Real snapshots make a container every 20 to 60 bytes; reserving
+        // for that many costs address space, not memory, and saves copying
+        // the tables as they grow.
+        Heap {
+            containers: Vec::with_capacity(len / 16),
+            memo_refs: Vec::with_capacity(len / 16),
+            ..Heap::default()
+        }
+    }
+
+    /// Where the memo holds container `id`.
+    pub(super) fn memo_ref(&self, id: u32) -> MemoRef {
+        self.memo_refs[id as usize]
+    }
+
+    /// Notes that container `id` was memoized in `slot`.
+    pub(super) fn memoized(&mut self, id: u32, slot: usize) {
+        let r = &mut self.memo_refs[id as usize];
+        *r = r.memoized(slot);
+    }
+
+    /// Notes that a handle to container `id` was copied (a memo read, DUP,
+    /// or a memo slot the machine does not track).
+    #[inline(always)]
+    pub(super) fn shared(&mut self, id: u32) {
+        self.memo_refs[id as usize] = MemoRef::SHARED;
+    }
+
+    /// Frees the newest container, `id`, which nothing refers to any more.
+    pub(super) fn free_newest(&mut self, id: u32) {
+        debug_assert_eq!(id as usize + 1, self.containers.len());
+        self.containers.pop();
+        self.memo_refs.pop();
     }
 
     /// Adds container `c`, built by the caller (the rarer opcodes).
@@ -223,6 +314,9 @@ pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
         Val::Str(_) => "a string",
         Val::Bytes(_) => "bytes",
         Val::Frame(_) => "a frame dict",
+        Val::Event(_) => "a trace event dict",
+        Val::Block(_) => "a block dict",
+        Val::Stack(_) => "a list of frames",
         Val::Obj(id) => match heap.containers[id as usize] {
             Container::List(_) => "a list",
             Container::Stack(_) => "a list of frames",
@@ -232,6 +326,7 @@ pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
             Container::Frame(_) => "a frame dict",
             Container::Event(_) => "a trace event dict",
             Container::Block(_) => "a block dict",
+            Container::Events { .. } => "a list of trace events",
         },
     }
 }

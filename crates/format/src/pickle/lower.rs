@@ -392,28 +392,40 @@ impl Lowerer {
     /// memo is refused as it is read, before the references pile up.
     pub(crate) fn place(&mut self, heap: &Heap, items: &[Val]) -> Result<(), &'static str> {
         for &item in items {
-            let Val::Obj(c) = item else { continue };
-            let placed = match heap.containers[c as usize] {
-                Container::Event(i) => &mut self.event_placed[i as usize],
-                Container::Block(i) => &mut self.block_placed[i as usize],
+            let (placed, what) = match item {
+                Val::Event(i) => (&mut self.event_placed[i as usize], "trace event"),
+                Val::Block(i) => (&mut self.block_placed[i as usize], "block"),
+                Val::Obj(c) => match heap.containers[c as usize] {
+                    Container::Event(i) => (&mut self.event_placed[i as usize], "trace event"),
+                    Container::Block(i) => (&mut self.block_placed[i as usize], "block"),
+                    _ => continue,
+                },
                 _ => continue,
             };
             if std::mem::replace(placed, true) {
-                return Err(match heap.containers[c as usize] {
-                    Container::Event(_) => "trace event",
-                    _ => "block",
-                });
+                return Err(what);
             }
         }
         Ok(())
     }
 
-    /// Fills empty list `id` with `items`, as a stack when they are frames:
-    /// then the items are never copied into the list at all.
+    /// Adds `items` to list `id` without copying them into it, when the
+    /// list stands for lowered records: frames into an empty list make a
+    /// stack, and trace events that continue the list's run of events (or
+    /// start one in an empty list) lengthen it. Says whether it did.
     pub(crate) fn fill_list(&mut self, heap: &mut Heap, id: u32, items: &[Val]) -> bool {
-        match &heap.containers[id as usize] {
-            Container::List(v) if v.is_empty() => {}
+        let run_start = match heap.containers[id as usize] {
+            Container::List(ref v) if v.is_empty() => None,
+            Container::Events { start, len } => Some((start, len)),
             _ => return false,
+        };
+        if let Some(len) = self.continued_run(run_start, items) {
+            let start = run_start.map_or(len.0, |(start, _)| start);
+            heap.containers[id as usize] = Container::Events { start, len: len.1 };
+            return true;
+        }
+        if run_start.is_some() {
+            return false;
         }
         match self.frames_stack(heap, items) {
             Some(stack) => {
@@ -424,6 +436,31 @@ impl Lowerer {
         }
     }
 
+    /// If `items` are the lowered events that continue `run` (its start and
+    /// length; none for an empty list), none of them put into a list yet:
+    /// the run's start and length with them, and they are now placed.
+    fn continued_run(&mut self, run: Option<(u32, u32)>, items: &[Val]) -> Option<(u32, u32)> {
+        let Some(&Val::Event(first)) = items.first() else {
+            return None;
+        };
+        let (start, len) = run.unwrap_or((first, 0));
+        let next = start.checked_add(len)?;
+        let in_order = first == next
+            && items
+                .iter()
+                .enumerate()
+                .all(|(k, &v)| v == Val::Event(next.wrapping_add(k as u32)));
+        let placed = self
+            .event_placed
+            .get(next as usize..next as usize + items.len())?;
+        if !in_order || placed.iter().any(|&p| p) {
+            return None;
+        }
+        let len = len.checked_add(u32::try_from(items.len()).ok()?)?;
+        self.event_placed[next as usize..][..items.len()].fill(true);
+        Some((start, len))
+    }
+
     /// The interned stack of `frames`, which the machine read straight from
     /// a run of memo gets.
     pub(crate) fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
@@ -432,15 +469,16 @@ impl Lowerer {
 
     /// Turns lowered stack `id` back into a list, because the pickle adds to it.
     pub(crate) fn unlower_list(&self, heap: &mut Heap, id: u32) {
-        let Container::Stack(stack) = heap.containers[id as usize] else {
-            return;
+        let items = match heap.containers[id as usize] {
+            Container::Stack(stack) => self
+                .stacks
+                .get(stack)
+                .iter()
+                .map(|&f| Val::Frame(f))
+                .collect(),
+            Container::Events { start, len } => (start..start + len).map(Val::Event).collect(),
+            _ => return,
         };
-        let items = self
-            .stacks
-            .get(stack)
-            .iter()
-            .map(|&f| Val::Frame(f))
-            .collect();
         heap.containers[id as usize] = Container::List(items);
     }
 
@@ -455,6 +493,7 @@ impl Lowerer {
         let expected = |item: Val| format!("expected a frame dict, found {}", describe(heap, item));
         let items = match v {
             Val::None => return Ok(None),
+            Val::Stack(s) => return Ok(Some(s)),
             Val::Obj(id) => match &heap.containers[id as usize] {
                 Container::Stack(s) => return Ok(Some(*s)),
                 Container::List(items) | Container::Tuple(items) => items,
@@ -688,11 +727,15 @@ impl Lowerer {
 
     /// Takes the lowered block behind `v`, or converts a generic block dict.
     pub(crate) fn take_block(&mut self, heap: &Heap, v: Val) -> Result<(Block, bool), Failure> {
+        let mut take = |i: u32| {
+            self.blocks[i as usize]
+                .take()
+                .ok_or_else(|| ": the same block dict appears twice".to_owned())
+        };
         match v {
+            Val::Block(i) => take(i),
             Val::Obj(id) => match &heap.containers[id as usize] {
-                Container::Block(i) => self.blocks[*i as usize]
-                    .take()
-                    .ok_or_else(|| ": the same block dict appears twice".to_owned()),
+                Container::Block(i) => take(*i),
                 Container::Dict(entries) => self.block(heap, entries),
                 _ => Err(format!(
                     ": expected a block dict, found {}",
@@ -708,20 +751,19 @@ impl Lowerer {
 
     /// Takes the lowered event behind `v`, or converts a generic event dict.
     pub(crate) fn take_event(&mut self, heap: &Heap, v: Val) -> Result<TraceEvent, Failure> {
+        // An event moved out with a whole tail of events is past the end of
+        // `event_taken`: taken too.
+        let mut take = |i: u32| match self.event_taken.get_mut(i as usize) {
+            Some(taken) if !*taken => {
+                *taken = true;
+                Ok(self.events.get(i as usize).expect("a lowered event"))
+            }
+            _ => Err(": the same trace event dict appears twice".to_owned()),
+        };
         match v {
+            Val::Event(i) => take(i),
             Val::Obj(id) => match &heap.containers[id as usize] {
-                Container::Event(i) => {
-                    // An event moved out with a whole tail of events is past
-                    // the end of `event_taken`: taken too.
-                    let i = *i as usize;
-                    match self.event_taken.get_mut(i) {
-                        Some(taken) if !*taken => {
-                            *taken = true;
-                            Ok(self.events.get(i).expect("a lowered event"))
-                        }
-                        _ => Err(": the same trace event dict appears twice".to_owned()),
-                    }
-                }
+                Container::Event(i) => take(*i),
                 Container::Dict(entries) => self.event(heap, entries),
                 _ => Err(format!(
                     ": expected a trace event dict, found {}",
@@ -742,10 +784,36 @@ impl Lowerer {
     pub(crate) fn take_event_tail(&mut self, heap: &Heap, items: &[Val]) -> Option<Events> {
         let start = self.events.len().checked_sub(items.len())?;
         let in_order = items.iter().enumerate().all(|(k, &v)| {
-            matches!(v, Val::Obj(id) if matches!(heap.containers[id as usize],
-                Container::Event(i) if i as usize == start + k))
+            let i = match v {
+                Val::Event(i) => i,
+                Val::Obj(id) => match heap.containers[id as usize] {
+                    Container::Event(i) => i,
+                    _ => return false,
+                },
+                _ => return false,
+            };
+            i as usize == start + k
         });
-        if !in_order || self.event_taken[start..].iter().any(|&t| t) {
+        if !in_order {
+            return None;
+        }
+        self.take_events_from(start)
+    }
+
+    /// The lowered events of run `start..start + len` as one vector, when
+    /// they are the tail of the store (as PyTorch writes them) and none was
+    /// taken yet; see [`Lowerer::take_event_tail`].
+    pub(crate) fn take_event_run(&mut self, start: u32, len: u32) -> Option<Events> {
+        let start = start as usize;
+        (start + len as usize == self.events.len())
+            .then(|| self.take_events_from(start))
+            .flatten()
+    }
+
+    /// Moves the lowered events from `start` on out of the store, if none
+    /// was taken yet.
+    fn take_events_from(&mut self, start: usize) -> Option<Events> {
+        if self.event_taken[start..].iter().any(|&t| t) {
             return None;
         }
         self.event_taken.truncate(start);
@@ -778,6 +846,9 @@ impl Lowerer {
                 Value::Bytes(heap.bytes[id as usize].to_vec())
             }
             Val::Frame(f) => self.charged(frame_value(&self.frames[f as usize]))?,
+            Val::Event(i) => self.charged_event(i)?,
+            Val::Block(i) => self.charged_block(i)?,
+            Val::Stack(s) => self.charged(self.stack_value(Some(s)))?,
             Val::Obj(id) => match &heap.containers[id as usize] {
                 Container::List(items) | Container::Tuple(items) | Container::Set(items) => {
                     let mut out = Vec::with_capacity(items.len());
@@ -798,20 +869,37 @@ impl Lowerer {
                 }
                 Container::Frame(f) => self.charged(frame_value(&self.frames[*f as usize]))?,
                 Container::Stack(s) => self.charged(self.stack_value(Some(*s)))?,
-                Container::Event(i) => match self.event_taken.get(*i as usize) {
-                    Some(false) => {
-                        let event = self.events.get(*i as usize).expect("a lowered event");
-                        self.charged(self.event_value(&event))?
+                Container::Event(i) => self.charged_event(*i)?,
+                &Container::Events { start, len } => {
+                    let mut out = Vec::with_capacity(len as usize);
+                    for (k, i) in (start..start + len).enumerate() {
+                        out.push(self.charged_event(i).map_err(|f| index(k, f))?);
                     }
-                    _ => return Err(": the same trace event dict appears twice".to_owned()),
-                },
-                Container::Block(i) => match &self.blocks[*i as usize] {
-                    Some((b, _)) => self.charged(self.block_value(b))?,
-                    None => return Err(": the same block dict appears twice".to_owned()),
-                },
+                    Value::List(out)
+                }
+                Container::Block(i) => self.charged_block(*i)?,
             },
         };
         Ok(value)
+    }
+
+    /// Lowered event `i` back as a generic value, its size taken from the budget.
+    fn charged_event(&mut self, i: u32) -> Result<Value, Failure> {
+        match self.event_taken.get(i as usize) {
+            Some(false) => {
+                let event = self.events.get(i as usize).expect("a lowered event");
+                self.charged(self.event_value(&event))
+            }
+            _ => Err(": the same trace event dict appears twice".to_owned()),
+        }
+    }
+
+    /// Lowered block `i` back as a generic value, its size taken from the budget.
+    fn charged_block(&mut self, i: u32) -> Result<Value, Failure> {
+        match &self.blocks[i as usize] {
+            Some((b, _)) => self.charged(self.block_value(b)),
+            None => Err(": the same block dict appears twice".to_owned()),
+        }
     }
 
     /// Takes `bytes` from the budget of generic values; see
@@ -883,6 +971,7 @@ impl Lowerer {
 #[inline(always)]
 fn lowered_stack(heap: &Heap, v: Val) -> Option<StackId> {
     match v {
+        Val::Stack(stack) => Some(stack),
         Val::Obj(id) => match heap.containers[id as usize] {
             Container::Stack(stack) => Some(stack),
             _ => None,

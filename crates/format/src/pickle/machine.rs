@@ -22,7 +22,7 @@ use hashbrown::HashTable;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{FrameId, StackId};
-use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, Record, Val};
+use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, MemoRef, Record, Val};
 use crate::pickle::lower::Lowerer;
 use crate::pickle::opcodes::{self, *};
 use crate::read::Progress;
@@ -127,11 +127,6 @@ struct Machine<'a> {
     /// Memo slots written too far past the dense table to extend it; never
     /// used by files a pickler wrote, which number their slots in order.
     far_memo: rustc_hash::FxHashMap<usize, Val>,
-    /// The container most recently stored in the memo, and its slot.
-    last_memoized: (u32, usize),
-    /// How many containers there were at the last DUP: containers made since
-    /// have had one reference only, on the stack, unless memoized.
-    containers_at_last_dup: usize,
     heap: Heap<'a>,
     lower: Lowerer,
     /// Frame ids of the frame list being read by [`Machine::frame_list`].
@@ -166,12 +161,7 @@ impl<'a> Machine<'a> {
             memo: Vec::with_capacity(data.len() / 16),
             memo_gaps: 0,
             far_memo: rustc_hash::FxHashMap::default(),
-            last_memoized: (u32::MAX, 0),
-            containers_at_last_dup: 0,
-            heap: Heap {
-                containers: Vec::with_capacity(data.len() / 16),
-                ..Heap::default()
-            },
+            heap: Heap::for_input(data.len()),
             lower: Lowerer::for_input(data.len()),
             frame_run: Vec::new(),
             stacks_by_gets: HashTable::new(),
@@ -247,7 +237,9 @@ impl<'a> Machine<'a> {
                 DUP => {
                     let top = self.peek(op, at)?;
                     self.stack.push(top);
-                    self.containers_at_last_dup = self.heap.containers.len();
+                    if let Val::Obj(id) = top {
+                        self.heap.shared(id);
+                    }
                 }
                 NONE => push_new(&mut self.stack, || Val::None),
                 NEWTRUE => push_new(&mut self.stack, || Val::Bool(true)),
@@ -381,10 +373,12 @@ impl<'a> Machine<'a> {
                     self.lower_top();
                 }
                 APPEND => {
-                    self.place(self.stack.len().saturating_sub(1), at)?;
                     let item = self.pop(op, at)?;
                     let target = self.top_container(op, at)?;
-                    self.extend(target, std::iter::once(item), op, at)?;
+                    if !self.lower.fill_list(&mut self.heap, target, &[item]) {
+                        self.place_one(item, at)?;
+                        self.extend(target, std::iter::once(item), op, at)?;
+                    }
                 }
                 APPENDS | ADDITEMS => {
                     let mark = self.pop_mark(op, at)?;
@@ -430,9 +424,13 @@ impl<'a> Machine<'a> {
                         // A whole dict, as PyTorch writes each record: lowered
                         // straight from the stack, never copied into the dict.
                         if let Some(record) = self.lower.lower_entries(&self.heap, pairs) {
+                            let frames = pairs
+                                .iter()
+                                .find(|&&[k, _]| self.heap.key(k) == Key::Frames)
+                                .map(|&[_, v]| v);
                             self.heap.settle(target, record);
                             self.stack.truncate(mark);
-                            self.frame_in_place_of(target);
+                            self.record_in_place_of(target, frames);
                             continue;
                         }
                     }
@@ -450,7 +448,7 @@ impl<'a> Machine<'a> {
                     let top = self.peek(op, at)?;
                     self.memo.push(top);
                     if let Val::Obj(id) = top {
-                        self.last_memoized = (id, self.memo.len() - 1);
+                        self.heap.memoized(id, self.memo.len() - 1);
                     }
                 }
                 BINPUT => {
@@ -723,7 +721,7 @@ impl<'a> Machine<'a> {
         self.error_at(
             ErrorKind::Malformed,
             format!(
-                "{} at byte {at} changes a dict after it was complete",
+                "{} at byte {at} changes a dict or list after it was complete",
                 opcodes::name(op)
             ),
         )
@@ -737,7 +735,9 @@ impl<'a> Machine<'a> {
         }
         match self.stack[mark - 1] {
             Val::Obj(id) => Ok(id),
-            Val::Frame(_) => Err(self.changed_after_complete(op, at)),
+            Val::Frame(_) | Val::Event(_) | Val::Block(_) | Val::Stack(_) => {
+                Err(self.changed_after_complete(op, at))
+            }
             _ => Err(self.not_a(op, at, "container")),
         }
     }
@@ -745,7 +745,9 @@ impl<'a> Machine<'a> {
     fn top_container(&self, op: u8, at: usize) -> Result<u32> {
         match self.stack.last() {
             Some(Val::Obj(id)) if self.stack.len() > self.fence() => Ok(*id),
-            Some(Val::Frame(_)) if self.stack.len() > self.fence() => {
+            Some(Val::Frame(_) | Val::Event(_) | Val::Block(_) | Val::Stack(_))
+                if self.stack.len() > self.fence() =>
+            {
                 Err(self.changed_after_complete(op, at))
             }
             Some(_) => Err(self.error_at(
@@ -795,63 +797,81 @@ impl<'a> Machine<'a> {
                 v.extend(items);
                 Ok(())
             }
-            Container::Frame(_) | Container::Event(_) | Container::Block(_) => Err(self.error_at(
-                ErrorKind::Malformed,
-                format!(
-                    "{} at byte {at} changes a dict after it was complete",
-                    opcodes::name(op)
-                ),
-            )),
-            _ => Err(self.error_at(
-                ErrorKind::Malformed,
-                format!(
-                    "{} at byte {at} on a value that is not a dict",
-                    opcodes::name(op)
-                ),
-            )),
+            Container::Frame(_) | Container::Event(_) | Container::Block(_) => {
+                Err(self.changed_after_complete(op, at))
+            }
+            _ => Err(self.not_a(op, at, "dict")),
         }
     }
 
-    /// Lowers the dict on top of the stack to a typed record if it is one.
-    /// A frame then becomes a [`Val::Frame`] on the stack, and in the memo
-    /// when it was the last container memoized (as pickles write it: each
-    /// dict is memoized as soon as it is created).
+    /// Lowers the dict on top of the stack to a typed record if it is one,
+    /// and puts the record in its place; see [`Machine::record_in_place_of`].
     fn lower_top(&mut self) {
         let Some(&Val::Obj(id)) = self.stack.last() else {
             return;
         };
         self.lower.lower_dict(&mut self.heap, id);
-        self.frame_in_place_of(id);
+        self.record_in_place_of(id, None);
     }
 
-    /// If container `id`, on top of the stack, was lowered to a frame, puts
-    /// the frame there as a [`Val::Frame`], and in the memo when it was the
-    /// last container memoized.
-    fn frame_in_place_of(&mut self, id: u32) {
-        if let Container::Frame(f) = self.heap.containers[id as usize] {
-            *self
-                .stack
-                .last_mut()
-                .expect("the container is on the stack") = Val::Frame(f);
-            let (memoized, slot) = self.last_memoized;
-            if memoized == id {
-                match self.memo.get_mut(slot) {
-                    Some(v) if *v == Val::Obj(id) => *v = Val::Frame(f),
-                    _ => {}
-                }
-            }
+    /// If container `id`, on top of the stack, was lowered to a frame, a
+    /// trace event or a block, puts its stand-in ([`Val::Frame`],
+    /// [`Val::Event`], [`Val::Block`]) in place of its handles, and those of
+    /// its `frames` list (the value it was lowered from, if known), so that
+    /// a trace of millions of events keeps no container for them.
+    ///
+    /// A record is final, and so is the frame list it took (a pickler writes
+    /// a list whole before the dict that holds it): a stand-in reads the
+    /// same as its container, and a change to either is refused.
+    fn record_in_place_of(&mut self, id: u32, frames: Option<Val>) {
+        let record = match self.heap.containers[id as usize] {
+            Container::Frame(f) => Val::Frame(f),
+            Container::Event(i) => Val::Event(i),
+            Container::Block(i) => Val::Block(i),
+            _ => return,
+        };
+        *self
+            .stack
+            .last_mut()
+            .expect("the container is on the stack") = record;
+        // A list made after the dict, with nothing made since: its handles
+        // are the dict's value (lowered now) and the memo's.
+        if let Some(Val::Obj(list)) = frames
+            && list == id + 1
+            && let Container::Stack(stack) = self.heap.containers[list as usize]
+        {
+            self.stand_in_for(list, Val::Stack(stack));
+        }
+        self.stand_in_for(id, record);
+    }
+
+    /// Puts `stand_in` in place of the memo's handle to container `id`, whose
+    /// handle on the stack or in a record is already gone, and frees the
+    /// container if it is the newest and no handle to it was copied.
+    fn stand_in_for(&mut self, id: u32, stand_in: Val) {
+        let memo_ref = self.heap.memo_ref(id);
+        if memo_ref == MemoRef::SHARED {
+            return;
+        }
+        if let Some(slot) = memo_ref.slot()
+            && self.memo[slot] == Val::Obj(id)
+        {
+            self.memo[slot] = stand_in;
+        }
+        if id as usize + 1 == self.heap.containers.len() {
+            self.heap.free_newest(id);
         }
     }
 
     /// Frees container `id`, just popped off the stack, if nothing else can
-    /// refer to it: it is the newest container, not in the memo, and no DUP
-    /// has copied it. CPython frees such a value at once; without this, a
-    /// file of EMPTY_DICT, POP pairs would grow the arena by a container per
-    /// two bytes where CPython's memory stays flat.
+    /// refer to it: it is the newest container, and no handle to it was
+    /// memoized or copied. CPython frees such a value at once; without
+    /// this, a file of EMPTY_DICT, POP pairs would grow the arena by a
+    /// container per two bytes where CPython's memory stays flat.
     fn reclaim(&mut self, id: u32) {
-        let newest = id as usize + 1 == self.heap.containers.len();
-        if newest && self.last_memoized.0 != id && id as usize >= self.containers_at_last_dup {
-            self.heap.containers.pop();
+        if id as usize + 1 == self.heap.containers.len() && self.heap.memo_ref(id) == MemoRef::NONE
+        {
+            self.heap.free_newest(id);
         }
     }
 
@@ -867,11 +887,20 @@ impl<'a> Machine<'a> {
         })
     }
 
+    /// Notes that `item` is being put into a list; see [`Lowerer::place`].
+    fn place_one(&mut self, item: Val, at: usize) -> Result<()> {
+        self.lower.place(&self.heap, &[item]).map_err(|what| {
+            self.error_at(
+                ErrorKind::Malformed,
+                format!("the same {what} dict appears twice (at byte {at})"),
+            )
+        })
+    }
+
     fn put(&mut self, i: usize, op: u8, at: usize) -> Result<()> {
         let top = self.peek(op, at)?;
-        if let Val::Obj(id) = top {
-            self.last_memoized = (id, i);
-        }
+        let gap = i.saturating_sub(self.memo.len());
+        let written = self.memo.len() - self.memo_gaps;
         if i < self.memo.len() {
             // A rewritten slot may change what known get bytes stand for.
             // (A new table, not `clear`, which would cost the table's whole
@@ -881,17 +910,21 @@ impl<'a> Machine<'a> {
                 self.memo_gaps -= 1;
             }
             self.memo[i] = top;
-            return Ok(());
-        }
-        let gap = i - self.memo.len();
-        let written = self.memo.len() - self.memo_gaps;
-        if self.memo_gaps + gap <= written + MEMO_SLACK {
+        } else if self.memo_gaps + gap <= written + MEMO_SLACK {
             self.memo.resize(i, Val::Unset);
             self.memo.push(top);
             self.memo_gaps += gap;
         } else {
             self.stacks_by_gets = HashTable::new();
             self.far_memo.insert(i, top);
+            // Handles out here are not looked for when freeing containers.
+            if let Val::Obj(id) = top {
+                self.heap.shared(id);
+            }
+            return Ok(());
+        }
+        if let Val::Obj(id) = top {
+            self.heap.memoized(id, i);
         }
         Ok(())
     }
@@ -904,6 +937,9 @@ impl<'a> Machine<'a> {
         match v {
             Some(v) => {
                 self.stack.push(v);
+                if let Val::Obj(id) = v {
+                    self.heap.shared(id);
+                }
                 Ok(())
             }
             None => Err(self.error_at(
@@ -1121,7 +1157,7 @@ impl<'a> Machine<'a> {
         }
         self.pos += 1;
         push_new(&mut self.memo, || Val::Obj(id));
-        self.last_memoized = (id, self.memo.len() - 1);
+        self.heap.memoized(id, self.memo.len() - 1);
         if self.data.get(self.pos) != Some(&MARK) {
             return false;
         }
@@ -1142,10 +1178,15 @@ impl<'a> Machine<'a> {
         // Locals, so that the loop keeps them in registers.
         let memo = self.memo.as_slice();
         let stack = &mut self.stack;
+        let heap = &mut self.heap;
         while stack.len() <= MAX_STACK
             && let Some((i, next)) = memo_get_at(data, pos)
         {
             match memo.get(i) {
+                Some(&Val::Obj(id)) => {
+                    stack.push(Val::Obj(id));
+                    heap.shared(id);
+                }
                 Some(&v) if !matches!(v, Val::Unset) => stack.push(v),
                 _ => break,
             }

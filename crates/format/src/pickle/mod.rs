@@ -21,8 +21,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::events::Events;
 use crate::model::{Annotation, DeviceTrace, Meta, Pool, Segment, Snapshot};
 use heap::{
-    Failure, Heap, Val, at, bool_of, entries, here, i64_of, index, items, key_text, pair_of,
-    str_of, u32_of, u64_of,
+    Container, Failure, Heap, Val, at, bool_of, entries, here, i64_of, index, items, key_text,
+    pair_of, str_of, u32_of, u64_of,
 };
 use lower::Lowerer;
 
@@ -192,12 +192,28 @@ fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, 
     let mut out: Vec<DeviceTrace> = Vec::with_capacity(devices.len());
     // Last device first, so that each one's events are the tail of the store.
     for (d, &dev) in devices.iter().enumerate().rev() {
-        let list = items(heap, dev).map_err(|f| index(d, f))?;
-        let events = match lower.take_event_tail(heap, list) {
+        // A device's events, as the machine usually leaves them: a run of
+        // lowered events, or a list of handles to them.
+        let run = match dev {
+            Val::Obj(id) => match heap.containers[id as usize] {
+                Container::Events { start, len } => Some((start, len)),
+                _ => None,
+            },
+            _ => None,
+        };
+        let taken = match run {
+            Some((start, len)) => lower.take_event_run(start, len),
+            None => lower.take_event_tail(heap, items(heap, dev).map_err(|f| index(d, f))?),
+        };
+        let events = match taken {
             Some(events) => events,
             None => {
+                let handles: Vec<Val> = match run {
+                    Some((start, len)) => (start..start + len).map(Val::Event).collect(),
+                    None => items(heap, dev).map_err(|f| index(d, f))?.to_vec(),
+                };
                 let mut events = Events::new();
-                for (i, &e) in list.iter().enumerate() {
+                for (i, &e) in handles.iter().enumerate() {
                     events.push(
                         lower
                             .take_event(heap, e)
