@@ -7,7 +7,9 @@ use snapdiff_format::{
     ErrorKind, Snapshot, read_bytes, read_path, write_json, write_snap, write_torch_pickle,
 };
 
-use crate::util::{fixture, pickle4, python_json, shared_torch_fixtures, snapdiff, tempdir};
+use crate::util::{
+    fixture, pickle4, python_json, python_script, shared_torch_fixtures, snapdiff, tempdir,
+};
 
 /// The project's own PyTorch-format files (made by fixtures/make_torch_format.py).
 fn own_torch_files() -> Vec<PathBuf> {
@@ -135,6 +137,60 @@ fn real_pytorch_snapshots_match_cpython() {
 fn generated_pickles_of_every_protocol_match_cpython() {
     for path in own_torch_files() {
         check_totals_match_cpython(&path);
+    }
+}
+
+/// Writes, with CPython's pickler at `protocol`, a snapshot shaped like a
+/// long recording: two devices' traces of 2001 and 1500 events (batches of
+/// 1000, then a lone APPEND), whose frame lists are fresh (as PyTorch
+/// writes them), shared between events, or of fresh frame dicts; blocks
+/// with fresh frame lists; and the shared frame list again, under a key of
+/// its own. Event `i` of device `d` is at address `d << 40 | i * 512`.
+fn write_long_trace(path: &Path, protocol: u8) {
+    let script = "import pickle, sys\n\
+        frames = [{'name': f'f{i}', 'filename': f'm{i % 7}.py', 'line': i} for i in range(40)]\n\
+        shared = frames[3:30]\n\
+        def frames_of(i):\n\
+        \x20   if i % 3 == 0: return shared\n\
+        \x20   if i % 3 == 1: return frames[i % 11:(i % 11) + 5 + i % 17]\n\
+        \x20   return [dict(f) for f in frames[:2 + i % 5]]\n\
+        def event(d, i):\n\
+        \x20   return {'action': ['alloc', 'free_requested', 'free_completed'][i % 3], 'addr': d << 40 | i * 512,\n\
+        \x20           'size': 512, 'stream': 0, 'time_us': i, 'frames': frames_of(i)}\n\
+        traces = [[event(d, i) for i in range(n)] for d, n in enumerate([2001, 1500])]\n\
+        blocks = [{'address': 4096 * b, 'size': 4096, 'requested_size': 4000, 'state': 'active_allocated',\n\
+        \x20          'frames': list(frames[b % 9:b % 9 + 12])} for b in range(300)]\n\
+        segment = {'device': 0, 'address': 0, 'total_size': 4096 * 300, 'allocated_size': 4096 * 300,\n\
+        \x20          'active_size': 4096 * 300, 'requested_size': 4000 * 300, 'stream': 0,\n\
+        \x20          'segment_type': 'large', 'blocks': blocks}\n\
+        snap = {'segments': [segment], 'device_traces': traces, 'seen_again': shared}\n\
+        pickle.dump(snap, open(sys.argv[1], 'wb'), protocol=int(sys.argv[2]))\n";
+    python_script(script, &[path.as_os_str(), protocol.to_string().as_ref()]);
+}
+
+#[test]
+fn long_traces_written_by_cpython_read_as_cpython_reads_them() {
+    let dir = tempdir();
+    for protocol in [2, 4, 5] {
+        let path = dir.path().join(format!("long-p{protocol}.pickle"));
+        write_long_trace(&path, protocol);
+        check_totals_match_cpython(&path);
+        let snap = read_path(&path).unwrap();
+        for (d, trace) in snap.traces.iter().enumerate() {
+            let addresses: Vec<u64> = trace.events.iter().map(|e| e.address).collect();
+            let expected: Vec<u64> = (0..[2001, 1500][d])
+                .map(|i| (d as u64) << 40 | i * 512)
+                .collect();
+            assert_eq!(addresses, expected, "protocol {protocol}, device {d}");
+        }
+        // The frame list seen again is kept, as frame dicts, under its key.
+        let again = snap.extra.iter().find(|(k, _)| k == "seen_again");
+        let again = format!("{again:?}");
+        let names: Vec<String> = (3..30).map(|i| format!("\"f{i}\"")).collect();
+        assert!(
+            names.iter().all(|name| again.contains(name.as_str())),
+            "protocol {protocol}: {again}"
+        );
     }
 }
 

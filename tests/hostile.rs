@@ -131,6 +131,87 @@ fn an_event_dict_in_two_device_traces_is_refused_not_a_panic() {
 }
 
 #[test]
+fn a_frame_list_changed_after_its_event_is_refused() {
+    // {'segments': [], 'device_traces': [[e]], 'x': L} where e's frames L
+    // gets another frame appended after e was complete. A pickler writes a
+    // list whole before the dict holding it, so this is a made-up file;
+    // the reader takes a record's frames when the record is complete.
+    let frame = [
+        &[b'}', b'q', 6, b'('][..],
+        &s("name"),
+        &s("f"),
+        &s("filename"),
+        &s("m.py"),
+        &s("line"),
+        b"K\x01u",
+    ]
+    .concat();
+    let event = [
+        &[b'}', b'q', 4, b'('][..],
+        &s("action"),
+        &s("alloc"),
+        &s("addr"),
+        b"K\x01",
+        &s("size"),
+        b"M\x00\x02",
+        &s("stream"),
+        b"K\x00",
+        &s("frames"),
+        &[b']', b'q', 5, b'('],
+        &frame,
+        b"eu",
+    ]
+    .concat();
+    let body = [
+        b"}(".as_slice(),
+        &s("segments"),
+        b"]",
+        &s("device_traces"),
+        b"](](",
+        &event,
+        b"ee",
+        &s("x"),
+        b"h\x05h\x06a",
+        b"u.",
+    ]
+    .concat();
+    let dir = tempdir();
+    refused_within(
+        dir.path(),
+        "changed-frames.pickle",
+        &pickle4(&body),
+        "changes a dict or list after it was complete",
+        64 * MIB,
+    );
+}
+
+#[test]
+fn a_long_trace_is_held_in_less_memory_than_its_pickle_takes() {
+    // 400 000 events as PyTorch writes them (a fresh list of shared frame
+    // dicts each), 36 MB: the reader once kept two containers, two memo
+    // handles and a list handle per event, and peaked at twice the file.
+    let dir = tempdir();
+    let path = dir.path().join("long-trace.pickle");
+    let script = "import pickle, sys\n\
+        frames = [{'name': f'layer{i}.forward', 'filename': f'/src/model/block{i % 9}.py', 'line': 10 + i} for i in range(60)]\n\
+        trace = [{'action': ('alloc', 'free_requested', 'free_completed')[i % 3], 'addr': 0x7f0000000000 + (i // 3) * 512,\n\
+        \x20         'size': 512 * (1 + i % 64), 'stream': 0, 'time_us': 1_700_000_000_000_000 + i,\n\
+        \x20         'frames': frames[i % 30:i % 30 + 25]} for i in range(400_000)]\n\
+        pickle.dump({'segments': [], 'device_traces': [trace]}, open(sys.argv[1], 'wb'), protocol=4)\n";
+    python_script(script, &[&path]);
+    let size = std::fs::metadata(&path).unwrap().len();
+    let (run, peak) = snapdiff_with_peak(&["summary".as_ref(), path.as_os_str()]);
+    run.expect_code(0);
+    assert!(run.stdout().contains("400000"), "{}", run.stdout());
+    assert!(
+        peak <= size + size / 3,
+        "{} MiB for a {} MiB trace",
+        peak >> 20,
+        size >> 20
+    );
+}
+
+#[test]
 fn runs_of_stack_opcodes_are_refused_early() {
     let dir = tempdir();
     // 20 MB of EMPTY_LIST took 1.54 GB before refusal (CPython: 1.3 GB).
