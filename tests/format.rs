@@ -179,7 +179,7 @@ fn long_traces_written_by_cpython_read_as_cpython_reads_them() {
         for (d, trace) in snap.traces.iter().enumerate() {
             let addresses: Vec<u64> = trace.events.iter().map(|e| e.address).collect();
             let expected: Vec<u64> = (0..[2001, 1500][d])
-                .map(|i| (d as u64) << 40 | i * 512)
+                .map(|i| ((d as u64) << 40) | (i * 512))
                 .collect();
             assert_eq!(addresses, expected, "protocol {protocol}, device {d}");
         }

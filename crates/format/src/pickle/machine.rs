@@ -424,13 +424,12 @@ impl<'a> Machine<'a> {
                         // A whole dict, as PyTorch writes each record: lowered
                         // straight from the stack, never copied into the dict.
                         if let Some(record) = self.lower.lower_entries(&self.heap, pairs) {
-                            let frames = pairs
-                                .iter()
-                                .find(|&&[k, _]| self.heap.key(k) == Key::Frames)
-                                .map(|&[_, v]| v);
+                            // Its frame list, when made right after it.
+                            let child = Val::Obj(target + 1);
+                            let list = pairs.iter().any(|&[_, v]| v == child).then_some(target + 1);
                             self.heap.settle(target, record);
                             self.stack.truncate(mark);
-                            self.record_in_place_of(target, frames);
+                            self.record_in_place_of(target, list);
                             continue;
                         }
                     }
@@ -817,13 +816,14 @@ impl<'a> Machine<'a> {
     /// If container `id`, on top of the stack, was lowered to a frame, a
     /// trace event or a block, puts its stand-in ([`Val::Frame`],
     /// [`Val::Event`], [`Val::Block`]) in place of its handles, and those of
-    /// its `frames` list (the value it was lowered from, if known), so that
-    /// a trace of millions of events keeps no container for them.
+    /// `list`, the next container, a value of the dict it was lowered from
+    /// (its frame list, if lowered to a stack), so that a trace of millions
+    /// of events keeps no container for them.
     ///
-    /// A record is final, and so is the frame list it took (a pickler writes
-    /// a list whole before the dict that holds it): a stand-in reads the
-    /// same as its container, and a change to either is refused.
-    fn record_in_place_of(&mut self, id: u32, frames: Option<Val>) {
+    /// A record is final, and so is a list it took (a pickler writes a list
+    /// whole before the dict that holds it): a stand-in reads the same as
+    /// its container, and a change to either is refused.
+    fn record_in_place_of(&mut self, id: u32, list: Option<u32>) {
         let record = match self.heap.containers[id as usize] {
             Container::Frame(f) => Val::Frame(f),
             Container::Event(i) => Val::Event(i),
@@ -834,11 +834,10 @@ impl<'a> Machine<'a> {
             .stack
             .last_mut()
             .expect("the container is on the stack") = record;
-        // A list made after the dict, with nothing made since: its handles
-        // are the dict's value (lowered now) and the memo's.
-        if let Some(Val::Obj(list)) = frames
-            && list == id + 1
-            && let Container::Stack(stack) = self.heap.containers[list as usize]
+        // A list made after the dict, with nothing made since (unless freed):
+        // its handles are the dict's value, lowered now, and the memo's.
+        if let Some(list) = list
+            && let Some(&Container::Stack(stack)) = self.heap.containers.get(list as usize)
         {
             self.stand_in_for(list, Val::Stack(stack));
         }
@@ -1178,16 +1177,12 @@ impl<'a> Machine<'a> {
         // Locals, so that the loop keeps them in registers.
         let memo = self.memo.as_slice();
         let stack = &mut self.stack;
-        let heap = &mut self.heap;
         while stack.len() <= MAX_STACK
             && let Some((i, next)) = memo_get_at(data, pos)
         {
             match memo.get(i) {
-                Some(&Val::Obj(id)) => {
-                    stack.push(Val::Obj(id));
-                    heap.shared(id);
-                }
-                Some(&v) if !matches!(v, Val::Unset) => stack.push(v),
+                // A container's handle is copied by `get`, which notes it.
+                Some(&v) if !matches!(v, Val::Unset | Val::Obj(_)) => stack.push(v),
                 _ => break,
             }
             pos = next;
