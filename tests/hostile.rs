@@ -71,6 +71,11 @@ fn s(text: &str) -> Vec<u8> {
 /// A trace event dict, memoized in slot `slot` (BINPUT right after its
 /// EMPTY_DICT, as pickles write it).
 fn event_dict(slot: u8) -> Vec<u8> {
+    event_dict_with(slot, &[])
+}
+
+/// [`event_dict`] with the opcodes of more keys and values, `more`.
+fn event_dict_with(slot: u8, more: &[u8]) -> Vec<u8> {
     [
         &[b'}', b'q', slot, b'('][..],
         &s("action"),
@@ -81,6 +86,7 @@ fn event_dict(slot: u8) -> Vec<u8> {
         b"M\x00\x02",
         &s("stream"),
         b"K\x00",
+        more,
         b"u",
     ]
     .concat()
@@ -146,22 +152,8 @@ fn a_frame_list_changed_after_its_event_is_refused() {
         b"K\x01u",
     ]
     .concat();
-    let event = [
-        &[b'}', b'q', 4, b'('][..],
-        &s("action"),
-        &s("alloc"),
-        &s("addr"),
-        b"K\x01",
-        &s("size"),
-        b"M\x00\x02",
-        &s("stream"),
-        b"K\x00",
-        &s("frames"),
-        &[b']', b'q', 5, b'('],
-        &frame,
-        b"eu",
-    ]
-    .concat();
+    let frames = [&s("frames")[..], &[b']', b'q', 5, b'('], &frame, b"e"].concat();
+    let event = event_dict_with(4, &frames);
     let body = [
         b"}(".as_slice(),
         &s("segments"),

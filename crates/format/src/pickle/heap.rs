@@ -281,7 +281,6 @@ impl<'a> Heap<'a> {
 
     /// Notes that a handle to container `id` was copied (a memo read, DUP,
     /// or a memo slot the machine does not track).
-    #[inline(always)]
     pub(super) fn shared(&mut self, id: u32) {
         self.memo_refs[id as usize] = MemoRef::SHARED;
     }

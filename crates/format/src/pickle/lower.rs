@@ -414,17 +414,16 @@ impl Lowerer {
     /// stack, and trace events that continue the list's run of events (or
     /// start one in an empty list) lengthen it. Says whether it did.
     pub(crate) fn fill_list(&mut self, heap: &mut Heap, id: u32, items: &[Val]) -> bool {
-        let run_start = match heap.containers[id as usize] {
+        let run = match heap.containers[id as usize] {
             Container::List(ref v) if v.is_empty() => None,
             Container::Events { start, len } => Some((start, len)),
             _ => return false,
         };
-        if let Some(len) = self.continued_run(run_start, items) {
-            let start = run_start.map_or(len.0, |(start, _)| start);
-            heap.containers[id as usize] = Container::Events { start, len: len.1 };
+        if let Some((start, len)) = self.continued_run(run, items) {
+            heap.containers[id as usize] = Container::Events { start, len };
             return true;
         }
-        if run_start.is_some() {
+        if run.is_some() {
             return false;
         }
         match self.frames_stack(heap, items) {

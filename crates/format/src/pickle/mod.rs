@@ -17,6 +17,8 @@ mod write;
 
 pub use write::write_torch_pickle;
 
+use std::borrow::Cow;
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::Events;
 use crate::model::{Annotation, DeviceTrace, Meta, Pool, Segment, Snapshot};
@@ -192,37 +194,7 @@ fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, 
     let mut out: Vec<DeviceTrace> = Vec::with_capacity(devices.len());
     // Last device first, so that each one's events are the tail of the store.
     for (d, &dev) in devices.iter().enumerate().rev() {
-        // A device's events, as the machine usually leaves them: a run of
-        // lowered events, or a list of handles to them.
-        let run = match dev {
-            Val::Obj(id) => match heap.containers[id as usize] {
-                Container::Events { start, len } => Some((start, len)),
-                _ => None,
-            },
-            _ => None,
-        };
-        let taken = match run {
-            Some((start, len)) => lower.take_event_run(start, len),
-            None => lower.take_event_tail(heap, items(heap, dev).map_err(|f| index(d, f))?),
-        };
-        let events = match taken {
-            Some(events) => events,
-            None => {
-                let handles: Vec<Val> = match run {
-                    Some((start, len)) => (start..start + len).map(Val::Event).collect(),
-                    None => items(heap, dev).map_err(|f| index(d, f))?.to_vec(),
-                };
-                let mut events = Events::new();
-                for (i, &e) in handles.iter().enumerate() {
-                    events.push(
-                        lower
-                            .take_event(heap, e)
-                            .map_err(|f| index(d, index(i, f)))?,
-                    );
-                }
-                events
-            }
-        };
+        let events = device_events(lower, heap, dev).map_err(|f| index(d, f))?;
         out.push(DeviceTrace {
             device: d as u32,
             events,
@@ -230,6 +202,37 @@ fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, 
     }
     out.reverse();
     Ok(out)
+}
+
+/// One device's events. As the machine leaves them (a run of lowered events,
+/// or a list of handles to them in order) they are the tail of the
+/// lowerer's store and move out whole; otherwise they are taken one by one.
+fn device_events(lower: &mut Lowerer, heap: &Heap, dev: Val) -> Result<Events, Failure> {
+    let run = match dev {
+        Val::Obj(id) => match heap.containers[id as usize] {
+            Container::Events { start, len } => Some((start, len)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let handles: Cow<[Val]> = match run {
+        Some((start, len)) => match lower.take_event_run(start, len) {
+            Some(events) => return Ok(events),
+            None => (start..start + len).map(Val::Event).collect(),
+        },
+        None => {
+            let list = items(heap, dev).map_err(here)?;
+            match lower.take_event_tail(heap, list) {
+                Some(events) => return Ok(events),
+                None => list.into(),
+            }
+        }
+    };
+    let mut events = Events::new();
+    for (i, &e) in handles.iter().enumerate() {
+        events.push(lower.take_event(heap, e).map_err(|f| index(i, f))?);
+    }
+    Ok(events)
 }
 
 fn annotations(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<Annotation>, Failure> {
