@@ -291,10 +291,7 @@ fn decode_trace(mut c: TraceColumns) -> Result<DeviceTrace, String> {
         size: dense(&c.size, n, |r| r.u64())?,
         stream: {
             let mut r = ColumnReader::dense(&c.stream);
-            let mut stream = Column::default();
-            for _ in 0..n {
-                stream.push(r.i64()?);
-            }
+            let stream = Column::read(n, || r.i64())?;
             r.finish()?;
             stream
         },
