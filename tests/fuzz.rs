@@ -7,7 +7,8 @@
 //! MessagePack; JSON documents with elements and keys duplicated, deleted and
 //! replaced. Every input must give a snapshot or a one-line error, never a
 //! panic, and the reader's heap must stay within [`memory_bound`] of the
-//! input's size (counted by this binary's allocator, per thread).
+//! input's size (counted by this binary's allocator, per thread). The same
+//! counter checks that a long `.snap` trace is read without its whole body.
 //!
 //! The seed is fixed, so a run is repeatable; `SNAPDIFF_FUZZ_ROUNDS` sets the
 //! number of rounds (the default takes about a minute on two cores; longer
@@ -501,4 +502,48 @@ fn rmp_body(snap: &Snapshot) -> Vec<u8> {
     let mut file = Vec::new();
     write_snap(snap, &mut file).unwrap();
     zstd::bulk::decompress(&file[20..], 1 << 30).unwrap()
+}
+
+#[test]
+fn a_long_snap_trace_is_read_without_holding_its_body() {
+    // 2M events of a loop: the body is tens of megabytes, which the reader
+    // once decompressed whole and held beside the events it decoded.
+    let events: snapdiff_format::Events = (0..2_000_000u64)
+        .map(|i| snapdiff_format::TraceEvent {
+            action: if i % 2 == 0 {
+                snapdiff_format::Action::Alloc
+            } else {
+                snapdiff_format::Action::FreeCompleted
+            },
+            address: 0x7f00_0000_0000 + (i / 2) * 512,
+            size: 512 * (1 + i % 4096),
+            time_us: Some(1_700_000_000_000_000 + i as i64 * 3),
+            stack: Some((i % 700) as u32),
+            ..Default::default()
+        })
+        .collect();
+    let mut snap = Snapshot::default();
+    snap.stacks = vec![Vec::new(); 700];
+    snap.traces
+        .push(snapdiff_format::DeviceTrace { device: 0, events });
+    let mut file = Vec::new();
+    write_snap(&snap, &mut file).unwrap();
+    drop(snap);
+    let body_len = u64::from_le_bytes(file[12..20].try_into().unwrap()) as isize;
+
+    let base = LIVE.with(Cell::get);
+    PEAK.with(|p| p.set(base));
+    let read = read_bytes(&file).unwrap();
+    let kept = LIVE.with(Cell::get) - base;
+    let transient = PEAK.with(Cell::get) - base - kept;
+    assert_eq!(read.trace_len(), 2_000_000);
+    // What reading needs beyond the events it keeps: the longest column's
+    // bytes and buffers, never the whole body.
+    assert!(
+        transient < body_len * 3 / 4,
+        "reading took {} MiB beyond the {} MiB it keeps; the body is {} MiB",
+        transient >> 20,
+        kept >> 20,
+        body_len >> 20
+    );
 }

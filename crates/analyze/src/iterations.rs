@@ -161,24 +161,25 @@ fn freed_within_next(events: &Events, allocs: &[(usize, StackKey)], period: usiz
 /// summed over the whole iterations.
 fn lowest_phase(events: &Events, allocs: &[(usize, StackKey)], period: usize) -> usize {
     let frees_complete = events.actions().any(|a| a == Action::FreeCompleted);
+    let whole = allocs.len() / period * period;
     let mut live = 0i64;
-    // Live bytes just before each allocation.
-    let mut before = Vec::with_capacity(allocs.len());
+    // Live bytes just before each allocation of the whole iterations, summed
+    // by phase.
+    let mut sums = vec![0i128; period];
+    let mut j = 0;
     for e in events {
         match e.action {
             Action::Alloc => {
-                before.push(live);
+                if j < whole {
+                    sums[j % period] += i128::from(live);
+                }
+                j += 1;
                 live += e.size as i64;
             }
             Action::FreeCompleted => live -= e.size as i64,
             Action::FreeRequested if !frees_complete => live -= e.size as i64,
             _ => {}
         }
-    }
-    let whole = allocs.len() / period * period;
-    let mut sums = vec![0i128; period];
-    for (j, &b) in before[..whole].iter().enumerate() {
-        sums[j % period] += i128::from(b);
     }
     (0..period).min_by_key(|&p| sums[p]).unwrap_or(0)
 }

@@ -22,8 +22,19 @@ fn progress_lines() -> &'static indicatif::MultiProgress {
 
 /// [`read`] of the `parts` a command needs. A large file's line shows a bar
 /// over the bytes parsed (with rate and time left); the line goes when the
-/// file is read.
+/// file is read. The memory that reading used and freed goes back to the
+/// operating system, so that it does not add to the analysis's peak.
 pub(crate) fn read_parts(
+    path: &std::path::Path,
+    parts: Parts,
+) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
+    let snap = read_with_progress(path, parts);
+    return_freed_memory();
+    snap
+}
+
+/// [`read_parts`], with its progress bar.
+fn read_with_progress(
     path: &std::path::Path,
     parts: Parts,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
@@ -59,9 +70,10 @@ pub(crate) fn read_parts(
 
 /// Returns the memory freed so far to the operating system at once.
 /// mimalloc keeps freed pages for a moment in case they are wanted again;
-/// after reading one large file, keeping them would add its reading's
-/// transient peak to the next one's.
-pub(crate) fn return_freed_memory() {
+/// after reading a large file, keeping them would add its reading's
+/// transient peak (the buffer of its longest trace column, say) to the
+/// analysis's or the next file's.
+fn return_freed_memory() {
     // SAFETY: mi_collect only walks the allocator's own free lists; it is
     // safe to call at any time from any thread.
     unsafe { libmimalloc_sys::mi_collect(true) };

@@ -6,10 +6,10 @@
 //! side compress far better than rows of mixed fields (a third smaller on
 //! real snapshots). JSON keeps the plain row form, one object per event.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt;
 
-use serde::de::Error as _;
+use serde::de::{self, DeserializeSeed, Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_bytes::ByteBuf;
 
@@ -126,36 +126,35 @@ impl<'a> ColumnReader<'a> {
 }
 
 /// The binary form of a [`DeviceTrace`]: the device, then one byte string
-/// per field (see docs/format.md for the layout of each).
-///
-/// The columns are borrowed from the file's body when read: copied, they
-/// were a third of the memory it took to read a long trace.
-#[derive(Serialize, Deserialize)]
-struct TraceColumns<'a> {
+/// per field (see docs/format.md for the layout of each). Written whole;
+/// read column by column ([`TraceColumnsVisitor`]).
+#[derive(Serialize)]
+#[cfg_attr(test, derive(Deserialize))]
+struct TraceColumns {
     device: u32,
-    #[serde(borrow, with = "serde_bytes")]
-    actions: Cow<'a, [u8]>,
+    #[serde(with = "serde_bytes")]
+    actions: Vec<u8>,
     other_actions: Vec<String>,
-    #[serde(borrow, with = "serde_bytes")]
-    address: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    size: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    stream: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    time_deltas: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    stack: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    device_free: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    compile_context: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    user_metadata: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    pool_id: Cow<'a, [u8]>,
-    #[serde(borrow, with = "serde_bytes")]
-    alloc_seq: Cow<'a, [u8]>,
+    #[serde(with = "serde_bytes")]
+    address: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    size: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    stream: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    time_deltas: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    stack: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    device_free: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    compile_context: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    user_metadata: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pool_id: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    alloc_seq: Vec<u8>,
     /// Event index and extra keys, for the few events with any.
     extra: Vec<(u32, Extra)>,
 }
@@ -172,11 +171,11 @@ impl Serialize for DeviceTrace {
         let n = self.events.len();
         let mut c = TraceColumns {
             device: self.device,
-            actions: Cow::Owned(Vec::with_capacity(n)),
+            actions: Vec::with_capacity(n),
             other_actions: Vec::new(),
-            address: Cow::Owned(Vec::with_capacity(n * 6)),
-            size: Cow::Owned(Vec::with_capacity(n * 3)),
-            stream: Cow::Owned(Vec::with_capacity(n)),
+            address: Vec::with_capacity(n * 6),
+            size: Vec::with_capacity(n * 3),
+            stream: Vec::with_capacity(n),
             time_deltas: bitmap(n),
             stack: bitmap(n),
             device_free: bitmap(n),
@@ -189,26 +188,24 @@ impl Serialize for DeviceTrace {
         let mut last_time = 0i64;
         for (i, e) in self.events.indexed() {
             let mark = |column: &mut Vec<u8>| column[i / 8] |= 1 << (i % 8);
-            c.actions
-                .to_mut()
-                .push(e.action.code().unwrap_or(OTHER_ACTION));
+            c.actions.push(e.action.code().unwrap_or(OTHER_ACTION));
             if e.action.code().is_none() {
                 c.other_actions.push(e.action.name().to_owned());
             }
             // Addresses as they are: a free repeats its allocation's address
             // exactly, which the compressor finds; differences would hide that.
-            write_u64(c.address.to_mut(), e.address);
-            write_u64(c.size.to_mut(), e.size);
-            write_i64(c.stream.to_mut(), e.stream);
+            write_u64(&mut c.address, e.address);
+            write_u64(&mut c.size, e.size);
+            write_i64(&mut c.stream, e.stream);
             if let Some(t) = e.time_us {
-                mark(c.time_deltas.to_mut());
-                write_i64(c.time_deltas.to_mut(), t.wrapping_sub(last_time));
+                mark(&mut c.time_deltas);
+                write_i64(&mut c.time_deltas, t.wrapping_sub(last_time));
                 last_time = t;
             }
             for (column, id) in [
-                (c.stack.to_mut(), e.stack),
-                (c.compile_context.to_mut(), e.compile_context),
-                (c.user_metadata.to_mut(), e.user_metadata),
+                (&mut c.stack, e.stack),
+                (&mut c.compile_context, e.compile_context),
+                (&mut c.user_metadata, e.user_metadata),
             ] {
                 if let Some(id) = id {
                     mark(column);
@@ -216,18 +213,18 @@ impl Serialize for DeviceTrace {
                 }
             }
             if let Some(seq) = e.alloc_seq {
-                mark(c.alloc_seq.to_mut());
-                write_u64(c.alloc_seq.to_mut(), seq);
+                mark(&mut c.alloc_seq);
+                write_u64(&mut c.alloc_seq, seq);
             }
             let Some(details) = e.details else { continue };
             if let Some(free) = details.device_free {
-                mark(c.device_free.to_mut());
-                write_u64(c.device_free.to_mut(), free);
+                mark(&mut c.device_free);
+                write_u64(&mut c.device_free, free);
             }
             if let Some((a, b)) = details.pool_id {
-                mark(c.pool_id.to_mut());
-                write_i64(c.pool_id.to_mut(), a);
-                write_i64(c.pool_id.to_mut(), b);
+                mark(&mut c.pool_id);
+                write_i64(&mut c.pool_id, a);
+                write_i64(&mut c.pool_id, b);
             }
             if !details.extra.is_empty() {
                 c.extra.push((i as u32, details.extra));
@@ -238,8 +235,8 @@ impl Serialize for DeviceTrace {
 }
 
 /// A presence bitmap for `n` events, all clear, that values follow.
-fn bitmap(n: usize) -> Cow<'static, [u8]> {
-    Cow::Owned(vec![0; n.div_ceil(8)])
+fn bitmap(n: usize) -> Vec<u8> {
+    vec![0; n.div_ceil(8)]
 }
 
 fn u32_of(v: u64) -> Result<u32, String> {
@@ -255,17 +252,122 @@ impl<'de> Deserialize<'de> for DeviceTrace {
                 events: rows.events,
             });
         }
-        let c = TraceColumns::deserialize(d)?;
-        decode_trace(c).map_err(D::Error::custom)
+        d.deserialize_seq(TraceColumnsVisitor)
     }
 }
 
-/// Rebuilds the events column by column, checking each.
-fn decode_trace(mut c: TraceColumns) -> Result<DeviceTrace, String> {
-    let n = c.actions.len();
-    let mut names = std::mem::take(&mut c.other_actions).into_iter();
+/// Reads a trace's columns one at a time, each turned into its events'
+/// values as the reader hands its bytes over ([`Decoded`]). A `.snap` body
+/// is streamed from its zstd frame, so neither the body nor a trace's
+/// columns are ever held whole: reading a long trace takes the memory of its
+/// events and of its longest column.
+struct TraceColumnsVisitor;
+
+impl<'de> Visitor<'de> for TraceColumnsVisitor {
+    type Value = DeviceTrace;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a trace's columns")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<DeviceTrace, A::Error> {
+        let device: u32 = element(&mut seq)?;
+        let actions = column(&mut seq, |bytes| Ok(bytes.to_vec()))?;
+        let n = actions.len();
+        let names: Vec<String> = element(&mut seq)?;
+        let other_actions = other_actions(&actions, names).map_err(A::Error::custom)?;
+        let address = column(&mut seq, |bytes| dense(bytes, n, |r| r.u64()))?;
+        let size = column(&mut seq, |bytes| dense(bytes, n, |r| r.u64()))?;
+        let stream = column(&mut seq, |bytes| {
+            let mut r = ColumnReader::dense(bytes);
+            let stream = Column::read(n, || r.i64())?;
+            r.finish()?;
+            Ok(stream)
+        })?;
+        let time_us = column(&mut seq, |bytes| {
+            let mut r = ColumnReader::sparse(bytes, n)?;
+            let mut last_time = 0i64;
+            let time_us = Optional::read(r.present, n, || {
+                last_time = last_time.wrapping_add(r.i64()?);
+                Ok::<_, Corrupt>(last_time)
+            })?;
+            r.finish()?;
+            Ok(time_us)
+        })?;
+        let stack = column(&mut seq, |bytes| ids(bytes, n))?;
+        let device_free = column(&mut seq, |bytes| rare(bytes, n, |r| r.u64()))?;
+        let compile_context = column(&mut seq, |bytes| ids(bytes, n))?;
+        let user_metadata = column(&mut seq, |bytes| ids(bytes, n))?;
+        let pool_id = column(&mut seq, |bytes| {
+            rare(bytes, n, |r| Ok((r.i64()?, r.i64()?)))
+        })?;
+        let alloc_seq = column(&mut seq, |bytes| rare(bytes, n, |r| r.u64()))?;
+        let extra: Vec<(u32, Extra)> = element(&mut seq)?;
+        let details = details(n, device_free, pool_id, extra).map_err(A::Error::custom)?;
+        Ok(DeviceTrace {
+            device,
+            events: Events {
+                actions,
+                other_actions,
+                address,
+                size,
+                stream,
+                time_us,
+                stack,
+                compile_context,
+                user_metadata,
+                alloc_seq,
+                details,
+            },
+        })
+    }
+}
+
+/// The next element of a trace's columns, which must be there.
+fn element<'de, A: SeqAccess<'de>, T: Deserialize<'de>>(seq: &mut A) -> Result<T, A::Error> {
+    seq.next_element()?
+        .ok_or_else(|| A::Error::custom("a trace ends before its last column"))
+}
+
+/// The next column of a trace, turned into values by `decode`.
+fn column<'de, A: SeqAccess<'de>, T>(
+    seq: &mut A,
+    decode: impl FnOnce(&[u8]) -> Result<T, String>,
+) -> Result<T, A::Error> {
+    seq.next_element_seed(Decoded(decode))?
+        .ok_or_else(|| A::Error::custom("a trace ends before its last column"))
+}
+
+/// Decodes a byte string with its function while the deserializer still
+/// holds the bytes, instead of copying them out first.
+struct Decoded<F>(F);
+
+impl<'de, T, F: FnOnce(&[u8]) -> Result<T, String>> DeserializeSeed<'de> for Decoded<F> {
+    type Value = T;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+        d.deserialize_bytes(self)
+    }
+}
+
+impl<'de, T, F: FnOnce(&[u8]) -> Result<T, String>> Visitor<'de> for Decoded<F> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a trace column of bytes")
+    }
+
+    fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<T, E> {
+        (self.0)(bytes).map_err(E::custom)
+    }
+}
+
+/// The events whose action has no code, with the names given for them in
+/// order, after checking every other code.
+fn other_actions(actions: &[u8], names: Vec<String>) -> Result<Vec<(usize, Box<str>)>, String> {
+    let mut names = names.into_iter();
     let mut other_actions = Vec::new();
-    for (i, &code) in c.actions.iter().enumerate() {
+    for (i, &code) in actions.iter().enumerate() {
         if code == OTHER_ACTION {
             let name = names.next().ok_or("missing name of an unknown action")?;
             other_actions.push((i, name.into_boxed_str()));
@@ -273,41 +375,15 @@ fn decode_trace(mut c: TraceColumns) -> Result<DeviceTrace, String> {
             return Err(format!("unknown action code {code}"));
         }
     }
-    let optional = |bytes: &[u8]| {
-        let mut r = ColumnReader::sparse(bytes, n)?;
-        let field = Optional::read(r.present, n, || u32_of(r.u64()?))?;
-        r.finish()?;
-        Ok::<_, String>(field)
-    };
-    let mut time = ColumnReader::sparse(&c.time_deltas, n)?;
-    let mut last_time = 0i64;
-    let time_us = Optional::read(time.present, n, || {
-        last_time = last_time.wrapping_add(time.i64()?);
-        Ok::<_, Corrupt>(last_time)
-    })?;
-    time.finish()?;
-    let events = Events {
-        address: dense(&c.address, n, |r| r.u64())?,
-        size: dense(&c.size, n, |r| r.u64())?,
-        stream: {
-            let mut r = ColumnReader::dense(&c.stream);
-            let stream = Column::read(n, || r.i64())?;
-            r.finish()?;
-            stream
-        },
-        time_us,
-        stack: optional(&c.stack)?,
-        compile_context: optional(&c.compile_context)?,
-        user_metadata: optional(&c.user_metadata)?,
-        alloc_seq: rare(&c.alloc_seq, n, |r| r.u64())?,
-        details: details(&c, n)?,
-        actions: c.actions.into_owned(),
-        other_actions,
-    };
-    Ok(DeviceTrace {
-        device: c.device,
-        events,
-    })
+    Ok(other_actions)
+}
+
+/// A sparse column of table indices (stacks, strings).
+fn ids(bytes: &[u8], n: usize) -> Result<Optional<u32>, String> {
+    let mut r = ColumnReader::sparse(bytes, n)?;
+    let field = Optional::read(r.present, n, || u32_of(r.u64()?))?;
+    r.finish()?;
+    Ok(field)
 }
 
 /// The `n` values of a column with one per event.
@@ -342,23 +418,28 @@ fn rare<T>(
     Ok(values)
 }
 
-/// The rare fields of the events that have any, sorted by event.
-fn details(c: &TraceColumns, n: usize) -> Result<Vec<(usize, Box<EventDetails>)>, String> {
+/// The rare fields of the `n` events that have any, sorted by event.
+fn details(
+    n: usize,
+    device_free: Vec<(usize, u64)>,
+    pool_id: Vec<(usize, (i64, i64))>,
+    extra: Vec<(u32, Extra)>,
+) -> Result<Vec<(usize, Box<EventDetails>)>, String> {
     let mut details: BTreeMap<usize, Box<EventDetails>> = BTreeMap::new();
-    for (i, free) in rare(&c.device_free, n, |r| r.u64())? {
+    for (i, free) in device_free {
         details.entry(i).or_default().device_free = Some(free);
     }
-    for (i, pool) in rare(&c.pool_id, n, |r| Ok((r.i64()?, r.i64()?)))? {
+    for (i, pool) in pool_id {
         details.entry(i).or_default().pool_id = Some(pool);
     }
     let mut last = None;
-    for (i, keys) in &c.extra {
-        let i = *i as usize;
+    for (i, keys) in extra {
+        let i = i as usize;
         if i >= n || last.is_some_and(|last| i <= last) {
             return Err("extra keys for an event that does not exist, or out of order".to_owned());
         }
         last = Some(i);
-        details.entry(i).or_default().extra = keys.clone();
+        details.entry(i).or_default().extra = keys;
     }
     Ok(details.into_iter().collect())
 }
@@ -713,7 +794,8 @@ mod trace_tests {
         let bytes = columns_of(events());
         let mut c: TraceColumns = rmp_serde::from_slice(&bytes).unwrap();
         tamper(&mut c);
-        decode_trace(c)
+        let tampered = rmp_serde::to_vec(&c).unwrap();
+        rmp_serde::from_slice(&tampered).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -722,18 +804,15 @@ mod trace_tests {
         assert_eq!(back.events.iter().collect::<Vec<_>>(), events());
 
         let cases: [(&str, Tamper); 6] = [
-            ("ends early", Box::new(|c| c.address.to_mut().truncate(10))),
-            ("extra bytes", Box::new(|c| c.size.to_mut().push(1))),
-            (
-                "unknown action code",
-                Box::new(|c| c.actions.to_mut()[0] = 200),
-            ),
+            ("ends early", Box::new(|c| c.address.truncate(10))),
+            ("extra bytes", Box::new(|c| c.size.push(1))),
+            ("unknown action code", Box::new(|c| c.actions[0] = 200)),
             ("missing name", Box::new(|c| c.other_actions.clear())),
             (
                 "out of range",
                 Box::new(|c| {
                     // Event 0's stack becomes 2^40.
-                    let stack = c.stack.to_mut();
+                    let stack = &mut c.stack;
                     stack.truncate(3);
                     stack.extend([0x80, 0x80, 0x80, 0x80, 0x80, 0x20]);
                     stack.extend(columns_stack_tail());

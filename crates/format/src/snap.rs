@@ -15,9 +15,10 @@
 //! `docs/format.md`. Any change to the model's fields bumps the version;
 //! readers refuse versions newer than they know.
 
-use std::io::Write;
+use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::Parts;
@@ -45,10 +46,6 @@ const ZSTD_LEVEL: i32 = 3;
 const MAX_EXPANSION: u64 = 4096;
 /// Bodies up to this size are read whatever their compression ratio.
 const ALWAYS_ALLOWED: u64 = 256 << 20;
-/// Room for the body is reserved up to this many times the frame's size;
-/// beyond that it grows only as decompressed bytes arrive, so a small
-/// hostile file costs memory for what it really holds, not what it claims.
-const RESERVED_EXPANSION: u64 = 128;
 
 /// Encodes `snap` as a `.snap` file into `out`.
 pub fn write_snap<W: Write>(snap: &Snapshot, mut out: W) -> Result<()> {
@@ -90,15 +87,10 @@ pub(crate) fn read_snap_parts(data: &[u8], parts: Parts) -> Result<Snapshot> {
     let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
     check_version(version, ".snap")?;
     let body_len = u64::from_le_bytes(data[12..20].try_into().unwrap());
-    let body = decompress_body(&data[HEADER_LEN..], body_len)?;
-    let corrupt = |e: rmp_serde::decode::Error| {
-        Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {e}"))
-    };
+    let compressed = &data[HEADER_LEN..];
     let snap: Snapshot = match parts {
-        Parts::All => rmp_serde::from_slice(&body).map_err(corrupt)?,
-        Parts::WithoutEvents => rmp_serde::from_slice::<WithoutEvents>(&body)
-            .map_err(corrupt)?
-            .into(),
+        Parts::All => read_body(compressed, body_len)?,
+        Parts::WithoutEvents => read_body::<WithoutEvents>(compressed, body_len)?.into(),
     };
     snap.check_references()
         .map_err(|m| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {m}")))?;
@@ -174,15 +166,17 @@ impl<'de> Deserialize<'de> for TraceDevice {
     }
 }
 
-/// The body of a `.snap` file from its zstd frame `compressed`, which must
-/// expand to exactly `body_len` bytes.
+/// Decodes the body of a `.snap` file from its zstd frame `compressed`,
+/// which must expand to `body_len` bytes, as it is decompressed: the body is
+/// never held whole, and a trace's columns are turned into events one at a
+/// time as they arrive (`columns.rs`).
 ///
 /// The body must be one zstd frame, as [`write_snap`] writes it: no skippable
 /// frames or further frames before or after, whose sizes no header bounds.
 /// Decompression stops at `body_len` bytes, so no stream can expand past
 /// what the header declared, and the header may declare at most
 /// [`MAX_EXPANSION`] times the frame's size or [`ALWAYS_ALLOWED`] bytes.
-fn decompress_body(compressed: &[u8], body_len: u64) -> Result<Vec<u8>> {
+fn read_body<T: DeserializeOwned>(compressed: &[u8], body_len: u64) -> Result<T> {
     let corrupt =
         |what: String| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {what}"));
     if body_len > (compressed.len() as u64).saturating_mul(MAX_EXPANSION)
@@ -219,26 +213,35 @@ fn decompress_body(compressed: &[u8], body_len: u64) -> Result<Vec<u8>> {
             "its zstd frame holds {declared} bytes, the header says {body_len}"
         )));
     }
-    let reserved = body_len.min((compressed.len() as u64).saturating_mul(RESERVED_EXPANSION));
-    // Within the bounds checked above, so it fits in memory and in a usize.
-    let mut body = Vec::with_capacity(reserved as usize);
-    if reserved == body_len {
-        zstd::bulk::Decompressor::new()
-            .and_then(|mut d| d.decompress_to_buffer(compressed, &mut body))
-            .map_err(|e| corrupt(e.to_string()))?;
-    } else {
-        use std::io::Read;
-        zstd::stream::read::Decoder::with_buffer(compressed)
-            .and_then(|d| d.take(body_len).read_to_end(&mut body))
-            .map_err(|e| corrupt(e.to_string()))?;
-    }
-    if body.len() as u64 != body_len {
-        return Err(Error::new(
+    let decoder =
+        zstd::stream::read::Decoder::with_buffer(compressed).map_err(|e| corrupt(e.to_string()))?;
+    let mut body = Counted {
+        inner: decoder.take(body_len),
+        count: 0,
+    };
+    match rmp_serde::from_read(BufReader::with_capacity(1 << 16, &mut body)) {
+        Ok(value) => Ok(value),
+        // The frame ran out before the header's length: the body is cut.
+        Err(_) if body.count < body_len && matches!(body.read(&mut [0]), Ok(0)) => Err(Error::new(
             ErrorKind::Truncated,
-            format!("truncated .snap body: {} of {body_len} bytes", body.len()),
-        ));
+            format!("truncated .snap body: {} of {body_len} bytes", body.count),
+        )),
+        Err(e) => Err(corrupt(e.to_string())),
     }
-    Ok(body)
+}
+
+/// A reader that counts the bytes it has handed over.
+struct Counted<R> {
+    inner: R,
+    count: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        Ok(n)
+    }
 }
 
 fn check_version(version: u32, what: &str) -> Result<()> {

@@ -28,7 +28,6 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         })
     } else {
         let before = read(&args.before);
-        crate::input::return_freed_memory();
         (before, read(&args.after))
     };
     let (before, after) = (before?, after?);
