@@ -522,10 +522,11 @@ fn a_long_snap_trace_is_read_without_holding_its_body() {
             ..Default::default()
         })
         .collect();
-    let mut snap = Snapshot::default();
-    snap.stacks = vec![Vec::new(); 700];
-    snap.traces
-        .push(snapdiff_format::DeviceTrace { device: 0, events });
+    let snap = Snapshot {
+        stacks: vec![Vec::new(); 700],
+        traces: vec![snapdiff_format::DeviceTrace { device: 0, events }],
+        ..Default::default()
+    };
     let mut file = Vec::new();
     write_snap(&snap, &mut file).unwrap();
     drop(snap);
