@@ -567,6 +567,22 @@ fn bad_input_gets_one_clear_line_and_exit_code_2() {
     huge[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
     check_bad_input(d, "huge.snap", &huge, "cannot expand");
     check_bad_input(d, "cut.snap", &snap[..snap.len() - 10], ".snap body");
+    // A whole frame that does not record its size, holding less than the
+    // header declares: found as the body is decoded.
+    let body = zstd::bulk::decompress(&snap[20..], 1 << 30).unwrap();
+    let mut short = snap[..20].to_vec();
+    short[12..20].copy_from_slice(&(body.len() as u64 + 100).to_le_bytes());
+    short.extend(zstd::stream::encode_all(&body[..], 3).unwrap());
+    check_bad_input(
+        d,
+        "short-body.snap",
+        &short,
+        &format!(
+            "truncated .snap body: {} of {} bytes",
+            body.len(),
+            body.len() + 100
+        ),
+    );
     let mut garbage = snap[..20].to_vec();
     garbage.extend_from_slice(&random);
     check_bad_input(d, "garbage.snap", &garbage, ".snap body");
