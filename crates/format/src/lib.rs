@@ -126,7 +126,7 @@ fn read_bytes_parts_with(
     progress: Option<read::Progress>,
 ) -> Result<Snapshot> {
     let mut snap = match FileKind::detect(data) {
-        Some(FileKind::Snap) => return snap::read_snap_parts(data, parts),
+        Some(FileKind::Snap) => return snap::read_snap_parts(data, parts, progress),
         _ => read_bytes_whole(data, progress)?,
     };
     if parts == Parts::WithoutEvents {

@@ -1,19 +1,23 @@
 //! Reading snapshot files from disk.
 //!
 //! A large file is mapped rather than copied into memory, and while a
-//! pickle is parsed the pages already behind the parser are handed back to
-//! the system: a pickle of a gigabyte would otherwise hold the whole file
-//! in memory beside everything built from it. The parser looks back at
-//! earlier bytes now and then (strings it borrows, frame lists it has seen);
-//! those pages are read in again from the file, which is unchanged.
+//! pickle is parsed (or a `.snap` file decompressed) the pages already
+//! behind the reader are handed back to the system: a pickle of a gigabyte
+//! would otherwise hold the whole file in memory beside everything built
+//! from it. The parser looks back at earlier bytes now and then (strings it
+//! borrows, frame lists it has seen); those pages are read in again from the
+//! file, which is unchanged.
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::{Parts, Snapshot, read_bytes_parts, read_bytes_parts_with};
 
-/// Told, now and then, how many bytes of a pickle have been parsed.
+/// Told, now and then, how many bytes of a file have been read.
 pub(crate) type Progress = Box<dyn FnMut(usize)>;
+
+/// How often, in bytes of the file, a reader tells its [`Progress`].
+pub(crate) const PROGRESS_EVERY: usize = 8 << 20;
 
 /// Files from this size are mapped rather than read into memory.
 const MAP_FROM_BYTES: u64 = 32 << 20;
@@ -30,8 +34,8 @@ pub fn read_path_parts(path: impl AsRef<Path>, parts: Parts) -> Result<Snapshot>
 }
 
 /// [`read_path_parts`], calling `progress(done, total)` with the bytes of
-/// the file parsed so far: for a large pickle every few megabytes, and for
-/// every file once when it is read (`done == total`).
+/// the file read so far: for a large pickle or `.snap` file every few
+/// megabytes, and for every file once when it is read (`done == total`).
 pub fn read_path_with_progress(
     path: impl AsRef<Path>,
     parts: Parts,
@@ -166,23 +170,63 @@ mod tests {
         let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
         crate::write_torch_pickle(&snap, &mut file).unwrap();
         drop(file);
-        let len = std::fs::metadata(&path).unwrap().len();
-        assert!(len >= 2 * super::MAP_FROM_BYTES, "{len} bytes: not mapped");
+        let mapped = read_mapped_with_progress(&path);
+        assert_eq!(mapped.trace_len(), 1_600_000);
+    }
 
+    /// A `.snap` file large enough to be mapped tells its progress as it
+    /// is decompressed, and reads as the same bytes read from memory.
+    #[test]
+    fn a_mapped_snap_tells_its_progress() {
+        // Events of random addresses and sizes, which zstd cannot shrink:
+        // a file of about 40 MiB.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut random = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let events = (0..3_600_000)
+            .map(|_| TraceEvent {
+                action: Action::Alloc,
+                address: random(),
+                size: random() >> 40,
+                ..TraceEvent::default()
+            })
+            .collect();
+        let snap = Snapshot {
+            traces: vec![DeviceTrace { device: 0, events }],
+            ..Snapshot::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("large.snap");
+        crate::write_snap(&snap, std::fs::File::create(&path).unwrap()).unwrap();
+        let mapped = read_mapped_with_progress(&path);
+        assert_eq!(mapped, snap);
+    }
+
+    /// Reads `path`, which must be large enough to be mapped, checking that
+    /// progress came in steps up to the end and that the file reads as the
+    /// same bytes read from memory.
+    fn read_mapped_with_progress(path: &std::path::Path) -> Snapshot {
+        let len = std::fs::metadata(path).unwrap().len();
+        assert!(
+            len >= super::MAP_FROM_BYTES + (8 << 20),
+            "{len} bytes: too small"
+        );
         let mut seen = Vec::new();
         let (tx, rx) = std::sync::mpsc::channel();
-        let mapped =
-            super::read_path_with_progress(&path, crate::Parts::All, move |done, total| {
-                tx.send((done, total)).unwrap();
-            })
-            .unwrap();
+        let mapped = super::read_path_with_progress(path, crate::Parts::All, move |done, total| {
+            tx.send((done, total)).unwrap();
+        })
+        .unwrap();
         seen.extend(rx.try_iter());
-        let in_memory = crate::read_bytes(&std::fs::read(&path).unwrap()).unwrap();
+        let in_memory = crate::read_bytes(&std::fs::read(path).unwrap()).unwrap();
         assert_eq!(mapped, in_memory);
-        assert_eq!(mapped.trace_len(), 1_600_000);
-        // Progress came in steps, up to near the end.
         assert!(seen.len() >= 4, "{seen:?}");
         assert!(seen.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 == len));
         assert_eq!(seen.last(), Some(&(len, len)), "the end is told");
+        mapped
     }
 }

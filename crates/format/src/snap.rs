@@ -15,7 +15,7 @@
 //! `docs/format.md`. Any change to the model's fields bumps the version;
 //! readers refuse versions newer than they know.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
@@ -25,6 +25,7 @@ use crate::Parts;
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::Events;
 use crate::model::{Annotation, DeviceTrace, Frame, FrameId, Meta, Segment, Snapshot};
+use crate::read::{PROGRESS_EVERY, Progress};
 use crate::value::{Extra, Value};
 
 /// The first bytes of every `.snap` file.
@@ -64,11 +65,17 @@ pub fn write_snap<W: Write>(snap: &Snapshot, mut out: W) -> Result<()> {
 
 /// Decodes a `.snap` file held in `data`.
 pub fn read_snap(data: &[u8]) -> Result<Snapshot> {
-    read_snap_parts(data, Parts::All)
+    read_snap_parts(data, Parts::All, None)
 }
 
 /// Decodes the `parts` of a `.snap` file held in `data`.
-pub(crate) fn read_snap_parts(data: &[u8], parts: Parts) -> Result<Snapshot> {
+/// `progress`, if given, is told how far into `data` the decompressor has
+/// read, every [`PROGRESS_EVERY`] bytes.
+pub(crate) fn read_snap_parts(
+    data: &[u8],
+    parts: Parts,
+    progress: Option<Progress>,
+) -> Result<Snapshot> {
     if data.len() < HEADER_LEN {
         return Err(Error::new(
             ErrorKind::Truncated,
@@ -87,10 +94,15 @@ pub(crate) fn read_snap_parts(data: &[u8], parts: Parts) -> Result<Snapshot> {
     let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
     check_version(version, ".snap")?;
     let body_len = u64::from_le_bytes(data[12..20].try_into().unwrap());
-    let compressed = &data[HEADER_LEN..];
+    let input = ZstdInput {
+        data,
+        pos: HEADER_LEN,
+        progress,
+        next_progress: PROGRESS_EVERY,
+    };
     let snap: Snapshot = match parts {
-        Parts::All => read_body(compressed, body_len)?,
-        Parts::WithoutEvents => read_body::<WithoutEvents>(compressed, body_len)?.into(),
+        Parts::All => read_body(input, body_len)?,
+        Parts::WithoutEvents => read_body::<WithoutEvents>(input, body_len)?.into(),
     };
     snap.check_references()
         .map_err(|m| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {m}")))?;
@@ -166,8 +178,8 @@ impl<'de> Deserialize<'de> for TraceDevice {
     }
 }
 
-/// Decodes the body of a `.snap` file from its zstd frame `compressed`,
-/// which must expand to `body_len` bytes, as it is decompressed: the body is
+/// Decodes the body of a `.snap` file from its zstd frame (the rest of
+/// `input`), which must expand to `body_len` bytes, as it is decompressed: the body is
 /// never held whole, and a trace's columns are turned into events one at a
 /// time as they arrive (`columns.rs`).
 ///
@@ -176,7 +188,8 @@ impl<'de> Deserialize<'de> for TraceDevice {
 /// Decompression stops at `body_len` bytes, so no stream can expand past
 /// what the header declared, and the header may declare at most
 /// [`MAX_EXPANSION`] times the frame's size or [`ALWAYS_ALLOWED`] bytes.
-fn read_body<T: DeserializeOwned>(compressed: &[u8], body_len: u64) -> Result<T> {
+fn read_body<T: DeserializeOwned>(input: ZstdInput, body_len: u64) -> Result<T> {
+    let compressed = &input.data[input.pos..];
     let corrupt =
         |what: String| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {what}"));
     if body_len > (compressed.len() as u64).saturating_mul(MAX_EXPANSION)
@@ -214,7 +227,7 @@ fn read_body<T: DeserializeOwned>(compressed: &[u8], body_len: u64) -> Result<T>
         )));
     }
     let decoder =
-        zstd::stream::read::Decoder::with_buffer(compressed).map_err(|e| corrupt(e.to_string()))?;
+        zstd::stream::read::Decoder::with_buffer(input).map_err(|e| corrupt(e.to_string()))?;
     let mut body = Body::new(decoder.take(body_len));
     let decoded = rmp_serde::from_read(&mut body);
     // Whether the frame ran out before the header's length: the body is
@@ -231,6 +244,42 @@ fn read_body<T: DeserializeOwned>(compressed: &[u8], body_len: u64) -> Result<T>
         ));
     }
     decoded.map_err(|e| corrupt(e.to_string()))
+}
+
+/// The zstd frame of a `.snap` file, as the decompressor reads it: the file
+/// from `pos` on, telling `progress` how far it has got.
+struct ZstdInput<'a> {
+    /// The whole file.
+    data: &'a [u8],
+    /// Where the next unread byte is.
+    pos: usize,
+    progress: Option<Progress>,
+    /// The position at which `progress` is told next.
+    next_progress: usize,
+}
+
+impl BufRead for ZstdInput<'_> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        Ok(&self.data[self.pos..])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos += n;
+        if self.pos >= self.next_progress {
+            self.next_progress = self.pos + PROGRESS_EVERY;
+            if let Some(progress) = &mut self.progress {
+                progress(self.pos);
+            }
+        }
+    }
+}
+
+impl Read for ZstdInput<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.fill_buf()?.read(out)?;
+        self.consume(n);
+        Ok(n)
+    }
 }
 
 /// A decompressing stream read through a buffer, counting the bytes it

@@ -25,7 +25,7 @@ use crate::model::{FrameId, StackId};
 use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, MemoRef, Record, Val};
 use crate::pickle::lower::Lowerer;
 use crate::pickle::opcodes::{self, *};
-use crate::read::Progress;
+use crate::read::{PROGRESS_EVERY, Progress};
 
 /// The memo index of the BINGET or LONG_BINGET at `pos`, and the position
 /// after it; `None` for any other opcode or a truncated one.
@@ -143,9 +143,6 @@ struct Machine<'a> {
     /// The position at which `progress` is told next.
     next_progress: usize,
 }
-
-/// How often, in bytes of the input, the machine reports its position.
-const PROGRESS_EVERY: usize = 8 << 20;
 
 impl<'a> Machine<'a> {
     fn new(data: &'a [u8]) -> Machine<'a> {
