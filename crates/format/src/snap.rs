@@ -321,6 +321,13 @@ impl<R: Read> Body<R> {
 impl<R: Read> Read for Body<R> {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         if self.pos == self.end {
+            // A large read (a trace column) goes straight from the
+            // decompressor into `out`, not through the buffer.
+            if out.len() >= self.buf.len() {
+                let n = self.inner.read(out)?;
+                self.count += n as u64;
+                return Ok(n);
+            }
             self.refill()?;
         }
         let n = out.len().min(self.end - self.pos);
