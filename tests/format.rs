@@ -536,7 +536,7 @@ fn bad_input_gets_one_clear_line_and_exit_code_2() {
         d,
         "global2.pickle",
         b"\x80\x02cos\nsystem\nq\x00.",
-        "os.system (GLOBAL at byte 2)",
+        "Python object \"os.system\" (GLOBAL at byte 2)",
     );
     check_bad_input(d, "reduce.pickle", &pickle4(b")R."), "REDUCE at byte 3");
     check_bad_input(d, "persid.pickle", &pickle4(b"K\x01Q."), "tensor storage");

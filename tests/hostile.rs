@@ -483,3 +483,172 @@ fn frame_names_with_control_characters_are_escaped_in_every_report() {
         run.stderr()
     );
 }
+
+/// Text that forges or hides output where it is passed on raw: a comment
+/// opener and a script tag for a page, a newline followed by a forged
+/// folded-stack count, NUL and ESC (invalid XML, terminal codes), a bidi
+/// override and a line separator. As a Python string literal.
+const FORGING_PY: &str = r"<!--<script>x 999999999999\nforged;stack\x00\x1b[2J\u202eyp.tpg\u2028</script><img src=x onerror=document.title=\x27pwned\x27>";
+
+/// Writes two snapshots of the real-format fixture to `dir`, under a file
+/// name that holds a page placeholder and a tag, whose `util.py` frames are
+/// named with [`FORGING_PY`]; the second holds one more block of that site.
+/// Returns their paths.
+pub(crate) fn forging_snapshots(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let script = format!(
+        "import copy, pickle, sys\n\
+         hostile = '{FORGING_PY}'\n\
+         snap = pickle.load(open(sys.argv[1], 'rb'))\n\
+         for seg in snap['segments']:\n\
+         \x20   for b in seg['blocks']:\n\
+         \x20       for f in b.get('frames', []):\n\
+         \x20           if f['filename'].endswith('util.py'):\n\
+         \x20               f['name'] = 'helper' + hostile\n\
+         \x20               f['filename'] = '/home/user/' + hostile + '.py'\n\
+         for trace in snap['device_traces']:\n\
+         \x20   for e in trace:\n\
+         \x20       for f in e.get('frames', []):\n\
+         \x20           if hostile not in f['name']: f['name'] += hostile\n\
+         pickle.dump(snap, open(sys.argv[2], 'wb'), protocol=4)\n\
+         seg = snap['segments'][0]\n\
+         seg['blocks'].append(copy.deepcopy(next(b for s in snap['segments'] for b in s['blocks'] if b['state'] == 'active_allocated')))\n\
+         pickle.dump(snap, open(sys.argv[3], 'wb'), protocol=4)\n"
+    );
+    let name = "{{DATA}}<img src=x onerror=document.title=\x27pwned\x27>";
+    let (a, b) = (
+        dir.join(format!("{name}a.pickle")),
+        dir.join(format!("{name}b.pickle")),
+    );
+    python_script(
+        &script,
+        &[&fixture("torch-format/snapshot-p4.pickle"), &a, &b],
+    );
+    (a, b)
+}
+
+/// Whether `text` holds a character that hides or reorders text around it.
+fn has_bidi_or_separators(text: &str) -> bool {
+    text.chars()
+        .any(|c| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}'))
+}
+
+#[test]
+fn text_from_a_file_cannot_forge_lines_or_reorder_them() {
+    let dir = tempdir();
+    let (a, b) = forging_snapshots(dir.path());
+    for args in [
+        vec!["summary".as_ref(), a.as_os_str()],
+        vec![
+            "compare".as_ref(),
+            a.as_os_str(),
+            b.as_os_str(),
+            "--frames".as_ref(),
+            "3".as_ref(),
+        ],
+        vec!["trend".as_ref(), a.as_os_str()],
+        vec!["peak".as_ref(), a.as_os_str()],
+    ] {
+        let run = crate::util::snapdiff(&args);
+        run.expect_code(0);
+        let out = run.stdout();
+        assert!(
+            !has_raw_controls(&out) && !has_bidi_or_separators(&out),
+            "snapdiff {:?}:\n{out}",
+            run.args
+        );
+        // The forged text stays on the line of the frame it is in.
+        assert!(
+            !out.lines().any(|l| l.trim_start().starts_with("forged")),
+            "snapdiff {:?} printed a forged line:\n{out}",
+            run.args
+        );
+    }
+    let out = crate::util::snapdiff(["compare".as_ref(), a.as_os_str(), b.as_os_str()]).stdout();
+    assert!(
+        out.contains("\\x0aforged") && out.contains("\\u{202e}"),
+        "{out}"
+    );
+
+    // Folded stacks: one stack a line, each ending in a real count.
+    let folded = crate::util::snapdiff([
+        "flamegraph".as_ref(),
+        a.as_os_str(),
+        "--folded".as_ref(),
+        "-o".as_ref(),
+        "-".as_ref(),
+    ]);
+    folded.expect_code(0);
+    let total: u64 = crate::util::snapdiff(["summary".as_ref(), a.as_os_str(), "--json".as_ref()])
+        .json()["reserved_bytes"]
+        .as_u64()
+        .unwrap();
+    let mut sum = 0;
+    for line in folded.stdout().lines() {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        assert!(!stack.is_empty() && !has_raw_controls(line), "{line:?}");
+        sum += count.parse::<u64>().unwrap_or_else(|_| panic!("{line:?}"));
+    }
+    assert!(
+        sum <= total,
+        "folded stacks add up to {sum}, the file holds {total}"
+    );
+
+    // The SVG is XML a strict parser reads.
+    let svg = dir.path().join("flame.svg");
+    crate::util::snapdiff([
+        "flamegraph".as_ref(),
+        a.as_os_str(),
+        "-o".as_ref(),
+        svg.as_os_str(),
+    ])
+    .expect_code(0);
+    python_script(
+        "import sys, xml.dom.minidom\nxml.dom.minidom.parse(sys.argv[1])",
+        &[&svg],
+    );
+}
+
+#[test]
+fn an_error_quotes_a_file_in_a_short_escaped_excerpt() {
+    // STACK_GLOBAL of a module whose name holds a forged error line, and a
+    // 600-character name.
+    let module = "os\nsnapdiff: all snapshots are fine";
+    let name = "A".repeat(600);
+    let mut body = s(module);
+    body.push(b'X');
+    body.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(b"\x93.");
+    let dir = tempdir();
+    let path = dir.path().join("global.pickle");
+    std::fs::write(&path, pickle4(&body)).unwrap();
+    let run = crate::util::snapdiff(["summary".as_ref(), path.as_os_str()]);
+    run.expect_code(2);
+    let err = run.stderr();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("os\\x0asnapdiff: all"), "{err}");
+    assert!(
+        err.chars().count() < 300,
+        "{} characters: {err}",
+        err.chars().count()
+    );
+}
+
+#[test]
+fn one_trace_list_for_two_devices_is_named_at_its_first_repeat() {
+    let dir = tempdir();
+    let path = dir.path().join("shared-trace.pickle");
+    python_script(
+        "import pickle, sys\n\
+         e = {'action': 'alloc', 'addr': 1, 'size': 512, 'stream': 0, 'frames': []}\n\
+         pickle.dump({'segments': [], 'device_traces': [[e]] * 1000}, open(sys.argv[1], 'wb'), protocol=4)",
+        &[&path],
+    );
+    let run = crate::util::snapdiff(["summary".as_ref(), path.as_os_str()]);
+    run.expect_code(2);
+    assert!(
+        run.stderr().contains("device_traces[1]:"),
+        "{}",
+        run.stderr()
+    );
+}

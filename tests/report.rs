@@ -164,3 +164,47 @@ fn reports_open_offline_in_a_browser_and_show_what_json_says() {
     assert!(console.is_empty(), "console: {console:?}");
     assert!(dom.contains("1 site keeps growing"), "{dom}");
 }
+
+#[test]
+fn a_file_cannot_run_script_in_or_blank_a_report() {
+    // A file name holding the page's data placeholder and a tag, frames
+    // named `<!--<script>`, `</script>`, NUL, ESC and U+2028.
+    let dir = tempdir();
+    let (a, b) = crate::hostile::forging_snapshots(dir.path());
+    let page = dir.path().join("hostile.html");
+    report(&[&a, &b], &page);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = html
+        .split("<script id=\"data\" type=\"application/json\">")
+        .nth(1)
+        .unwrap();
+    let data = &data[..data.find("</script>").unwrap()];
+    for raw in ["<", ">", "&", "\u{2028}"] {
+        assert!(!data.contains(raw), "{raw:?} raw in the page's data");
+    }
+    // The flame graph's SVG is XML a strict parser reads.
+    let svg_base64 = html.split("data:image/svg+xml;base64,").nth(1).unwrap();
+    let svg_base64 = &svg_base64[..svg_base64.find('"').unwrap()];
+    crate::util::python_script(
+        "import base64, sys, xml.dom.minidom\n\
+         xml.dom.minidom.parseString(base64.b64decode(sys.argv[1]))",
+        &[svg_base64],
+    );
+    let Some(browser) = chromium() else { return };
+    let (dom, console) = open(browser, &page, "hostile.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    assert!(
+        dom.contains("data-ready=\"yes\""),
+        "the script ran on its data"
+    );
+    assert!(
+        dom.contains("<title>snapdiff report</title>"),
+        "no script of the file's ran"
+    );
+    assert!(!dom.contains("<img"), "the file's tag stayed text");
+    assert!(
+        dom.contains("{{DATA}}&lt;img src=x"),
+        "the file is named as it is"
+    );
+    assert!(dom.contains("class=\"group\""), "the comparison is shown");
+}

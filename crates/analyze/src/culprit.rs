@@ -69,7 +69,14 @@ impl Culprit {
                     (file, 0) => format!("  {file}"),
                     (file, line) => format!("  {file}:{line}"),
                 };
-                format!("{}{location}", short_name(&self.name))
+                // Names and paths come from the file: escaped, so that a
+                // newline or a bidi control cannot forge or reverse a line.
+                let name = short_name(&self.name);
+                let text = format!("{name}{location}");
+                match snapdiff_format::visible::escaped(&text) {
+                    std::borrow::Cow::Borrowed(_) => text,
+                    std::borrow::Cow::Owned(escaped) => escaped,
+                }
             }
         }
     }

@@ -46,7 +46,7 @@ fn main() -> ExitCode {
             }
             eprintln!(
                 "snapdiff: {}",
-                snapdiff_render::text::escape_controls(&one_line(&err))
+                snapdiff_format::visible::escaped(&one_line(&err))
             );
             exit::Exit::Error.into()
         }

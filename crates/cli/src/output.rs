@@ -45,6 +45,12 @@ pub(crate) fn text_out() -> TerminalText<std::io::StdoutLock<'static>> {
     }
 }
 
+/// A path given on the command line as text reports show it: with newlines
+/// and other controls escaped, so that a file's name cannot forge a line.
+pub(crate) fn shown(path: &Path) -> String {
+    snapdiff_format::visible::escaped(&path.display().to_string()).into_owned()
+}
+
 /// Prints `report` as `--json` on stdout, its site lists cut to `top`.
 pub(crate) fn print_json<T: serde::Serialize>(report: &T, top: usize) -> std::io::Result<()> {
     snapdiff_render::json::write(&mut std::io::stdout().lock(), report, top)

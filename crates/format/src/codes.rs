@@ -55,7 +55,7 @@ macro_rules! impl_coded_enum {
                     }
                     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<$ty, E> {
                         $ty::from_name(v).ok_or_else(|| {
-                            E::custom(format!(concat!("unknown ", stringify!($ty), " {:?}"), v))
+                            E::custom(format!(concat!("unknown ", stringify!($ty), " {}"), crate::visible::quoted(v)))
                         })
                     }
                 }

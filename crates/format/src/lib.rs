@@ -35,6 +35,7 @@ mod read;
 mod snap;
 pub mod units;
 mod value;
+pub mod visible;
 
 use std::path::Path;
 

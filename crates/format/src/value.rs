@@ -192,7 +192,10 @@ impl<'de> Visitor<'de> for ValueVisitor {
         if let [(k, Value::Str(text))] = entries.as_slice() {
             if k == BIG_INT_KEY {
                 return text.parse::<i128>().map(Value::Int).map_err(|_| {
-                    de::Error::custom(format!("invalid {BIG_INT_KEY} value {text:?}"))
+                    de::Error::custom(format!(
+                        "invalid {BIG_INT_KEY} value {}",
+                        crate::visible::quoted(text)
+                    ))
                 });
             }
             if k == BYTES_KEY {

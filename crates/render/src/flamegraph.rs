@@ -66,7 +66,9 @@ fn stack(site: &Site) -> String {
 }
 
 /// A frame as the picture names it: `function (folder/file:line)`, C++
-/// argument lists left out, and `;` (the format's separator) made `:`.
+/// argument lists left out, `;` (the format's separator) made `:`, and
+/// control characters escaped, so that a name from the file can neither
+/// start a forged line of folded output nor make the SVG invalid XML.
 fn label(frame: &SiteFrame) -> String {
     let file = frame.file.replace('\\', "/");
     // The file's last two parts: enough to tell it, short enough to read.
@@ -75,12 +77,12 @@ fn label(frame: &SiteFrame) -> String {
         None => &file,
     };
     let name = snapdiff_analyze::short_name(&frame.name);
-    match (short, frame.line) {
+    let text = match (short, frame.line) {
         ("" | "??", _) => name.to_owned(),
         (file, 0) => format!("{name} ({file})"),
         (file, line) => format!("{name} ({file}:{line})"),
-    }
-    .replace(';', ":")
+    };
+    snapdiff_format::visible::escaped(&text).replace(';', ":")
 }
 
 /// Draws `drawn` as an SVG flame graph.
@@ -102,7 +104,7 @@ pub fn write_svg_for_page(drawn: &Drawn, title: &str, out: &mut dyn Write) -> st
 fn draw(drawn: &Drawn, title: &str, min_width: f64, out: &mut dyn Write) -> std::io::Result<()> {
     let mut options = inferno::flamegraph::Options::default();
     options.min_width = min_width;
-    options.title = title.to_owned();
+    options.title = snapdiff_format::visible::escaped(title).into_owned();
     options.count_name = "bytes".to_owned();
     options.name_type = "Site:".to_owned();
     options.deterministic = true;

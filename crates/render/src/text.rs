@@ -7,6 +7,7 @@ use std::io::Write;
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
 use snapdiff_analyze::{Culprit, CulpritKind, Site, SiteFrame};
+use snapdiff_format::visible;
 
 pub use snapdiff_format::units::{format_delta as delta, format_size as size};
 
@@ -131,6 +132,7 @@ pub fn paths_note(out: &mut dyn Write, base: &str) -> std::io::Result<()> {
     if base.is_empty() {
         return Ok(());
     }
+    let base = visible::escaped(base);
     writeln!(out, "paths from {base} (--full-paths shows them whole)")
 }
 
@@ -335,53 +337,32 @@ pub fn duration(seconds: f64) -> String {
     }
 }
 
-/// `text` with control characters escaped, for messages on stderr that
-/// quote a file (see [`TerminalText`]).
-pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(is_escaped) {
-        return text.into();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if is_escaped(c) {
-            out.push_str(&format!("\\x{:02x}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    out.into()
-}
-
-/// Whether `c` is a control character that text output must not pass to a
-/// terminal raw: C0 controls other than newline and tab, DEL, and the C1
-/// controls (which some terminals obey too).
-fn is_escaped(c: char) -> bool {
-    c.is_control() && c != '\n' && c != '\t'
-}
-
-/// A writer that passes text on with control characters escaped as `\xNN`.
+/// A writer that passes text on with every character that could change how
+/// a terminal shows it escaped (see [`snapdiff_format::visible`]), but
+/// newlines and tabs.
 ///
 /// Frame names, file names and markers come from the files users read, and
-/// a file can hold `ESC ] 0 ;` (retitle the terminal), colour codes, or a
-/// carriage return that overwrites a line of the report with fake output.
-/// snapdiff's own text has no control characters but newlines, so escaping
-/// at the sink covers every table, note and header at once. Input is UTF-8
-/// (Rust strings); a C1 control's two bytes may arrive in two writes.
+/// a file can hold `ESC ] 0 ;` (retitle the terminal), colour codes, a
+/// carriage return that overwrites a line of the report with fake output,
+/// or a bidi control that shows a line reversed. snapdiff's own text has no
+/// such characters but newlines, so escaping at the sink covers every
+/// table, note and header at once. Input is UTF-8 (Rust strings); one
+/// character's bytes may arrive in two writes.
 pub struct TerminalText<W: Write> {
     inner: W,
     /// Whether snapdiff's own colour codes pass (see [`TerminalText::with_colors`]).
     colors: bool,
-    /// A 0xC2 byte that ended the last write: the first half of a C1 control
-    /// or of another character.
-    pending_c2: bool,
+    /// The first bytes of a character that the last write ended within.
+    pending: Vec<u8>,
 }
 
 impl<W: Write> TerminalText<W> {
+    /// A writer escaping every escape sequence, snapdiff's colours too.
     pub fn new(inner: W) -> TerminalText<W> {
         TerminalText {
             inner,
             colors: false,
-            pending_c2: false,
+            pending: Vec::new(),
         }
     }
 
@@ -395,25 +376,12 @@ impl<W: Write> TerminalText<W> {
             ..TerminalText::new(inner)
         }
     }
-}
 
-impl<W: Write> Write for TerminalText<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+    /// Writes `buf`, escaped, but for a character cut off at its end, which
+    /// is kept for the next write.
+    fn write_escaped(&mut self, buf: &[u8]) -> std::io::Result<()> {
         let mut plain_from = 0;
         let mut i = 0;
-        if std::mem::take(&mut self.pending_c2) {
-            match buf.first() {
-                Some(&b @ 0x80..=0x9f) => {
-                    write!(self.inner, "\\x{b:02x}")?;
-                    (plain_from, i) = (1, 1);
-                }
-                Some(_) => self.inner.write_all(&[0xc2])?,
-                None => {
-                    self.pending_c2 = true;
-                    return Ok(0);
-                }
-            }
-        }
         while i < buf.len() {
             let b = buf[i];
             if b == 0x1b
@@ -425,38 +393,56 @@ impl<W: Write> Write for TerminalText<W> {
                 i += code.len();
                 continue;
             }
-            let escape = match b {
-                b'\n' | b'\t' => None,
-                0x00..=0x1f | 0x7f => Some((b, 1)),
-                0xc2 => match buf.get(i + 1) {
-                    Some(&c1 @ 0x80..=0x9f) => Some((c1, 2)),
-                    Some(_) => None,
-                    None => {
-                        self.inner.write_all(&buf[plain_from..i])?;
-                        self.pending_c2 = true;
-                        return Ok(buf.len());
-                    }
-                },
-                _ => None,
+            let width = match b {
+                0xc0..=0xdf => 2,
+                0xe0..=0xef => 3,
+                0xf0..=0xf7 => 4,
+                _ => 1,
             };
-            match escape {
-                Some((code, len)) => {
-                    self.inner.write_all(&buf[plain_from..i])?;
-                    write!(self.inner, "\\x{code:02x}")?;
-                    i += len;
-                    plain_from = i;
-                }
-                None => i += 1,
+            if i + width > buf.len() {
+                self.inner.write_all(&buf[plain_from..i])?;
+                self.pending = buf[i..].to_vec();
+                return Ok(());
             }
+            let (width, escaped) = match std::str::from_utf8(&buf[i..i + width]) {
+                Ok(c) => {
+                    let c = c
+                        .chars()
+                        .next()
+                        .filter(|&c| c != '\n' && c != '\t' && visible::is_escaped(c));
+                    (width, c)
+                }
+                // Not UTF-8 (never from a Rust string): passed on as it is.
+                Err(_) => (1, None),
+            };
+            if let Some(c) = escaped {
+                self.inner.write_all(&buf[plain_from..i])?;
+                let mut text = String::new();
+                visible::push_char(&mut text, c);
+                self.inner.write_all(text.as_bytes())?;
+                plain_from = i + width;
+            }
+            i += width;
         }
-        self.inner.write_all(&buf[plain_from..])?;
+        self.inner.write_all(&buf[plain_from..])
+    }
+}
+
+impl<W: Write> Write for TerminalText<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.pending.is_empty() {
+            self.write_escaped(buf)?;
+        } else {
+            let mut joined = std::mem::take(&mut self.pending);
+            joined.extend_from_slice(buf);
+            self.write_escaped(&joined)?;
+        }
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        if std::mem::take(&mut self.pending_c2) {
-            self.inner.write_all(&[0xc2])?;
-        }
+        let cut_off = std::mem::take(&mut self.pending);
+        self.inner.write_all(&cut_off)?;
         self.inner.flush()
     }
 }
@@ -543,11 +529,11 @@ mod tests {
 
     #[test]
     fn control_characters_are_escaped_and_text_is_kept() {
-        let hostile = "a\u{1b}]0;pwned\u{7}b\r\nc\td\u{9b}31m é ü\u{7f}";
-        let expected = "a\\x1b]0;pwned\\x07b\\x0d\nc\td\\x9b31m é ü\\x7f";
+        let hostile = "a\u{1b}]0;pwned\u{7}b\r\nc\td\u{9b}31m é ü\u{7f} gpt\u{202e}yp.py\u{2028}模";
+        let expected =
+            "a\\x1b]0;pwned\\x07b\\x0d\nc\td\\x9b31m é ü\\x7f gpt\\u{202e}yp.py\\u{2028}模";
         assert_eq!(through_terminal_text(&[hostile.as_bytes()]), expected);
-        assert_eq!(escape_controls(hostile), expected);
-        // Split at every byte, so a C1 control arrives in two writes.
+        // Split at every byte, so a character arrives in two writes.
         let bytes = hostile.as_bytes();
         for cut in 0..bytes.len() {
             let (a, b) = bytes.split_at(cut);

@@ -123,7 +123,7 @@ out of memory: {}",
                 Ok(snap) => crate::cmd::oom::report(&snap, &args.report, &mut out)?,
                 Err(e) => eprintln!(
                     "snapdiff: {}",
-                    snapdiff_render::text::escape_controls(&e.to_string())
+                    snapdiff_format::visible::escaped(&e.to_string())
                 ),
             }
         }

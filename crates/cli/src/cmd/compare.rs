@@ -63,7 +63,10 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     }
 
     let mut out = crate::output::text_out();
-    let (before, after) = (args.before.display(), args.after.display());
+    let (before, after) = (
+        crate::output::shown(&args.before),
+        crate::output::shown(&args.after),
+    );
     snapdiff_render::compare::write_text(
         &cmp,
         &before.to_string(),

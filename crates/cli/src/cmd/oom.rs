@@ -13,7 +13,7 @@ pub(crate) fn run(args: OomArgs) -> anyhow::Result<Exit> {
     let snap = crate::input::read(&args.file)?;
     let mut out = crate::output::text_out();
     if !args.report.json {
-        writeln!(out, "{}", args.file.display())?;
+        writeln!(out, "{}", crate::output::shown(&args.file))?;
     }
     report(&snap, &args.report, &mut out)?;
     crate::input::release([snap]);

@@ -17,7 +17,7 @@ pub(crate) fn run(args: PeakArgs) -> anyhow::Result<Exit> {
         return Ok(Exit::Clean);
     }
     let mut out = crate::output::text_out();
-    let file = args.file.display().to_string();
+    let file = crate::output::shown(&args.file);
     snapdiff_render::peak::write_text(&result, &file, &args.report.text(), &mut out)?;
     Ok(Exit::Clean)
 }

@@ -19,7 +19,7 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
     let mut out = crate::output::text_out();
     snapdiff_render::summary::write_text(
         &summary,
-        &args.file.display().to_string(),
+        &crate::output::shown(&args.file),
         source.as_deref(),
         &producer,
         &args.report.text(),

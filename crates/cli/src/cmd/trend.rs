@@ -236,7 +236,7 @@ fn read_all(files: &[PathBuf]) -> (Vec<(Read<'_>, String)>, bool) {
             Err(e) => {
                 eprintln!(
                     "snapdiff: {}",
-                    snapdiff_render::text::escape_controls(&e.to_string())
+                    snapdiff_format::visible::escaped(&e.to_string())
                 );
                 errored = true;
             }

@@ -430,7 +430,11 @@ pub(crate) fn pair_of(heap: &Heap, v: Val) -> Result<(i64, i64), Failure> {
 /// The text form of a dict key; snapshots only use string keys.
 pub(crate) fn key_text(heap: &Heap, k: Val) -> String {
     match k {
-        Val::Str(id) => heap.str(id).to_owned(),
+        // A key from the file: quoted and cut short unless plainly a name.
+        Val::Str(id) => match heap.str(id) {
+            s if s.len() <= 40 && !s.chars().any(crate::visible::is_escaped) => s.to_owned(),
+            s => crate::visible::quoted(s),
+        },
         Val::Int(i) => i.to_string(),
         Val::Big(b) => heap.bigs[b as usize].to_string(),
         Val::Bool(b) => if b { "True" } else { "False" }.to_owned(),

@@ -668,8 +668,12 @@ impl Lowerer {
                 }
                 Key::State => {
                     let name = str_of(heap, v).map_err(wrap)?;
-                    b.state = BlockState::from_name(name)
-                        .ok_or_else(|| wrap(format!("unknown block state {name:?}")))?;
+                    b.state = BlockState::from_name(name).ok_or_else(|| {
+                        wrap(format!(
+                            "unknown block state {}",
+                            crate::visible::quoted(name)
+                        ))
+                    })?;
                     has_state = true;
                 }
                 Key::Frames => b.stack = self.stack(heap, v).map_err(wrap)?,

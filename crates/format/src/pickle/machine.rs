@@ -471,7 +471,7 @@ impl<'a> Machine<'a> {
                     let module = self.pop(op, at).ok().and_then(|v| self.text(v));
                     let what = match (module, name) {
                         (Some(m), Some(n)) => format!("{m}.{n}"),
-                        _ => "a Python object".to_owned(),
+                        _ => String::new(),
                     };
                     return Err(self.refuse_object(&what, op, at));
                 }
@@ -570,23 +570,30 @@ impl<'a> Machine<'a> {
             .take(2)
             .map(String::from_utf8_lossy);
         let what = match (lines.next(), lines.next()) {
-            (Some(m), Some(n)) if m.len() < 200 && n.len() < 200 => format!("{m}.{n}"),
-            _ => "a Python object".to_owned(),
+            (Some(m), Some(n)) => format!("{m}.{n}"),
+            _ => String::new(),
         };
         self.refuse_object(&what, GLOBAL, at)
     }
 
     #[cold]
-    fn refuse_object(&self, what: &str, op: u8, at: usize) -> Error {
-        let hint = if what.starts_with("torch") {
+    /// The error for a reference to Python object `name` (`module.name`,
+    /// or empty when unreadable).
+    fn refuse_object(&self, name: &str, op: u8, at: usize) -> Error {
+        let hint = if name.starts_with("torch") {
             " (a torch.save of tensors or a model?)"
         } else {
             ""
         };
+        // The name is the file's text: quoted short and escaped.
+        let what = match name {
+            "" => "a Python object".to_owned(),
+            name => format!("Python object {}", crate::visible::quoted(name)),
+        };
         self.error_at(
             ErrorKind::Refused,
             format!(
-                "pickle refers to Python object {what} ({} at byte {at}){hint}; a memory \
+                "pickle refers to {what} ({} at byte {at}){hint}; a memory \
                  snapshot holds only plain data, and snapdiff never runs code from a file",
                 opcodes::name(op)
             ),

@@ -144,10 +144,12 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Segment, Failure>
             "stream" => seg.stream = i64_of(heap, v).map_err(wrap)?,
             "segment_type" => {
                 let name = str_of(heap, v).map_err(wrap)?;
-                pool = Some(
-                    Pool::from_name(name)
-                        .ok_or_else(|| wrap(format!("unknown segment type {name:?}")))?,
-                );
+                pool = Some(Pool::from_name(name).ok_or_else(|| {
+                    wrap(format!(
+                        "unknown segment type {}",
+                        crate::visible::quoted(name)
+                    ))
+                })?);
             }
             "segment_pool_id" => seg.pool_id = pair_of(heap, v).map_err(wrap)?,
             "is_expandable" => seg.is_expandable = bool_of(heap, v).map_err(wrap)?,
@@ -191,6 +193,20 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Segment, Failure>
 
 fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, Failure> {
     let devices = items(heap, v).map_err(here)?;
+    // One list of events given for two devices (a memo get) is named at its
+    // first repeat; read last device first, it would be found at its last.
+    let mut seen = rustc_hash::FxHashSet::default();
+    for (d, &dev) in devices.iter().enumerate() {
+        let Val::Obj(id) = dev else { continue };
+        let has_events = match heap.containers[id as usize] {
+            Container::Events { len, .. } => len > 0,
+            _ => items(heap, dev).is_ok_and(|list| !list.is_empty()),
+        };
+        if has_events && !seen.insert(id) {
+            let repeat = ": the same list of trace events is given for two devices";
+            return Err(index(d, repeat.to_owned()));
+        }
+    }
     let mut out: Vec<DeviceTrace> = Vec::with_capacity(devices.len());
     // Last device first, so that each one's events are the tail of the store.
     for (d, &dev) in devices.iter().enumerate().rev() {

@@ -12,6 +12,8 @@ use std::io::{self, Write};
 use serde_json::{Value, json};
 use snapdiff_analyze::{Comparison, DevicePeak, Site, Timeline, Trend};
 
+use snapdiff_format::visible::escaped;
+
 use crate::flamegraph::{Drawn, write_svg_for_page};
 
 const PAGE: &str = include_str!("page.html");
@@ -62,7 +64,10 @@ pub fn write_page(page: &Page<'_>, out: &mut dyn Write) -> io::Result<()> {
                 let stack: Vec<String> = site
                     .frames
                     .iter()
-                    .map(|f| format!("{}  {}:{}", f.name, f.file, f.line))
+                    .map(|f| {
+                        let (name, file) = (escaped(&f.name), escaped(&f.file));
+                        format!("{name}  {file}:{}", f.line)
+                    })
                     .collect();
                 json!({
                     "label": site.culprit.display(),
@@ -83,16 +88,57 @@ pub fn write_page(page: &Page<'_>, out: &mut dyn Write) -> io::Result<()> {
         Some((drawn, file)) => flamegraph(drawn, file)?,
         None => String::new(),
     };
-    let data = serde_json::to_string(&data).map_err(io::Error::other)?;
-    let html = PAGE
-        .replace("{{TITLE}}", "snapdiff report")
-        .replace("{{STYLE}}", STYLE)
-        .replace("{{FILES}}", &escape(&page.files.join(", ")))
-        .replace("{{FLAMEGRAPH}}", &flame)
-        .replace("{{SCRIPT}}", SCRIPT)
-        // Inside <script>, only `</` could end the element early.
-        .replace("{{DATA}}", &data.replace("</", "<\\/"));
+    let data = script_json(&serde_json::to_string(&data).map_err(io::Error::other)?);
+    let files = escape(&page.files.join(", "));
+    let html = fill(PAGE, |name| match name {
+        "TITLE" => "snapdiff report",
+        "STYLE" => STYLE,
+        "FILES" => files.as_str(),
+        "FLAMEGRAPH" => flame.as_str(),
+        "SCRIPT" => SCRIPT,
+        "DATA" => data.as_str(),
+        _ => unreachable!("page.html has no placeholder {name}"),
+    });
     out.write_all(html.as_bytes())
+}
+
+/// `template` with each `{{NAME}}` replaced by `value(NAME)`, in one pass:
+/// a value is never searched for placeholders, so text from a file (a file
+/// name holding `{{DATA}}`) stays text. Each value must already be escaped
+/// for where it lands.
+fn fill<'a>(template: &str, value: impl Fn(&str) -> &'a str) -> String {
+    let mut out = String::with_capacity(template.len() + 4096);
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        let Some(len) = rest[start + 2..].find("}}") else {
+            break;
+        };
+        out.push_str(&rest[..start]);
+        out.push_str(value(&rest[start + 2..start + 2 + len]));
+        rest = &rest[start + 2 + len + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// JSON text made safe inside a `<script>` element: `<`, `>` and `&`
+/// written as `\u003c`, `\u003e` and `\u0026` (so neither `</script>` nor
+/// `<!--` can end or change the element), and U+2028 and U+2029 as escapes
+/// too (line ends to older JavaScript). These characters occur only inside
+/// JSON strings, where the escapes mean the same characters.
+fn script_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len() + 64);
+    for c in json.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The flame graph of live memory in `file` when it was taken, as a frame
