@@ -40,6 +40,10 @@ def parse():
     p.add_argument("--ranks", type=int, default=0)
     p.add_argument("--rank-start-method", choices=["fork", "spawn"], default="spawn")
     p.add_argument("--leak-rank", type=int, help="with --ranks, only this rank leaks")
+    p.add_argument(
+        "--gloo", metavar="URL",
+        help="with --ranks, ranks join a gloo process group at URL (and leave RANK unset)",
+    )
     p.add_argument("--raise-at", type=int, default=0)
     p.add_argument("--step-seconds", type=float, default=0.0)
     p.add_argument("--accounting", help="write the model's own storage accounting here")
@@ -68,7 +72,7 @@ def train(args):
         opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     state = torch.ones(64)
     losses, cache = [], {}
-    if args.leak_rank is not None and os.environ.get("RANK") != str(args.leak_rank):
+    if args.leak_rank is not None and args.rank != args.leak_rank:
         args.leak = None
     data = batches(args)
     for step in range(1, args.steps + 1):
@@ -103,12 +107,21 @@ def account(model, opt, path):
 
 
 def run_rank(rank, args):
-    os.environ["RANK"] = str(rank)
+    args.rank = rank
+    if not args.gloo:
+        os.environ["RANK"] = str(rank)
+        train(args)
+        return
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=args.gloo, rank=rank, world_size=args.ranks)
     train(args)
+    dist.destroy_process_group()
 
 
 def main():
     args = parse()
+    args.rank = None
     if args.ranks:
         torch.multiprocessing.start_processes(
             run_rank, args=(args,), nprocs=args.ranks, start_method=args.rank_start_method

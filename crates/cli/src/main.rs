@@ -25,6 +25,11 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // `capture` owns the job's signals from its first moment, before the
+    // arguments are even parsed (see cmd::capture).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "capture") {
+        cmd::capture::catch_signals();
+    }
     let cli = args::Cli::parse();
     output::choose_colors(cli.color);
     match cmd::run(cli) {

@@ -18,6 +18,11 @@ pub const ENV_INTERVAL: &str = "SNAPDIFF_INTERVAL";
 pub const ENV_TRACE_ENTRIES: &str = "SNAPDIFF_TRACE_ENTRIES";
 /// `0` to record no stacks, `1` to record them.
 pub const ENV_STACKS: &str = "SNAPDIFF_STACKS";
+/// A file through which `snapdiff capture` asks for dumps: it appends a byte
+/// for each `SIGUSR1` it gets, instead of passing the signal on (which
+/// would kill a process that has not installed a handler yet). A process
+/// that takes a request appends a byte to the file's name plus `.served`.
+pub const ENV_REQUESTS: &str = "SNAPDIFF_REQUESTS";
 
 /// Settings of an [`Allocator`](crate::Allocator).
 ///

@@ -1,17 +1,31 @@
 //! Automatic dumps: every N steps, every interval, on out-of-memory, on
-//! `SIGUSR1` and at exit, into the folder `snapdiff capture` names.
+//! `SIGUSR1` (sent to the process, or to `snapdiff capture`) and at exit,
+//! into the folder `snapdiff capture` names.
 //!
-//! A dump that fails (disk full, folder gone) is reported on stderr and the
-//! program goes on allocating.
+//! A dump that fails (disk full, folder gone) is reported once on stderr,
+//! counted at exit, and noted in the folder's `manifest.jsonl` so that
+//! capture's verdict says which steps it lacks; the program goes on
+//! allocating.
 
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, Weak};
+use std::time::Duration;
 
 use crate::recorder::Recorder;
 
 /// Allocators that dump automatically, for the exit and signal handlers.
 static REGISTRY: Mutex<Vec<Weak<Recorder>>> = Mutex::new(Vec::new());
+
+/// Dumps that could not be written, and the last one's error.
+static FAILURES: AtomicUsize = AtomicUsize::new(0);
+static LAST_FAILURE: Mutex<String> = Mutex::new(String::new());
+
+/// How often the file of capture's requests is looked at (one `stat`).
+const REQUEST_POLL: Duration = Duration::from_millis(200);
+
+/// The manifest capture reads beside the dumps (see `snapdiff capture`).
+const MANIFEST: &str = "manifest.jsonl";
 
 /// Starts automatic dumps for a new allocator, if its configuration asks for them.
 pub(crate) fn register(recorder: &Arc<Recorder>) {
@@ -33,6 +47,9 @@ pub(crate) fn register(recorder: &Arc<Recorder>) {
     }
     if config.dump_on_signal {
         start_signal_thread();
+        if let Some(requests) = std::env::var_os(crate::config::ENV_REQUESTS) {
+            start_request_thread(PathBuf::from(requests));
+        }
     }
     if let Some(interval) = config.dump_interval {
         let weak = Arc::downgrade(recorder);
@@ -68,8 +85,85 @@ pub(crate) fn auto_dump(recorder: &Recorder, reason: &str, enabled: bool) {
     let path: PathBuf = dir.join(name);
     let snap = recorder.snapshot();
     if let Err(e) = snapdiff_format::write_path(&path, &snap, snapdiff_format::Existing::Keep) {
-        eprintln!("snapdiff-runtime: cannot write snapshot: {e}");
+        dump_failed(dir, recorder, reason, &e.to_string());
     }
+}
+
+/// Reports a dump that could not be written: in full the first time (later
+/// ones are counted, and said at exit), and as a line of the manifest, as
+/// the PyTorch hook notes its own.
+fn dump_failed(dir: &Path, recorder: &Recorder, reason: &str, error: &str) {
+    if FAILURES.fetch_add(1, Ordering::Relaxed) == 0 {
+        eprintln!("snapdiff-runtime: cannot write snapshot: {error}; the program goes on");
+    }
+    *LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner()) = error.to_owned();
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let entry = serde_json::json!({
+        "file": null,
+        "error": error,
+        "pid": std::process::id(),
+        "device": format!("dev{}", recorder.device_ordinal()),
+        "step": recorder.step(),
+        "time": time,
+        "reason": reason,
+    });
+    append(&dir.join(MANIFEST), format!("{entry}\n").as_bytes());
+}
+
+/// Appends `bytes` to the file at `path` in one write (so that lines of
+/// several processes never interleave); a failure is ignored.
+fn append(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path);
+    if let Ok(mut file) = file {
+        let _ = file.write_all(bytes);
+    }
+}
+
+/// Every live allocator's dump for `reason`.
+fn dump_all(reason: &str) {
+    let live: Vec<Arc<Recorder>> = {
+        let registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        registry.iter().filter_map(Weak::upgrade).collect()
+    };
+    for recorder in &live {
+        auto_dump(recorder, reason, recorder.config.dump_on_signal);
+    }
+}
+
+/// Serves the dumps `snapdiff capture` asks for through `requests` (see
+/// [`ENV_REQUESTS`](crate::config::ENV_REQUESTS)): a byte appended is one
+/// request.
+fn start_request_thread(requests: PathBuf) {
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        let size = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
+        let mut served = requests.clone().into_os_string();
+        served.push(".served");
+        let served = PathBuf::from(served);
+        let spawned = std::thread::Builder::new()
+            .name("snapdiff-requests".into())
+            .spawn(move || {
+                let mut seen = size(&requests);
+                loop {
+                    std::thread::sleep(REQUEST_POLL);
+                    let now = size(&requests);
+                    if now > seen {
+                        seen = now;
+                        append(&served, b".");
+                        dump_all("signal");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("snapdiff-runtime: cannot serve capture's dump requests: {e}");
+        }
+    });
 }
 
 /// The exit dump of `recorder`, at most once.
@@ -89,6 +183,12 @@ extern "C" fn dump_all_at_exit() {
     for recorder in &live {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exit_dump(recorder)));
     }
+    let failures = FAILURES.load(Ordering::Relaxed);
+    if failures > 1
+        && let Ok(last) = LAST_FAILURE.try_lock()
+    {
+        eprintln!("snapdiff-runtime: {failures} snapshot writes failed; the last: {last}");
+    }
 }
 
 #[cfg(unix)]
@@ -107,13 +207,7 @@ fn start_signal_thread() {
             .spawn(move || {
                 let mut signals = signals;
                 for _ in signals.forever() {
-                    let live: Vec<Arc<Recorder>> = {
-                        let registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
-                        registry.iter().filter_map(Weak::upgrade).collect()
-                    };
-                    for recorder in &live {
-                        auto_dump(recorder, "signal", recorder.config.dump_on_signal);
-                    }
+                    dump_all("signal");
                 }
             });
         if let Err(e) = spawned {

@@ -296,6 +296,11 @@ impl Recorder {
         ));
     }
 
+    /// The step last marked, if any.
+    pub(crate) fn step(&self) -> Option<u64> {
+        self.state().step
+    }
+
     pub(crate) fn device_ordinal(&self) -> u32 {
         self.device.ordinal
     }

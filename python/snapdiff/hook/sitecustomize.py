@@ -10,11 +10,15 @@ import sys
 
 
 def _chain_other_sitecustomize():
+    """Runs the program's own sitecustomize, if any, as Python would have,
+    and leaves it as `sitecustomize` in sys.modules, so that
+    `import sitecustomize` finds the user's module, not this hook."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     if spec is not None and spec.loader is not None:
         module = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module
         spec.loader.exec_module(module)
 
 

@@ -2,8 +2,9 @@
 
 Once torch is imported, this records memory history (PyTorch's own on CUDA,
 snapdiff's CPU recorder when torch sees no CUDA device) and dumps snapshot
-pickles into $SNAPDIFF_DIR: every N optimizer steps, every interval, on
-SIGUSR1, on CUDA out-of-memory and at exit (also on SIGTERM). Each dump is
+pickles into $SNAPDIFF_DIR: every N optimizer steps, every interval, when
+`snapdiff capture` gets SIGUSR1 (or this process does), on CUDA
+out-of-memory and at exit (also on SIGTERM). Each dump is
 written under a temporary name and linked into place, never replacing a
 file, and described by one JSON line in `manifest.jsonl`.
 
@@ -33,6 +34,9 @@ import threading
 import time
 
 MANIFEST = "manifest.jsonl"
+# How often each process looks for a dump asked of `snapdiff capture` (a
+# stat of one file: a few microseconds).
+REQUEST_POLL_SECONDS = 0.2
 
 
 def warn(message):
@@ -49,6 +53,9 @@ class Settings:
     def __init__(self, environ):
         self.dir = environ["SNAPDIFF_DIR"]
         self.every = int(environ.get("SNAPDIFF_EVERY_STEPS") or 0)
+        # The file through which `snapdiff capture` asks for dumps; see
+        # Capture.watch_requests.
+        self.requests = environ.get("SNAPDIFF_REQUESTS") or None
         self.entries = int(environ.get("SNAPDIFF_TRACE_ENTRIES") or 100000)
         self.stacks = environ.get("SNAPDIFF_STACKS", "1") != "0"
         self.interval = None
@@ -85,6 +92,7 @@ class Capture:
         self.forked_child = False
         self.cpu = None  # the CPU recorder, when torch sees no CUDA device
         self.steps = 0
+        self.rank = None  # this process's rank, once known
         self.pacer = None  # the optimizer whose steps are counted
         self.requests = queue.SimpleQueue()
         self.dump_lock = threading.Lock()
@@ -133,6 +141,27 @@ class Capture:
 
     def install_dump_thread(self):
         threading.Thread(target=self.serve, name="snapdiff-dumps", daemon=True).start()
+        if self.settings.requests:
+            threading.Thread(
+                target=self.guarded(self.watch_requests), name="snapdiff-requests", daemon=True
+            ).start()
+
+    def watch_requests(self):
+        """Requests from `snapdiff capture`, which owns SIGUSR1: for each
+        signal it gets, it appends a byte to the requests file, and every
+        process of the job watches the file's size. No signal is sent to the
+        job, so none can kill it: before torch is imported, in a program
+        that never imports it, or once the interpreter has torn down its
+        handlers at exit. A process that takes a request appends a byte to
+        the `.served` file beside it, so capture can say when none could."""
+        path = self.settings.requests
+        stopping = self.stopping
+        seen = file_size(path)
+        while not stopping.wait(REQUEST_POLL_SECONDS):
+            size = file_size(path)
+            if size > seen:
+                seen = size
+                self.requests.put("signal")
 
     def install_recording(self):
         if self.waiting_for_step:
@@ -246,6 +275,7 @@ class Capture:
             signal.signal(signum, handler)
         self.pid = os.getpid()
         self.steps = 0
+        self.rank = None
         self.pacer = None
         self.requests = queue.SimpleQueue()
         self.dump_lock = threading.Lock()
@@ -281,6 +311,8 @@ class Capture:
             return
         if self.cpu is not None and self.cpu.storages_seen == 0:
             return  # a launcher of ranks, say: it made no tensor
+        if reason == "signal" and self.settings.requests:
+            append_byte(self.settings.requests + ".served")
         with self.dump_lock:
             who, rank = self.who()
             stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")
@@ -305,7 +337,9 @@ class Capture:
             self.torch.cuda.memory._dump_snapshot(path)
 
     def who(self):
-        """`rank{R}` under torchrun or a rank set in RANK, else `pid{PID}`."""
+        """`rank{R}` under torchrun or a rank set in RANK, else `pid{PID}`.
+        A rank once known is kept: after `destroy_process_group()` the exit
+        dump is still the rank's."""
         rank = os.environ.get("RANK")
         if rank is None:
             try:
@@ -315,7 +349,9 @@ class Capture:
             except Exception:
                 rank = None
         if rank is not None and rank.isdigit():
-            return f"rank{rank}", int(rank)
+            self.rank = int(rank)
+        if self.rank is not None:
+            return f"rank{self.rank}", self.rank
         return f"pid{self.pid}", None
 
     def note(self, entry, rank, reason):
@@ -374,6 +410,26 @@ def place(temporary, folder, stem):
             return name
         os.unlink(temporary)
         return name
+
+
+def file_size(path):
+    """The size of the file at `path`, 0 when it cannot be read."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def append_byte(path):
+    """Appends one byte to the file at `path`; a failure is ignored."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def remove(path):

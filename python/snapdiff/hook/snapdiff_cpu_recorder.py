@@ -4,9 +4,16 @@ memory snapshots, for jobs that run without a GPU.
 PyTorch records memory history only for its CUDA caching allocator. This
 recorder sees every tensor an ATen operator returns (a `TorchDispatchMode`,
 so forward, backward through autograd, optimizer steps and module set-up
-alike), notes each new storage with its size and the Python stack that made
-it, and notes a storage's end once PyTorch has released it (checked through
-a weak reference to the storage, every few operators and before each dump).
+alike), and notes each new storage with its size and the Python stack that
+made it.
+
+A storage's end is noted before the next operator runs: every tensor an
+operator returns is watched through a weak reference, and when one goes,
+its storage is checked once the tensor has let it go. A storage that moves
+(`resize_`, `set_`) is noted as freed at its old place and allocated at its
+new one, so the trace's live bytes follow PyTorch's own accounting. A sweep
+of all live storages, every few operators and before each dump, catches a
+storage released some other way.
 
 Each storage is modelled the way the CPU allocator hands it out: its own
 segment holding one block. Trace events are PyTorch's (`segment_alloc`,
@@ -16,15 +23,18 @@ snapdiff's and `torch.cuda._memory_viz`'s, reads what this writes.
 
 What it cannot see: storages made without an ATen operator (`torch.from_numpy`,
 tensors rebuilt from shared memory sent by DataLoader workers, storages
-made in C++ extensions that skip the dispatcher), and operators run on
-threads other than the one that started recording. A free is noted when it
-is found, at most a few operators after it happened.
+made in C++ extensions that skip the dispatcher), operators run on threads
+other than the one that started recording, and tensors without a plain
+storage (sparse, CSR, MKLDNN), which are skipped and counted. Nothing it
+does raises into the program: a failure of its own is reported once and
+recording stops.
 """
 
 import collections
 import sys
 import threading
 import time
+import weakref
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -41,12 +51,14 @@ _SMALL_SIZE = 1 << 20
 
 
 class _Storage:
-    """One live storage: where, how large, the weak reference that tells
-    when it is gone, and the stack that made it."""
+    """One live storage: which (PyTorch's storage object, by address),
+    where its bytes are, how many, the weak reference that tells when it is
+    gone, and the stack that made it."""
 
-    __slots__ = ("address", "size", "ref", "frames")
+    __slots__ = ("key", "address", "size", "ref", "frames")
 
-    def __init__(self, address, size, ref, frames):
+    def __init__(self, key, address, size, ref, frames):
+        self.key = key
         self.address = address
         self.size = size
         self.ref = ref
@@ -57,16 +69,23 @@ class CpuRecorder(TorchDispatchMode):
     """The recorder. `start()` turns it on for the calling thread,
     `snapshot()` returns the snapshot dict `_dump_snapshot` would pickle."""
 
-    def __init__(self, max_entries=100000):
+    def __init__(self, max_entries=100000, warn=None):
         super().__init__()
-        self._lock = threading.Lock()
-        self._live = {}  # data pointer -> _Storage
+        # Re-entrant: a weak reference's callback or the garbage collector
+        # may run inside a locked section.
+        self._lock = threading.RLock()
+        self._live = {}  # storage key -> _Storage
+        self._at = {}  # data pointer -> _Storage
+        self._watched = {}  # id of a weak reference to a returned tensor -> (it, storage key)
+        self._gone = collections.deque()  # keys of storages a tensor let go
         self._trace = collections.deque(maxlen=max(int(max_entries), 1))
         self._ops_since_sweep = 0
         self._frames = {}  # (code, line) -> frame dict, shared by stacks
         self._stacks = {}  # tuple of (code, line) -> list of frame dicts
         self._paused = False
+        self._warn = warn or (lambda message: print(f"snapdiff: {message}", file=sys.stderr))
         self.storages_seen = 0
+        self.tensors_skipped = 0
 
     # -- recording ---------------------------------------------------------
 
@@ -83,45 +102,136 @@ class CpuRecorder(TorchDispatchMode):
         self._paused = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._paused:
+            return func(*args, **(kwargs or {}))
+        moved = None
+        try:
+            if self._gone:
+                self._settle()
+            # An in-place operator may move its first argument's storage
+            # (`resize_`) or drop it (`set_`): that storage is checked after.
+            if func._schema.name.endswith("_") and args and _is_cpu_tensor(args[0]):
+                storage = self._storage_of(args[0])
+                moved = None if storage is None else self._live.get(storage._cdata)
+                del storage  # holding it would keep it alive
+        except Exception as e:
+            self._fail(e)
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if self._paused:
             return out
-        if isinstance(out, torch.Tensor):
-            self._note(out)
-        elif isinstance(out, (tuple, list)):
-            for t in out:
-                if isinstance(t, torch.Tensor):
-                    self._note(t)
-        self._ops_since_sweep += 1
-        if self._ops_since_sweep > 64 + len(self._live) // 4:
-            with self._lock:
-                self._sweep()
+        try:
+            if moved is not None:
+                self._check(moved, args[0])
+            if isinstance(out, torch.Tensor):
+                self._note(out)
+            elif isinstance(out, (tuple, list)):
+                for t in out:
+                    if isinstance(t, torch.Tensor):
+                        self._note(t)
+            self._ops_since_sweep += 1
+            if self._ops_since_sweep > 64 + len(self._live) // 4:
+                with self._lock:
+                    self._sweep()
+        except Exception as e:
+            self._fail(e)
         return out
+
+    def _fail(self, error):
+        """Stops recording after a failure of the recorder's own, saying so
+        once: the program goes on as if it were not recorded."""
+        self._paused = True
+        self._warn(
+            f"the CPU recorder stopped ({type(error).__name__}: {error}); "
+            "the program goes on unrecorded"
+        )
+
+    def _storage_of(self, tensor):
+        """The storage behind `tensor`, or None for a tensor without a plain
+        one (sparse, CSR, MKLDNN), which is counted."""
+        try:
+            return tensor.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            self.tensors_skipped += 1
+            if self.tensors_skipped == 1:
+                self._warn(
+                    f"the CPU recorder skips tensors without a plain storage "
+                    f"({tensor.layout}, and others later); they are counted, not recorded"
+                )
+            return None
+
+    def _check(self, known, tensor):
+        """Notes that `known`, the storage `tensor` had before an in-place
+        operator, has ended or moved, if it did."""
+        if self._live.get(known.key) is not known:
+            return
+        if known.ref.expired():
+            with self._lock:
+                if self._live.get(known.key) is known:
+                    self._release(known, _now_us())
+            return
+        storage = self._storage_of(tensor)
+        if storage is not None and storage._cdata == known.key and (
+            storage.data_ptr() != known.address or storage.nbytes() != known.size
+        ):
+            self._note_storage(storage)
 
     def _note(self, tensor):
         if tensor.device.type != "cpu":
             return
-        storage = tensor.untyped_storage()
-        address = storage.data_ptr()
-        size = storage.nbytes()
-        if address == 0 or size == 0:
+        storage = self._storage_of(tensor)
+        if storage is None:
             return
-        known = self._live.get(address)
-        if known is not None and not known.ref.expired():
+        key = storage._cdata
+        # By the reference's id: references to tensors compare as tensors do.
+        ref = weakref.ref(tensor, self._on_tensor_gone)
+        self._watched[id(ref)] = (ref, key)
+        known = self._live.get(key)
+        if (
+            known is not None
+            and known.address == storage.data_ptr()
+            and known.size == storage.nbytes()
+        ):
             return
+        self._note_storage(storage)
+
+    def _note_storage(self, storage):
+        """Notes `storage` as allocated where it is now, by the operator's
+        caller, ending what was recorded for it before (it moved) or at its
+        address (that storage is gone)."""
+        key, address, size = storage._cdata, storage.data_ptr(), storage.nbytes()
         frames = self._stack()
         now = _now_us()
         with self._lock:
-            # Looked up again under the lock: a dump's sweep may have released
-            # the storage that lived here since.
-            known = self._live.get(address)
-            if known is not None:
-                # The storage that lived here is gone and its address reused.
-                self._release(known, now)
-            self._live[address] = _Storage(address, size, StorageWeakRef(storage), frames)
+            for earlier in (self._live.get(key), self._at.get(address)):
+                if earlier is not None and self._live.get(earlier.key) is earlier:
+                    self._release(earlier, now)
+            if address == 0 or size == 0:
+                return
+            noted = _Storage(key, address, size, StorageWeakRef(storage), frames)
+            self._live[key] = noted
+            self._at[address] = noted
             self.storages_seen += 1
             self._event("segment_alloc", address, size, now, frames)
             self._event("alloc", address, size, now, frames)
+
+    def _on_tensor_gone(self, ref):
+        """A watched tensor is going: its storage is checked before the
+        next operator (now, the tensor still holds it). Any thread."""
+        watched = self._watched.pop(id(ref), None)
+        if watched is not None:
+            self._gone.append(watched[1])
+
+    def _settle(self):
+        """Notes the end of the storages that tensors gone since the last
+        operator let go, if nothing else holds them."""
+        now = None
+        with self._lock:
+            while self._gone:
+                s = self._live.get(self._gone.popleft())
+                if s is not None and s.ref.expired():
+                    now = now or _now_us()
+                    self._release(s, now)
 
     def _sweep(self):
         """Notes the end of every storage PyTorch has released. Holds the lock."""
@@ -134,7 +244,9 @@ class CpuRecorder(TorchDispatchMode):
 
     def _release(self, storage, now):
         """Notes that `storage` is gone. Holds the lock."""
-        del self._live[storage.address]
+        del self._live[storage.key]
+        if self._at.get(storage.address) is storage:
+            del self._at[storage.address]
         for action in ("free_requested", "free_completed", "segment_free"):
             self._event(action, storage.address, storage.size, now, storage.frames)
 
@@ -180,6 +292,7 @@ class CpuRecorder(TorchDispatchMode):
         """The live storages and the trace, as `torch.cuda.memory._snapshot()`
         lays them out. Safe to call from any thread."""
         with self._lock:
+            self._settle()
             self._sweep()
             live = sorted(self._live.values(), key=lambda s: s.address)
             trace = list(self._trace)
@@ -194,6 +307,7 @@ class CpuRecorder(TorchDispatchMode):
             "segments": segments,
             "device_traces": [trace],
             "snapdiff_recorder": "cpu",
+            "snapdiff_skipped_tensors": self.tensors_skipped,
         }
 
 
@@ -220,6 +334,10 @@ def _segment(s):
             }
         ],
     }
+
+
+def _is_cpu_tensor(value):
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu"
 
 
 def _now_us():

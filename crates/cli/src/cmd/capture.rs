@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use anyhow::Context;
 use snapdiff_runtime::config::{
-    ENV_DIR, ENV_EVERY_STEPS, ENV_INTERVAL, ENV_STACKS, ENV_TRACE_ENTRIES,
+    ENV_DIR, ENV_EVERY_STEPS, ENV_INTERVAL, ENV_REQUESTS, ENV_STACKS, ENV_TRACE_ENTRIES,
 };
 
 use crate::args::CaptureArgs;
@@ -162,8 +162,27 @@ out of memory: {}",
     Ok(Exit::Clean)
 }
 
+/// The signals caught by [`catch_signals`], until [`capture`] serves them.
+static CAUGHT: std::sync::Mutex<Option<signals::Caught>> = std::sync::Mutex::new(None);
+
+/// Catches the signals capture owns, from now on: one that comes before the
+/// job starts is served once it has, and none kills capture (which would
+/// leave its temporary folder behind and the job unwatched).
+pub(crate) fn catch_signals() {
+    let mut caught = CAUGHT.lock().unwrap_or_else(|e| e.into_inner());
+    if caught.is_none() {
+        *caught = Some(signals::catch());
+    }
+}
+
 /// Runs the command of `args` under capture.
 pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
+    catch_signals();
+    let signals = CAUGHT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .unwrap_or_else(signals::catch);
     let dir = writable_folder(&args.output)?;
     let hook = tempfile::Builder::new()
         .prefix("snapdiff-hook-")
@@ -173,10 +192,14 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         std::fs::write(hook.path().join(name), text)
             .context("cannot write the Python start-up hook")?;
     }
+    let requests = hook.path().join("requests");
+    std::fs::write(&requests, b"").context("cannot write the file of dump requests")?;
 
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let mut cmd = Command::new(program);
-    cmd.args(rest).env(ENV_DIR, &dir);
+    cmd.args(rest)
+        .env(ENV_DIR, &dir)
+        .env(ENV_REQUESTS, &requests);
     if let Some(n) = args.every {
         cmd.env(ENV_EVERY_STEPS, n.to_string());
     }
@@ -199,13 +222,14 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
 
     end_with_this_process(&mut cmd);
 
+    let name = crate::output::shown(Path::new(program));
     let started = SystemTime::now();
     let before = snapshot_files(&dir);
     let manifest_before = std::fs::metadata(dir.join(manifest::FILE_NAME)).map_or(0, |m| m.len());
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
-    let forwarder = signals::forward_to(child.id());
+    let forwarder = signals.forward_to(child.id(), requests, &name);
     let status = child.wait().context("cannot wait for the command")?;
     forwarder.stop();
     let abandoned = remove_abandoned_dumps(&dir);
@@ -220,7 +244,6 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         })
         .collect();
     snapshots.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
-    let name = program.to_string_lossy();
     let exit = match (status.code(), signals::terminating_signal(&status)) {
         (Some(0), _) => Exit::Clean,
         (Some(code), _) => {
@@ -397,44 +420,115 @@ pub(crate) fn report_files(
     Ok(())
 }
 
-/// Passing termination signals on to the child.
+/// The signals capture owns while the job runs: termination signals are
+/// passed on to the job; SIGUSR1 is a request for a snapshot, asked of the
+/// job's processes through a file (see `ENV_REQUESTS`), never sent as a
+/// signal, which would kill a process that has no handler for it (before
+/// `import torch`, in a program that never imports it, or at interpreter
+/// shutdown).
 mod signals {
     use std::os::unix::process::ExitStatusExt;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
     use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1};
-    use signal_hook::iterator::{Handle, Signals};
+    use signal_hook::iterator::Signals;
 
-    /// Stops forwarding when asked.
-    pub(super) struct Forwarder(Option<(Handle, std::thread::JoinHandle<()>)>);
+    /// How long a request may wait for a process of the job to take it
+    /// before capture says that none could (the hooks look every 0.2 s).
+    const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+    /// Signals caught, not yet served.
+    pub(super) struct Caught(Option<Signals>);
+
+    /// Serves the signals while the job runs; see [`Forwarder::stop`].
+    pub(super) struct Forwarder(Arc<AtomicBool>);
 
     impl Forwarder {
+        /// Says that the job has ended. The signals stay caught until
+        /// capture exits (letting them go would bring back their default
+        /// action: a SIGUSR1 meant for the job would kill capture as it
+        /// reports): SIGUSR1 is then ignored, and a termination signal ends
+        /// capture as it would have.
         pub(super) fn stop(self) {
-            if let Some((handle, thread)) = self.0 {
-                handle.close();
-                let _ = thread.join();
-            }
+            self.0.store(true, Ordering::Release);
         }
     }
 
-    /// Forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 to process `pid`
-    /// until stopped. A Ctrl-C typed at the terminal already reaches the child
-    /// (same process group), so SIGINT is only passed on when this process is
-    /// not in the terminal's foreground group.
-    pub(super) fn forward_to(pid: u32) -> Forwarder {
-        let Ok(mut signals) = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1]) else {
-            return Forwarder(None);
-        };
-        let handle = signals.handle();
-        let thread = std::thread::spawn(move || {
-            for signal in signals.forever() {
-                if signal == SIGINT && in_foreground() {
-                    continue;
+    /// Catches SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 from now on.
+    pub(super) fn catch() -> Caught {
+        Caught(Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1]).ok())
+    }
+
+    impl Caught {
+        /// Serves the signals caught, from before too, until stopped:
+        /// termination signals go on to process `pid`, and SIGUSR1 appends
+        /// a byte to `requests`. A Ctrl-C typed at the terminal already
+        /// reaches the child (same process group), so SIGINT is only passed
+        /// on when this process is not in the terminal's foreground group.
+        pub(super) fn forward_to(self, pid: u32, requests: PathBuf, job: &str) -> Forwarder {
+            let ended = Arc::new(AtomicBool::new(false));
+            let Some(mut signals) = self.0 else {
+                return Forwarder(ended);
+            };
+            let job = job.to_owned();
+            let checking = Arc::new(AtomicBool::new(false));
+            let job_ended = Arc::clone(&ended);
+            std::thread::spawn(move || {
+                for signal in signals.forever() {
+                    let ended = job_ended.load(Ordering::Acquire);
+                    match signal {
+                        SIGUSR1 if ended => {}
+                        SIGUSR1 => request_dump(&requests, &job, &checking),
+                        _ if ended => std::process::exit(128 + signal),
+                        SIGINT if in_foreground() => {}
+                        // SAFETY: sends a signal to our own child.
+                        _ => unsafe {
+                            libc::kill(pid as libc::pid_t, signal);
+                        },
+                    }
                 }
-                // SAFETY: sends a signal to our own child.
-                unsafe { libc::kill(pid as libc::pid_t, signal) };
+            });
+            Forwarder(ended)
+        }
+    }
+
+    /// Asks every process of the job for a dump. When none has taken the
+    /// request within [`ANSWER_WITHIN`], says so in one line (one check at
+    /// a time, however many signals come).
+    fn request_dump(requests: &Path, job: &str, checking: &Arc<AtomicBool>) {
+        let mut served = requests.as_os_str().to_owned();
+        served.push(".served");
+        let served = PathBuf::from(served);
+        let size = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
+        let before = size(&served);
+        {
+            use std::io::Write;
+            let appended = std::fs::OpenOptions::new()
+                .append(true)
+                .open(requests)
+                .and_then(|mut f| f.write_all(b"."));
+            if let Err(e) = appended {
+                eprintln!("snapdiff: SIGUSR1: cannot ask {job} for a snapshot ({e})");
+                return;
             }
+        }
+        if checking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (checking, job) = (Arc::clone(checking), job.to_owned());
+        std::thread::spawn(move || {
+            std::thread::sleep(ANSWER_WITHIN);
+            if size(&served) == before {
+                eprintln!(
+                    "snapdiff: SIGUSR1: no process of {job} can take a snapshot yet (PyTorch \
+                     not imported, or no snapdiff-runtime allocator); none taken"
+                );
+            }
+            checking.store(false, Ordering::Release);
         });
-        Forwarder(Some((handle, thread)))
     }
 
     fn in_foreground() -> bool {

@@ -1,6 +1,6 @@
 //! One module per subcommand, each with one entry point, `run`.
 
-mod capture;
+pub(crate) mod capture;
 mod compare;
 mod convert;
 mod demo;
