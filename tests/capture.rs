@@ -490,3 +490,71 @@ fn the_demo_names_the_leaking_line() {
     assert!(out.contains("1 site keeps growing"), "{out}");
     assert!(out.contains("is full in about"), "{out}");
 }
+
+#[test]
+fn a_rust_jobs_lost_dumps_are_said_once_and_counted_in_the_verdict() {
+    // Files may grow to 3,100 bytes, as on a disk that fills up: the dumps
+    // of steps 2 to 12 fit, the 14 later ones fail with EFBIG (SIGXFSZ is
+    // ignored, as Python does, so the write fails instead of killing the job).
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    const LIMITED: &str = "import os, resource, signal, sys\n\
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3100, 3100))\n\
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n\
+        os.execv(sys.argv[1], sys.argv[1:])";
+    let mut cmd = std::process::Command::new(SNAPDIFF);
+    cmd.arg("capture")
+        .arg("-o")
+        .arg(&out)
+        .args(["--every", "2", "--fail-over", "1GiB", "--"])
+        .args(["python3", "-c", LIMITED, SNAPDIFF, "train"])
+        .args([
+            "--steps",
+            "40",
+            "--leak",
+            "keep-activations",
+            "--log-every",
+            "0",
+        ]);
+    let output = cmd.output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr.matches("cannot write snapshot").count(),
+        1,
+        "said once: {stderr}"
+    );
+    // Dumps grow by about 180 bytes a step: the first six or seven fit.
+    let kept = snapshots_in(&out).len();
+    assert!((5..=8).contains(&kept), "{stdout}");
+    let lost: Vec<String> = (kept + 1..=20).map(|k| (2 * k).to_string()).collect();
+    assert!(
+        stdout.contains(&format!(
+            "{} dumps could not be written (at steps {}): ",
+            lost.len(),
+            lost.join(", ")
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("the report covers only the snapshots listed"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{} of 20 dumps failed, so the evidence is incomplete",
+            lost.len()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{} snapshot writes failed; the last: ",
+            lost.len()
+        )),
+        "counted at exit: {stderr}"
+    );
+}

@@ -100,6 +100,12 @@ fn dump_failed(dir: &Path, recorder: &Recorder, reason: &str, error: &str) {
     let time = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
+    // A step's dump is named `step-000014`; the manifest says why: "step".
+    let reason = if reason.starts_with("step-") {
+        "step"
+    } else {
+        reason
+    };
     let entry = serde_json::json!({
         "file": null,
         "error": error,
