@@ -307,6 +307,32 @@ fn snap_decompression_bombs_are_refused_before_they_expand() {
 }
 
 #[test]
+fn a_small_snap_declaring_millions_of_events_is_refused_in_bounded_memory() {
+    // Three million empty events: each column a run of zero bytes, which
+    // zstd packs into a few kilobytes; read, they would take over 100 MB.
+    let mut events = snapdiff_format::Events::new();
+    for _ in 0..3_000_000 {
+        events.push(snapdiff_format::TraceEvent::default());
+    }
+    let snap = snapdiff_format::Snapshot {
+        traces: vec![snapdiff_format::DeviceTrace { device: 0, events }],
+        ..Default::default()
+    };
+    let mut file = Vec::new();
+    snapdiff_format::write_snap(&snap, &mut file).unwrap();
+    drop(snap);
+    assert!(file.len() < 64 << 10, "{} bytes", file.len());
+    let dir = tempdir();
+    refused_within(
+        dir.path(),
+        "empty-events.snap",
+        &file,
+        "its traces declare more than 1048576 events, the most a",
+        64 * MIB,
+    );
+}
+
+#[test]
 fn json_with_a_byte_order_mark_reads() {
     let dir = tempdir();
     let plain = dir.path().join("plain.json");
@@ -340,6 +366,30 @@ fn a_zip_inside_data_pkl_is_named_as_such() {
         "nested.pt",
         &bytes,
         "data.pkl holds a zip file, not a pickle",
+        64 * MIB,
+    );
+}
+
+#[test]
+fn a_zip_with_two_data_pkl_is_refused() {
+    // Two snapshots under two folders: which one is "the file" is a guess.
+    let dir = tempdir();
+    let path = dir.path().join("two.pt");
+    let script = "import sys, zipfile\n\
+        real = open(sys.argv[2], 'rb').read()\n\
+        with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
+        \x20   z.writestr('a/data.pkl', real)\n\
+        \x20   z.writestr('b/data.pkl', real)\n";
+    python_script(
+        script,
+        &[&path, &fixture("torch-format/snapshot-p4.pickle")],
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    refused_within(
+        dir.path(),
+        "two.pt",
+        &bytes,
+        "the zip holds more than one data.pkl",
         64 * MIB,
     );
 }

@@ -112,7 +112,7 @@ def _site(report, entry):
 
 def compare(before, after):
     """What holds more memory in `after` than in `before`, by site."""
-    r = run_json(["compare", before, after])
+    r = run_json("compare", [before, after])
     return Comparison(
         leaked_bytes=r["leaked_bytes"],
         allocated_before=r["allocated_before"],
@@ -139,10 +139,8 @@ def trend(files, warmup=None):
     """The sites whose memory keeps growing over `files` (snapshots, a
     folder of them, or one trace)."""
     one = isinstance(files, (str, bytes)) or hasattr(files, "__fspath__")
-    args = ["trend", *([files] if one else files)]
-    if warmup is not None:
-        args += ["--warmup", warmup]
-    r = run_json(args)
+    options = [] if warmup is None else ["--warmup", warmup]
+    r = run_json("trend", [files] if one else list(files), options)
     if "processes" in r:
         raise ValueError(
             "the files come from several processes; give one process's files at a time"
@@ -169,7 +167,7 @@ def trend(files, warmup=None):
 
 def peak(file):
     """The moment each device held the most memory, and what held it."""
-    r = run_json(["peak", file])
+    r = run_json("peak", [file])
     return Peak(
         devices=[
             DevicePeak(

@@ -29,16 +29,26 @@ def run(args, check=True):
     codes 0 and 1 (over a --fail-over limit) are answers; 2 is an error,
     raised as RuntimeError with snapdiff's one-line message when `check`."""
     done = subprocess.run(
-        [binary(), *map(str, args)], capture_output=True, text=True
+        [binary(), *map(_arg, args)], capture_output=True, text=True
     )
     if check and done.returncode not in (0, 1):
         raise RuntimeError(done.stderr.strip() or f"snapdiff exited with {done.returncode}")
     return done.returncode, done.stdout, done.stderr
 
 
-def run_json(args):
-    """Runs `snapdiff ARGS --json` and returns the parsed report."""
-    _, out, _ = run([*args, "--json", "--top", "0"])
+def _arg(value):
+    """A command-line argument: a path (`str`, `bytes` or `os.PathLike`) as
+    the OS spells it, a number as text."""
+    if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
+        return os.fspath(value)
+    return str(value)
+
+
+def run_json(command, paths, options=()):
+    """Runs `snapdiff COMMAND OPTIONS --json -- PATHS` and returns the parsed
+    report. The paths come after `--`, so none is read as an option (a file
+    named `-h`)."""
+    _, out, _ = run([command, *options, "--json", "--top", "0", "--", *paths])
     return json.loads(out)
 
 

@@ -31,6 +31,8 @@ class _Settings:
         self.entries = int(max_entries)
         self.stacks = bool(stacks)
         self.interval = None
+        self.requests = None
+        self.stack_root = None
 
 
 class Recording:

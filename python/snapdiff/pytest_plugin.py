@@ -7,7 +7,8 @@
 
 The loop runs `warmup + steps` times, with PyTorch's memory recorded (CUDA
 memory history, or the CPU recorder without a GPU) and a snapshot after each
-step. When it ends, `snapdiff trend` judges the snapshots after warm-up; the
+step. When the test function returns (having run every step, or left the
+loop early), `snapdiff trend` judges the snapshots after warm-up; the
 test fails when the sites that keep growing keep more than `max_leak` per
 step, with snapdiff's report (the line that holds the memory, the bytes per
 step, its stack) as the failure message. `--snapdiff-dir DIR` keeps the
@@ -57,7 +58,9 @@ def pytest_configure(config):
 
 
 class Steps:
-    """The steps of a leak test: iterate over it, one training step per item."""
+    """The steps of a leak test: iterate over it, one training step per item.
+    The verdict is made when the test function returns, also when it left
+    the loop early (`break`)."""
 
     def __init__(self, request, folder, max_leak, warmup, steps):
         self.request = request
@@ -66,17 +69,48 @@ class Steps:
         self.warmup = warmup
         self.steps = steps
         self.report = None
+        self.taken = 0
+        self._loop = None
 
     def __iter__(self):
+        if self._loop is not None:
+            raise RuntimeError("snapdiff_steps is iterated once a test")
+        self._loop = self._run()
+        return self._loop
+
+    def _run(self):
         from snapdiff._recording import Recording
 
-        recording = Recording(self.folder, every=1).start()
+        recording = Recording(self.folder, every=1)
+        # Stacks end at the test function: its callers are pytest's.
+        function = self.request.node.function
+        recording._capture.settings.stack_root = (
+            function.__code__.co_filename, function.__code__.co_name,
+        )
+        recording.start()
         try:
             for i in range(self.warmup + self.steps):
                 yield i
                 recording.step()
+                self.taken += 1
         finally:
             recording.stop(final_dump=False)
+
+    def finish(self):
+        """Ends the loop if the test left it early, and judges the steps
+        taken. Called once the test function has returned."""
+        if self._loop is None or self.report is not None:
+            return
+        self._loop.close()
+        wanted = self.warmup + self.steps
+        if self.taken < self.warmup + 2:
+            self.request.node._snapdiff_failed = True
+            pytest.fail(
+                f"snapdiff: the test left the snapdiff_steps loop after {self.taken} of "
+                f"{wanted} steps; a verdict needs the {self.warmup} warm-up steps and at "
+                "least 2 more",
+                pytrace=False,
+            )
         self.judge()
 
     def judge(self):
@@ -97,6 +131,17 @@ class Steps:
             )
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Judges a leak test's steps once its function has returned, so that a
+    failed verdict is the test's failure, whether or not it ran every step."""
+    result = yield
+    steps = getattr(item, "funcargs", {}).get("snapdiff_steps")
+    if isinstance(steps, Steps):
+        steps.finish()
+    return result
+
+
 def _size(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -109,14 +154,11 @@ def snapdiff_steps(request):
     """The steps of a leak test; see the module's documentation."""
     marker = request.node.get_closest_marker("snapdiff")
     options = dict(marker.kwargs) if marker else {}
+    # Options are checked before anything is made, so a bad one leaves nothing.
+    max_leak = parse_size(options.get("max_leak", 0))
+    warmup, count = int(options.get("warmup", 1)), int(options.get("steps", 5))
     folder = tempfile.mkdtemp(prefix="snapdiff-pytest-")
-    steps = Steps(
-        request,
-        folder,
-        max_leak=parse_size(options.get("max_leak", 0)),
-        warmup=int(options.get("warmup", 1)),
-        steps=int(options.get("steps", 5)),
-    )
+    steps = Steps(request, folder, max_leak=max_leak, warmup=warmup, steps=count)
     request.node._snapdiff_failed = False
     yield steps
     keep = request.config.getoption("--snapdiff-dir")

@@ -149,3 +149,71 @@ def test_the_wheels_command_says_what_the_cargo_build_says():
             ]
             assert outs[0].returncode == outs[1].returncode, (name, command)
             assert json.loads(outs[0].stdout) == json.loads(outs[1].stdout), (name, command)
+
+
+def test_leaving_the_loop_early_still_judges_the_steps_taken(pytester):
+    path = write_tests(pytester, """
+@pytest.mark.snapdiff(max_leak="1 KiB", warmup=2, steps=10)
+def test_leaks_then_breaks(snapdiff_steps):
+    for i in snapdiff_steps:
+        train_step(keep=True)
+        if i == 7:
+            break
+
+@pytest.mark.snapdiff(max_leak="1 KiB", warmup=2, steps=10)
+def test_breaks_at_once(snapdiff_steps):
+    for _ in snapdiff_steps:
+        break
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "16.00 KiB a step kept after warm-up" in out, out
+    assert f"{path}:{leak_line(path)}" in out, out
+    assert "left the snapdiff_steps loop after 0 of 12 steps" in out, out
+
+
+def test_stacks_end_at_the_test_function(pytester):
+    write_tests(pytester, """
+@pytest.mark.snapdiff(max_leak="1 KiB", warmup=1, steps=4)
+def test_leaks(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step(keep=True)
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "from test_leaks" in out, out
+    assert "_pytest" not in out and "pluggy" not in out, out
+
+
+def test_a_bad_max_leak_is_an_error_that_leaves_nothing(pytester, tmp_path, monkeypatch):
+    write_tests(pytester, """
+@pytest.mark.snapdiff(max_leak="lots")
+def test_bad(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step()
+""")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    assert "max_leak='lots'" in result.stdout.str()
+    assert not any(p.name.startswith("snapdiff-pytest-") for p in temp.iterdir())
+
+
+def test_paths_are_never_read_as_options(tmp_path):
+    real = os.path.join(FIXTURES, "snapviewer-memory.pickle")
+    if not os.path.exists(real):
+        pytest.skip("../shared/fixtures is not beside the repository")
+    dashed = tmp_path / "-h"
+    with pytest.raises(RuntimeError, match="-h"):
+        snapdiff.peak(str(dashed))
+    with pytest.raises(RuntimeError) as error:
+        snapdiff.compare(real, str(tmp_path / "-x.pickle"))
+    assert "-x.pickle" in str(error.value) and "Usage" not in str(error.value)
+    copy = tmp_path / "-copy.pickle"
+    copy.write_bytes(open(real, "rb").read())
+    assert snapdiff.peak(copy).devices == snapdiff.peak(real).devices
+    assert snapdiff.trend(os.fsencode(tmp_path)).checkpoints == snapdiff.trend(tmp_path).checkpoints

@@ -256,6 +256,52 @@ impl<'de> Deserialize<'de> for DeviceTrace {
     }
 }
 
+/// The trace events a `.snap` body being decoded on this thread may still
+/// declare, the most it may, and its file's frame size; see
+/// [`with_event_limit`].
+#[derive(Clone, Copy)]
+struct EventLimit {
+    left: u64,
+    most: u64,
+    frame_len: usize,
+}
+
+thread_local! {
+    // A thread-local because serde hands a visitor nothing but the bytes:
+    // the limit comes from the file's size, which only the caller knows.
+    static EVENT_LIMIT: std::cell::Cell<Option<EventLimit>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `decode` with the traces it reads limited to `most` events in all
+/// (from a zstd frame of `frame_len` bytes): a trace that would go over is
+/// refused after its first column, before its events take any memory.
+pub(crate) fn with_event_limit<T>(most: u64, frame_len: usize, decode: impl FnOnce() -> T) -> T {
+    let limit = EventLimit {
+        left: most,
+        most,
+        frame_len,
+    };
+    let outer = EVENT_LIMIT.replace(Some(limit));
+    let decoded = decode();
+    EVENT_LIMIT.set(outer);
+    decoded
+}
+
+/// Counts `n` more events against the limit of [`with_event_limit`].
+fn take_events(n: usize) -> Result<(), String> {
+    let Some(mut limit) = EVENT_LIMIT.get() else {
+        return Ok(());
+    };
+    limit.left = limit.left.checked_sub(n as u64).ok_or_else(|| {
+        format!(
+            "its traces declare more than {} events, the most a {}-byte zstd frame can hold",
+            limit.most, limit.frame_len
+        )
+    })?;
+    EVENT_LIMIT.set(Some(limit));
+    Ok(())
+}
+
 /// Reads a trace's columns one at a time, each turned into its events'
 /// values as the reader hands its bytes over ([`Decoded`]). A `.snap` body
 /// is streamed from its zstd frame, so neither the body nor a trace's
@@ -272,7 +318,10 @@ impl<'de> Visitor<'de> for TraceColumnsVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<DeviceTrace, A::Error> {
         let device: u32 = element(&mut seq)?;
-        let actions = column(&mut seq, |bytes| Ok(bytes.to_vec()))?;
+        let actions = column(&mut seq, |bytes| {
+            take_events(bytes.len())?;
+            Ok(bytes.to_vec())
+        })?;
         let n = actions.len();
         let names: Vec<String> = element(&mut seq)?;
         let other_actions = other_actions(&actions, names).map_err(A::Error::custom)?;

@@ -46,7 +46,16 @@ const ZSTD_LEVEL: i32 = 3;
 /// alloc/free events 10 000 times. zstd itself tops out near 32 000.
 const MAX_EXPANSION: u64 = 4096;
 /// Bodies up to this size are read whatever their compression ratio.
-const ALWAYS_ALLOWED: u64 = 256 << 20;
+const ALWAYS_ALLOWED: u64 = 64 << 20;
+/// A file may hold at most this many trace events for each byte of its
+/// zstd frame, or [`EVENTS_ALWAYS_ALLOWED`]: an event's columns take a byte
+/// or more each, so a body of empty varints compresses to almost nothing
+/// and would declare tens of millions of events (40 bytes each in memory)
+/// in a file of kilobytes. Real traces hold under one event a byte; a
+/// regular synthetic trace of 10 million events, 34.
+const EVENTS_PER_BYTE: u64 = 64;
+/// Trace events any `.snap` file may hold, whatever its size.
+const EVENTS_ALWAYS_ALLOWED: u64 = 1 << 20;
 
 /// Encodes `snap` as a `.snap` file into `out`.
 pub fn write_snap<W: Write>(snap: &Snapshot, mut out: W) -> Result<()> {
@@ -187,7 +196,9 @@ impl<'de> Deserialize<'de> for TraceDevice {
 /// frames or further frames before or after, whose sizes no header bounds.
 /// Decompression stops at `body_len` bytes, so no stream can expand past
 /// what the header declared, and the header may declare at most
-/// [`MAX_EXPANSION`] times the frame's size or [`ALWAYS_ALLOWED`] bytes.
+/// [`MAX_EXPANSION`] times the frame's size or [`ALWAYS_ALLOWED`] bytes;
+/// its traces, at most [`EVENTS_PER_BYTE`] events a byte of the frame or
+/// [`EVENTS_ALWAYS_ALLOWED`].
 fn read_body<T: DeserializeOwned>(input: ZstdInput, body_len: u64) -> Result<T> {
     let compressed = &input.data[input.pos..];
     let corrupt =
@@ -229,7 +240,12 @@ fn read_body<T: DeserializeOwned>(input: ZstdInput, body_len: u64) -> Result<T> 
     let decoder =
         zstd::stream::read::Decoder::with_buffer(input).map_err(|e| corrupt(e.to_string()))?;
     let mut body = Body::new(decoder.take(body_len));
-    let decoded = rmp_serde::from_read(&mut body);
+    let most_events = (frame_len as u64)
+        .saturating_mul(EVENTS_PER_BYTE)
+        .max(EVENTS_ALWAYS_ALLOWED);
+    let decoded = crate::columns::with_event_limit(most_events, frame_len, || {
+        rmp_serde::from_read(&mut body)
+    });
     // Whether the frame ran out before the header's length: the body is
     // cut. The rest of the frame (nothing, in a file snapdiff wrote) is
     // read to find out.

@@ -56,6 +56,9 @@ class Settings:
         # The file through which `snapdiff capture` asks for dumps; see
         # Capture.watch_requests.
         self.requests = environ.get("SNAPDIFF_REQUESTS") or None
+        # (file, function) whose callers are left out of every stack: set
+        # by the pytest plugin to the test function.
+        self.stack_root = None
         self.entries = int(environ.get("SNAPDIFF_TRACE_ENTRIES") or 100000)
         self.stacks = environ.get("SNAPDIFF_STACKS", "1") != "0"
         self.interval = None
@@ -329,12 +332,18 @@ class Capture:
             self.note({"file": name}, rank, reason)
 
     def write(self, path):
+        root = self.settings.stack_root
+        if self.cpu is None and root is None:
+            self.torch.cuda.memory._dump_snapshot(path)
+            return
         if self.cpu is not None:
             snapshot = self.cpu.snapshot()
-            with open(path, "wb") as f:
-                pickle.dump(snapshot, f, protocol=4)
         else:
-            self.torch.cuda.memory._dump_snapshot(path)
+            snapshot = self.torch.cuda.memory._snapshot()
+        if root is not None:
+            cut_stacks(snapshot, *root)
+        with open(path, "wb") as f:
+            pickle.dump(snapshot, f, protocol=4)
 
     def who(self):
         """`rank{R}` under torchrun or a rank set in RANK, else `pid{PID}`.
@@ -410,6 +419,41 @@ def place(temporary, folder, stem):
             return name
         os.unlink(temporary)
         return name
+
+
+def cut_stacks(snapshot, filename, name):
+    """Leaves out of every stack in `snapshot` the frames that called
+    function `name` of `filename` (a test's, whose callers are pytest's and
+    pluggy's). A stack without that function is kept whole. Frame lists
+    shared between records stay shared."""
+    cut = {}  # id of a frame list -> (it, its cut), keeping it alive
+
+    def cut_one(frames):
+        done = cut.get(id(frames))
+        if done is None:
+            end = next(
+                (i for i, f in enumerate(frames)
+                 if f.get("name") == name and f.get("filename") == filename),
+                None,
+            )
+            done = (frames, frames if end is None else frames[: end + 1])
+            cut[id(frames)] = done
+        return done[1]
+
+    def cut_in(record):
+        frames = record.get("frames")
+        if isinstance(frames, list):
+            record["frames"] = cut_one(frames)
+
+    for segment in snapshot.get("segments", []):
+        cut_in(segment)
+        for block in segment.get("blocks", []):
+            cut_in(block)
+            for entry in block.get("history", []):
+                cut_in(entry)
+    for trace in snapshot.get("device_traces", []):
+        for event in trace:
+            cut_in(event)
 
 
 def file_size(path):

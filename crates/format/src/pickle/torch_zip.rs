@@ -20,18 +20,25 @@ pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
         Error::new(ErrorKind::Malformed, format!("broken zip file: {e}"))
     };
     let mut archive = zip::ZipArchive::new(Cursor::new(data)).map_err(bad)?;
-    let index = (0..archive.len())
-        .find(|&i| {
-            archive
-                .name_for_index(i)
-                .is_some_and(|name| name.is_ok_and(|n| n == "data.pkl" || n.ends_with("/data.pkl")))
-        })
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotASnapshot,
-                "a zip file without data.pkl, so not a torch.save file",
-            )
-        })?;
+    let mut pickles = (0..archive.len()).filter(|&i| {
+        archive
+            .name_for_index(i)
+            .is_some_and(|name| name.is_ok_and(|n| n == "data.pkl" || n.ends_with("/data.pkl")))
+    });
+    let index = pickles.next().ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotASnapshot,
+            "a zip file without data.pkl, so not a torch.save file",
+        )
+    })?;
+    // torch.save writes one; with two, which one a reader takes is a guess,
+    // and two readers could show two different snapshots of one file.
+    if pickles.next().is_some() {
+        return Err(Error::new(
+            ErrorKind::Malformed,
+            "the zip holds more than one data.pkl, so which snapshot it is cannot be told",
+        ));
+    }
     let entry = archive.by_index(index).map_err(bad)?;
     let limit = (data.len() as u64).saturating_mul(MAX_EXPANSION);
     if entry.size() > limit {
