@@ -184,7 +184,7 @@ def test_leaks(snapdiff_steps):
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "from test_leaks" in out, out
-    assert "_pytest" not in out and "pluggy" not in out, out
+    assert "_pytest/" not in out and "pluggy/" not in out, out
 
 
 def test_a_bad_max_leak_is_an_error_that_leaves_nothing(pytester, tmp_path, monkeypatch):
