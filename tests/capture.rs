@@ -129,7 +129,7 @@ fn snapdiff_train() -> Option<PathBuf> {
 #[test]
 fn the_snapdiff_train_program_is_captured_with_no_code_change() {
     let Some(train) = snapdiff_train() else {
-        eprintln!("skipping: snapdiff-train not built (cargo test --workspace builds it)");
+        crate::util::skip("snapdiff-train", "cargo test --workspace builds it");
         return;
     };
     let dir = tempdir();

@@ -28,7 +28,21 @@ fn outputs_on_the_real_fixtures_are_the_kept_ones() {
     std::fs::create_dir_all(&golden).unwrap();
     let mut changed = Vec::new();
     // Named as users name them, relative to the repository.
-    let shown = |stem: &str| format!("../shared/fixtures/torch/{stem}.pickle");
+    let folders: std::collections::HashMap<String, String> = files
+        .iter()
+        .map(|f| {
+            let stem = f.file_stem().unwrap().to_string_lossy().into_owned();
+            let folder = f
+                .parent()
+                .unwrap()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (stem, folder)
+        })
+        .collect();
+    let shown = |stem: &str| format!("../shared/fixtures/{}/{stem}.pickle", folders[stem]);
     let mut runs: Vec<(String, Vec<String>)> = Vec::new();
     for file in &files {
         let stem = file.file_stem().unwrap().to_string_lossy().into_owned();

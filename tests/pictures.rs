@@ -156,7 +156,7 @@ fn go() -> Option<Command> {
             std::env::var_os("SNAPDIFF_REQUIRE_GO").is_none(),
             "go is missing, and SNAPDIFF_REQUIRE_GO says it must be there (apt-get install golang-go)"
         );
-        eprintln!("skipped: go tool pprof needs Go (apt-get install golang-go)");
+        crate::util::skip("go", "apt-get install golang-go");
         return None;
     }
     let mut go = Command::new("go");

@@ -20,7 +20,7 @@ fn chromium() -> Option<&'static str> {
             std::env::var_os("SNAPDIFF_REQUIRE_CHROMIUM").is_none(),
             "chromium is missing, and SNAPDIFF_REQUIRE_CHROMIUM says it must be there (apt-get install chromium)"
         );
-        eprintln!("skipped: the report tests need chromium (apt-get install chromium)");
+        crate::util::skip("chromium", "apt-get install chromium");
         return None;
     }
     Some("chromium")

@@ -36,7 +36,7 @@ fn torch_ready() -> bool {
             std::env::var_os("SNAPDIFF_REQUIRE_TORCH").is_none(),
             "python3 cannot import torch and numpy, and SNAPDIFF_REQUIRE_TORCH says it must"
         );
-        eprintln!("skipping: python3 cannot import torch (pip install torch numpy)");
+        crate::util::skip("torch", "pip install torch numpy");
     }
     ready
 }

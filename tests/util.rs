@@ -13,28 +13,43 @@ pub fn fixture(name: &str) -> PathBuf {
     root().join("fixtures").join(name)
 }
 
-/// The real PyTorch snapshots in `../shared/fixtures/torch/`, or `None` when
-/// that folder is absent. Under CI (`SNAPDIFF_REQUIRE_SHARED=1`, set by
+/// The real PyTorch snapshots in `../shared/fixtures/torch/` and
+/// `../shared/fixtures/torch-incoming/`, one set, or `None` when the first
+/// folder is absent. Under CI (`SNAPDIFF_REQUIRE_SHARED=1`, set by
 /// `.ci/run`) a missing folder fails the test instead of skipping it.
 pub fn shared_torch_fixtures() -> Option<Vec<PathBuf>> {
-    let dir = root().join("../shared/fixtures/torch");
+    let shared = root().join("../shared/fixtures");
+    let dir = shared.join("torch");
     if !dir.is_dir() {
         assert!(
             std::env::var_os("SNAPDIFF_REQUIRE_SHARED").is_none(),
             "{} is missing, and SNAPDIFF_REQUIRE_SHARED says it must be there",
             dir.display()
         );
-        eprintln!("skipping: {} not found", dir.display());
+        skip(
+            "../shared/fixtures",
+            "the shared folder beside the repository",
+        );
         return None;
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
+    let mut files: Vec<PathBuf> = ["torch", "torch-incoming"]
+        .iter()
+        .filter_map(|folder| std::fs::read_dir(shared.join(folder)).ok())
+        .flatten()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
         .collect();
-    files.sort();
+    files.sort_by_key(|p| p.file_name().map(std::ffi::OsStr::to_owned));
     assert!(!files.is_empty(), "no pickles in {}", dir.display());
     Some(files)
+}
+
+/// Whether `file` holds the allocator's state only: its trace is empty, or
+/// one entry (memory history off when it was dumped), so analyses of a
+/// trace have nothing to read.
+pub fn state_only(file: &Path) -> bool {
+    let summary = snapdiff(["summary".as_ref(), file.as_os_str(), "--json".as_ref()]).json();
+    summary["trace_events"].as_u64().unwrap_or(0) <= 1
 }
 
 /// One real PyTorch snapshot by file name, if `../shared` is present.
@@ -43,6 +58,10 @@ pub fn shared_torch(name: &str) -> Option<PathBuf> {
         .into_iter()
         .find(|p| p.file_name().unwrap() == name)
 }
+
+#[path = "support/skip.rs"]
+mod skipped;
+pub use skipped::skip;
 
 /// A fresh temporary folder, removed when dropped.
 pub fn tempdir() -> tempfile::TempDir {

@@ -49,8 +49,11 @@ def rewrite(form, path):
     if form == "windows":
         return "C:" + path.replace("/", "\\")
     if form == "notebook" and path.endswith(".py") and "/ipykernel_" not in path:
-        # Vendored libraries keep their package folder, as in a real notebook.
-        if any(f"/{lib}/" in path for lib in ("transformers", "torch")):
+        # Vendored libraries keep their package folder, as in a real notebook,
+        # and torch.compile's generated code its cache folder.
+        if any(f"/{lib}/" in path for lib in ("transformers", "torch", "megatron", "vllm")):
+            return path
+        if "/torchinductor_" in path:
             return path
         return f"/tmp/ipykernel_4242/{zlib.crc32(path.encode())}.py"
     return path

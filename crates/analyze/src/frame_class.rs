@@ -29,6 +29,11 @@ pub enum FrameClass {
     /// The language's standard library, or code made from a string
     /// (`<frozen runpy>`, `<string>`).
     StandardLibrary,
+    /// Code generated while the program ran: `torch.compile`'s Inductor
+    /// output in its `torchinductor_*` cache folders (the `call` of a
+    /// compiled graph). Never a culprit: the line that called the compiled
+    /// model is; reports show the generated frame beside it.
+    Generated,
     /// Native code without a source line: `??`, shared objects, object
     /// files, C and C++ sources (PyTorch's and libc's).
     Native,
@@ -123,6 +128,9 @@ pub fn classify(frame: &Frame) -> FrameClass {
     if notebook_cell(file).is_some() {
         return FrameClass::NotebookCell;
     }
+    if is_generated_file(file) {
+        return FrameClass::Generated;
+    }
     let segments: Vec<&str> = segments(file).collect();
     let folded = |i: usize, s: &str| segments[i].eq_ignore_ascii_case(s);
     for i in 0..segments.len().saturating_sub(1) {
@@ -186,6 +194,14 @@ pub fn notebook_cell(file: &str) -> Option<&str> {
         Some(p) if starts_with_ci(p, "ipykernel_") => Some(cell),
         Some(_) => None,
     }
+}
+
+/// Whether `file` is code generated at run time: under a folder of
+/// Inductor's cache (`/tmp/torchinductor_ana/fy/cfy….py`, or wherever
+/// `TORCHINDUCTOR_CACHE_DIR` points, which keeps the name).
+pub fn is_generated_file(file: &str) -> bool {
+    let mut folders = segments(file).rev().skip(1);
+    folders.any(|s| starts_with_ci(s, "torchinductor_"))
 }
 
 /// Whether a folder name is a Python installation or environment home:
@@ -257,6 +273,20 @@ mod tests {
         ("collate", "/home/ana/proj/lib/data.py", 21, User),
         ("load", "/home/ana/torch-experiments/load.py", 5, User),
         ("run", "/srv/jobs/my_models/run.py", 14, User),
+        // torch.compile's generated code, in Inductor's cache.
+        (
+            "call",
+            "/tmp/torchinductor_isabella/fy/cfynmy2umdm44otb4irtcaejxvr3a4q7la7mz6lrzbnotuwxnyn5.py",
+            165,
+            Generated,
+        ),
+        (
+            "call",
+            "C:\\Users\\ana\\AppData\\Local\\Temp\\torchinductor_ana\\ab\\cab.py",
+            9,
+            Generated,
+        ),
+        ("step", "/home/ana/torchinductor_notes.py", 3, User),
         ("train::main", "/home/ana/proj/src/main.rs", 30, User),
         ("train::step", "/home/ana/cargo/src/step.rs", 30, User),
         // Notebook cells.

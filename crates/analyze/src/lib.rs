@@ -45,7 +45,7 @@ pub use crate::compare::{
     Change, CompareOptions, Comparison, GroupDiff, Matching, compare, rows_by_culprit,
 };
 pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_base, short_name};
-pub use crate::frame_class::{FrameClass, classify, notebook_cell};
+pub use crate::frame_class::{FrameClass, classify, is_generated_file, notebook_cell};
 pub use crate::group::{
     LiveGroups, Site, SiteFrame, SiteNamer, Totals, is_live, live_groups, requested,
 };

@@ -11,13 +11,17 @@ use crate::culprit::CulpritRules;
 use crate::group::{self, Site, SiteNamer, live_groups, merge_rows};
 use crate::stack_key::{StackKey, StackKeys};
 
-/// Totals of one device, pool and stream.
+/// Totals of one device, pool (private pools apart) and stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PoolTotals {
     /// Device ordinal.
     pub device: u32,
     /// `small` or `large`.
     pub pool: &'static str,
+    /// A private memory pool's id (CUDA graphs, `torch.cuda.MemPool`, such
+    /// as vLLM's KV cache); `None` for the shared pools, `(0, 0)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private_pool: Option<(i64, i64)>,
     /// The stream.
     pub stream: i64,
     /// Totals over the segments of this device, pool and stream.
@@ -71,11 +75,11 @@ pub struct Summary {
 
 /// Summarizes `snap`, naming the `top` sites that hold the most live memory.
 pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
-    let mut per_pool: BTreeMap<(u32, Pool, i64), Totals> = BTreeMap::new();
+    let mut per_pool: BTreeMap<(u32, Pool, (i64, i64), i64), Totals> = BTreeMap::new();
     let mut frag = Fragmentation::default();
     for seg in &snap.segments {
         per_pool
-            .entry((seg.device, seg.pool, seg.stream))
+            .entry((seg.device, seg.pool, seg.pool_id, seg.stream))
             .or_default()
             .add_segment(seg);
         for b in &seg.blocks {
@@ -150,9 +154,10 @@ pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
         actions,
         pools: per_pool
             .into_iter()
-            .map(|((device, pool, stream), totals)| PoolTotals {
+            .map(|((device, pool, pool_id, stream), totals)| PoolTotals {
                 device,
                 pool: pool.name(),
+                private_pool: (pool_id != (0, 0)).then_some(pool_id),
                 stream,
                 totals,
             })

@@ -68,7 +68,10 @@ pub fn write_text(
         for p in &summary.pools {
             pools.add_row(vec![
                 p.device.to_string(),
-                p.pool.to_owned(),
+                match p.private_pool {
+                    Some((a, b)) => format!("{}, private ({a}, {b})", p.pool),
+                    None => p.pool.to_owned(),
+                },
                 p.stream.to_string(),
                 count(p.totals.segments),
                 size(p.totals.reserved_bytes),

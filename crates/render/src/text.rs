@@ -164,6 +164,15 @@ pub fn site_cell(site: &Site, frames: usize, base: &str) -> String {
     let culprit_at = site.frames.iter().position(|f| {
         f.name == site.culprit.name && f.file == site.culprit.file && f.line == site.culprit.line
     });
+    // The compiled graph the culprit line called, when the memory was
+    // allocated in torch.compile's generated code: its frame as context.
+    if let Some(generated) = site.frames[..culprit_at.unwrap_or(0)]
+        .iter()
+        .find(|f| snapdiff_analyze::is_generated_file(&f.file))
+    {
+        cell.push_str("\n  in compiled code ");
+        cell.push_str(&frame_text(generated, base));
+    }
     let below = culprit_at.map_or(0, |i| i + 1);
     for f in site.frames.iter().skip(below).take(frames) {
         cell.push_str("\n  from ");

@@ -7,6 +7,10 @@ use snapdiff_runtime::{Allocator, AllocatorConfig, HostBackend};
 use snapdiff_train::compute::HostCompute;
 use snapdiff_train::{Device, Leak, TrainArgs, kernels, train};
 
+#[path = "../../../tests/support/skip.rs"]
+mod skipped;
+use skipped::skip;
+
 fn args(steps: u64, leak: Leak) -> TrainArgs {
     TrainArgs {
         steps,
@@ -88,7 +92,7 @@ fn every_kernel_compiles_to_ptx() {
             std::env::var_os("SNAPDIFF_REQUIRE_NVRTC").is_none(),
             "NVRTC is required here (SNAPDIFF_REQUIRE_NVRTC) but missing: pip install nvidia-cuda-nvrtc-cu12"
         );
-        eprintln!("skipping: NVRTC not installed (pip install nvidia-cuda-nvrtc-cu12)");
+        skip("NVRTC", "pip install nvidia-cuda-nvrtc-cu12");
         return;
     }
     for path in files {
