@@ -7,8 +7,16 @@
 //! MessagePack; JSON documents with elements and keys duplicated, deleted and
 //! replaced. Every input must give a snapshot or a one-line error, never a
 //! panic, and the reader's heap must stay within [`memory_bound`] of the
-//! input's size (counted by this binary's allocator, per thread). The same
-//! counter checks that a long `.snap` trace is read without its whole body.
+//! input's size (counted by this binary's allocator, per thread); a body of
+//! a million empty events, which compresses to almost nothing, is among the
+//! `.snap` seeds. The same counter checks that a long `.snap` trace is read
+//! without its whole body.
+//!
+//! Files that still read after their strings were overwritten with hostile
+//! text (line breaks, NUL, ESC, markup) are read from disk as users' are,
+//! mapped, and drawn by every writer: each output must parse (SVG as XML,
+//! folded stacks as one stack a line, JSON as JSON, a few report pages in
+//! Chromium) and no text output may hold a raw control character.
 //!
 //! The seed is fixed, so a run is repeatable; `SNAPDIFF_FUZZ_ROUNDS` sets the
 //! number of rounds (the default takes about a minute on two cores; longer
@@ -445,7 +453,7 @@ fn pickles_never_panic_or_blow_up() {
 #[test]
 fn snap_and_json_never_panic_or_blow_up() {
     // Each seed's MessagePack body and JSON document, made once.
-    let seeds: Vec<(Vec<u8>, serde_json::Value)> = seed_snapshots()
+    let mut seeds: Vec<(Vec<u8>, serde_json::Value)> = seed_snapshots()
         .iter()
         .map(|snap| {
             let mut json = Vec::new();
@@ -453,13 +461,28 @@ fn snap_and_json_never_panic_or_blow_up() {
             (rmp_body(snap), serde_json::from_slice(&json).unwrap())
         })
         .collect();
+    // A body of empty events, just over the most a small file may hold:
+    // its columns compress to almost nothing (see `snap::EVENTS_PER_BYTE`).
+    let mut empty = snapdiff_format::Events::new();
+    for _ in 0..(1 << 20) + 1 {
+        empty.push(snapdiff_format::TraceEvent::default());
+    }
+    let many = Snapshot {
+        traces: vec![snapdiff_format::DeviceTrace {
+            device: 0,
+            events: empty,
+        }],
+        ..Snapshot::default()
+    };
+    seeds.push((rmp_body(&many), serde_json::Value::Null));
+    drop(many);
     assert!(!seeds.is_empty());
     let mut rng = fastrand::Rng::with_seed(0x5eed_0002);
     let started = Instant::now();
     let (mut tried, mut read) = (0, 0);
     for round in 0..rounds(3000) {
         let (body, doc) = &seeds[round % seeds.len()];
-        let input = if round % 2 == 0 {
+        let input = if round % 2 == 0 || doc.is_null() {
             let mut body = body.clone();
             let declared = match rng.u8(..4) {
                 0 => body.len() as u64 * rng.u64(2..2000),
@@ -546,5 +569,170 @@ fn a_long_snap_trace_is_read_without_holding_its_body() {
         transient >> 20,
         kept >> 20,
         body_len >> 20
+    );
+}
+
+// ---- what the writers make of files that read ----
+
+/// Text a string of a file may hold that would forge or break an output if
+/// passed on raw: line breaks, NUL and ESC, HTML and XML markup, the folded
+/// format's separator, quotes. All single bytes, so the UTF-8 stays valid.
+const HOSTILE_TEXT: &[u8] = b"\n\r\0\x1b<>&;\"'</script><!--{{DATA}}\t\x07\x7f";
+
+/// Overwrites the text of one of the pickle's short strings with
+/// [`HOSTILE_TEXT`], keeping its length.
+fn poison_a_string(rng: &mut fastrand::Rng, data: &mut [u8]) {
+    let strings: Vec<(usize, usize)> = opcodes(data)
+        .into_iter()
+        .filter(|&(p, l)| data[p] == 0x8c && l > 2)
+        .collect();
+    if strings.is_empty() {
+        return;
+    }
+    let (p, l) = strings[rng.usize(..strings.len())];
+    let start = rng.usize(..HOSTILE_TEXT.len());
+    for (i, b) in data[p + 2..p + l].iter_mut().enumerate() {
+        *b = HOSTILE_TEXT[(start + i) % HOSTILE_TEXT.len()];
+    }
+}
+
+/// Runs the `snapdiff` binary; its stdout, and whether it exited 0 (else
+/// its one-line error is checked).
+fn snapdiff_out(args: &[&std::ffi::OsStr]) -> (Vec<u8>, bool) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapdiff"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        assert_eq!(out.status.code(), Some(2), "snapdiff {args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "snapdiff {args:?}: {stderr}");
+        assert!(!stderr.trim_end().contains(char::is_control), "{stderr:?}");
+    }
+    (out.stdout, out.status.success())
+}
+
+#[test]
+fn every_output_of_a_mutated_file_parses() {
+    // Mutated pickles, many with hostile text in their names, read from a
+    // file as users' are (mapped); each one that reads is drawn as a
+    // flame graph (SVG, parsed as XML), folded stacks (one stack a line),
+    // JSON (parsed), text (no raw controls) and, for a few, a report page
+    // opened in Chromium.
+    let seeds: Vec<_> = seed_files()
+        .into_iter()
+        .filter(|(p, d)| p.extension().is_some_and(|e| e == "pickle") && d.len() < 1 << 20)
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0003);
+    let (mut read, mut svgs, mut pages) = (0, Vec::new(), Vec::new());
+    for round in 0..rounds(20_000) / 100 {
+        let (path, seed) = &seeds[round % seeds.len()];
+        let mut data = seed.clone();
+        for _ in 0..rng.usize(1..4) {
+            poison_a_string(&mut rng, &mut data);
+        }
+        if rng.u8(..4) == 0 {
+            mutate_pickle(&mut rng, &mut data);
+        }
+        let file = dir.path().join(format!("round{round}.pickle"));
+        std::fs::write(&file, &data).unwrap();
+        let what = format!("round {round} of {}", path.display());
+        let mapped = std::panic::catch_unwind(|| snapdiff_format::read_path(&file).map(drop));
+        match mapped.unwrap_or_else(|_| panic!("{what}: the mapped reader panicked")) {
+            Ok(()) => read += 1,
+            Err(e) => {
+                assert!(!e.to_string().contains('\n'), "{what}: {e}");
+                continue;
+            }
+        }
+        let f = file.as_os_str();
+        let svg = dir.path().join(format!("round{round}.svg"));
+        // A file may read and still not be drawn (a malformed stack
+        // table, say): then a one-line error, checked by `snapdiff_out`.
+        if snapdiff_out(&["flamegraph".as_ref(), f, "-o".as_ref(), svg.as_os_str()]).1 {
+            svgs.push(svg);
+        }
+        let (folded, _) = snapdiff_out(&[
+            "flamegraph".as_ref(),
+            "--folded".as_ref(),
+            "-o".as_ref(),
+            "-".as_ref(),
+            f,
+        ]);
+        for line in String::from_utf8(folded).unwrap().lines() {
+            let (stack, count) = line.rsplit_once(' ').expect(&what);
+            assert!(
+                !stack.is_empty()
+                    && count.parse::<u64>().is_ok()
+                    && !line.contains(char::is_control),
+                "{what}: folded line {line:?}"
+            );
+        }
+        for command in ["summary", "peak", "trend"] {
+            let (json, _) = snapdiff_out(&[command.as_ref(), f, "--json".as_ref()]);
+            if !json.is_empty() {
+                serde_json::from_slice::<serde_json::Value>(&json)
+                    .unwrap_or_else(|e| panic!("{what}: {command} --json: {e}"));
+            }
+            let (text, _) = snapdiff_out(&[command.as_ref(), f]);
+            let text = String::from_utf8(text).unwrap();
+            assert!(
+                !text.chars().any(|c| c.is_control() && c != '\n'),
+                "{what}: {command} printed a raw control character: {text:?}"
+            );
+        }
+        if pages.len() < 4 {
+            let page = dir.path().join(format!("round{round}.html"));
+            if snapdiff_out(&["report".as_ref(), f, "-o".as_ref(), page.as_os_str()]).1 {
+                pages.push(page);
+            }
+        }
+    }
+    assert!(read > 0, "no mutated file read");
+    // Every SVG, parsed by a strict XML parser (one process for all).
+    let parse = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, xml.dom.minidom\nfor p in sys.argv[1:]: xml.dom.minidom.parse(p)",
+        ])
+        .args(&svgs)
+        .output()
+        .expect("python3 parses the SVGs");
+    assert!(
+        parse.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parse.stderr)
+    );
+    // The pages, in Chromium when it is installed: their script runs on
+    // their data, and nothing of the file's runs.
+    let chromium_found = std::process::Command::new("chromium")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if chromium_found {
+        for page in &pages {
+            let dom = std::process::Command::new("chromium")
+                .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+                .arg(format!("file://{}", page.display()))
+                .output()
+                .unwrap();
+            let dom = String::from_utf8_lossy(&dom.stdout);
+            assert!(
+                dom.contains("data-ready=\"yes\""),
+                "{}: the script did not run",
+                page.display()
+            );
+            assert!(
+                dom.contains("<title>snapdiff report</title>"),
+                "{}",
+                page.display()
+            );
+        }
+    }
+    eprintln!(
+        "fuzz: {read} poisoned files read; {} flame graphs parsed as XML, {} pages in a browser",
+        svgs.len(),
+        if chromium_found { pages.len() } else { 0 }
     );
 }

@@ -63,7 +63,8 @@ pub fn write_text(
     }
     write_sites(&cmp.groups, cmp.leaked_bytes, options, out)?;
     for note in &cmp.notes {
-        writeln!(out, "note: {note}")?;
+        // A note may quote the file (a marker's name): escaped.
+        writeln!(out, "note: {}", snapdiff_format::visible::escaped(note))?;
     }
     Ok(())
 }

@@ -14,7 +14,8 @@ pub fn write_text(oom: &Oom, options: &TextOptions, out: &mut dyn Write) -> io::
         write_device(device, options, out)?;
     }
     for note in &oom.notes {
-        writeln!(out, "note: {note}")?;
+        // A note may quote the file (a marker's name): escaped.
+        writeln!(out, "note: {}", snapdiff_format::visible::escaped(note))?;
     }
     Ok(())
 }

@@ -21,7 +21,8 @@ pub fn write_text(
         write_device(device, options, out)?;
     }
     for note in &steps.notes {
-        writeln!(out, "note: {note}")?;
+        // A note may quote the file (a marker's name): escaped.
+        writeln!(out, "note: {}", snapdiff_format::visible::escaped(note))?;
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 
 use snapdiff_analyze::Summary;
+use snapdiff_format::visible;
 
 use crate::TextOptions;
 use crate::text::{add_rows, write_table};
@@ -23,6 +24,7 @@ pub fn write_text(
     let t = &summary.totals;
     writeln!(out, "{}", file)?;
     if let Some(source) = &source {
+        let (source, producer) = (visible::escaped(source), visible::escaped(producer));
         writeln!(out, "  from {source}, recorded by {producer}")?;
     }
     let mut totals = table(["", "bytes", ""]);
@@ -111,7 +113,7 @@ pub fn write_text(
     let actions: Vec<String> = summary
         .actions
         .iter()
-        .map(|(a, n)| format!("{a} {n}"))
+        .map(|(a, n)| format!("{} {n}", visible::escaped(a)))
         .collect();
     if !actions.is_empty() {
         write!(out, ": {}", actions.join(", "))?;

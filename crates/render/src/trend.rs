@@ -124,7 +124,8 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
         write_evidence(trend, shown, out)?;
     }
     for note in &trend.notes {
-        writeln!(out, "note: {note}")?;
+        // A note may quote the file (a marker's name): escaped.
+        writeln!(out, "note: {}", snapdiff_format::visible::escaped(note))?;
     }
     Ok(())
 }
