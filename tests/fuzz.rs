@@ -669,7 +669,7 @@ fn every_output_of_a_mutated_file_parses() {
                 "{what}: folded line {line:?}"
             );
         }
-        for command in ["summary", "peak", "trend"] {
+        for command in ["summary", "peak", "trend", "steps", "oom"] {
             let (json, _) = snapdiff_out(&[command.as_ref(), f, "--json".as_ref()]);
             if !json.is_empty() {
                 serde_json::from_slice::<serde_json::Value>(&json)

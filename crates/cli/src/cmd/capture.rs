@@ -68,7 +68,12 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         Box::new(crate::output::text_out())
     };
     use std::io::Write;
-    report_files(&mut out, &args.output, &captured)?;
+    // What was written is said on stderr under --json, which stdout keeps for JSON.
+    if args.report.json {
+        report_files(&mut std::io::stderr().lock(), &args.output, &captured)?;
+    } else {
+        report_files(&mut out, &args.output, &captured)?;
+    }
     if args.no_report || captured.snapshots.is_empty() {
         return Ok(match args.fail_over {
             Some(_) if captured.exit == Exit::Clean => {

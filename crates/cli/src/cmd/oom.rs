@@ -11,11 +11,15 @@ use crate::exit::Exit;
 /// The top-level entry point for `snapdiff oom`.
 pub(crate) fn run(args: OomArgs) -> anyhow::Result<Exit> {
     let snap = crate::input::read(&args.file)?;
-    let mut out = crate::output::text_out();
-    if !args.report.json {
+    if args.report.json {
+        // Plain stdout: JSON escapes control characters itself, and must
+        // stay exact (the terminal writer's escapes are not JSON's).
+        report(&snap, &args.report, &mut std::io::stdout().lock())?;
+    } else {
+        let mut out = crate::output::text_out();
         writeln!(out, "{}", crate::output::shown(&args.file))?;
+        report(&snap, &args.report, &mut out)?;
     }
-    report(&snap, &args.report, &mut out)?;
     crate::input::release([snap]);
     Ok(Exit::Clean)
 }
