@@ -78,6 +78,7 @@ class CpuRecorder(TorchDispatchMode):
         self._at = {}  # data pointer -> _Storage
         self._watched = {}  # id of a weak reference to a returned tensor -> (it, storage key)
         self._gone = collections.deque()  # keys of storages a tensor let go
+        self._resizes = {}  # operator -> "self", "out" or "": what it may move
         self._trace = collections.deque(maxlen=max(int(max_entries), 1))
         self._ops_since_sweep = 0
         self._frames = {}  # (code, line) -> frame dict, shared by stacks
@@ -108,10 +109,12 @@ class CpuRecorder(TorchDispatchMode):
         try:
             if self._gone:
                 self._settle()
-            # An in-place operator may move its first argument's storage
-            # (`resize_`) or drop it (`set_`): that storage is checked after.
-            if func._schema.name.endswith("_") and args and _is_cpu_tensor(args[0]):
-                storage = self._storage_of(args[0])
+            # An operator that resizes its tensor may move its storage
+            # (`resize_`, an `out=` argument) or drop it (`set_`): that
+            # storage is checked after.
+            target = self._moved_by(func, args, kwargs)
+            if target is not None:
+                storage = self._storage_of(target)
                 moved = None if storage is None else self._live.get(storage._cdata)
                 del storage  # holding it would keep it alive
         except Exception as e:
@@ -122,7 +125,7 @@ class CpuRecorder(TorchDispatchMode):
             return out
         try:
             if moved is not None:
-                self._check(moved, args[0])
+                self._check(moved, target)
             if isinstance(out, torch.Tensor):
                 self._note(out)
             elif isinstance(out, (tuple, list)):
@@ -136,6 +139,29 @@ class CpuRecorder(TorchDispatchMode):
         except Exception as e:
             self._fail(e)
         return out
+
+    def _moved_by(self, func, args, kwargs):
+        """The CPU tensor whose storage `func` may move or drop: the first
+        argument of `resize_`, `resize_as_` and `set_`, the `out=` argument
+        of an `.out` overload; else None. (Other in-place operators write
+        into the storage they have.)"""
+        kind = self._resizes.get(func)
+        if kind is None:
+            name = func._schema.name
+            if name in ("aten::resize_", "aten::resize_as_", "aten::set_"):
+                kind = "self"
+            elif func._overloadname.startswith("out"):
+                kind = "out"
+            else:
+                kind = ""
+            self._resizes[func] = kind
+        if kind == "self" and args:
+            target = args[0]
+        elif kind == "out" and kwargs:
+            target = kwargs.get("out")
+        else:
+            return None
+        return target if _is_cpu_tensor(target) else None
 
     def _fail(self, error):
         """Stops recording after a failure of the recorder's own, saying so
