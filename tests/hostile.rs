@@ -702,3 +702,26 @@ fn one_trace_list_for_two_devices_is_named_at_its_first_repeat() {
         run.stderr()
     );
 }
+
+#[test]
+fn text_that_is_not_utf8_is_read_and_said() {
+    // A lone surrogate, as Python's "surrogatepass" writes it, in a key
+    // snapdiff does not know.
+    let dir = tempdir();
+    let path = dir.path().join("surrogate.pickle");
+    python_script(
+        "import pickle, sys\n\
+         snap = pickle.load(open(sys.argv[1], 'rb'))\n\
+         snap['\\udc80 notes'] = 'x'\n\
+         open(sys.argv[2], 'wb').write(pickle.dumps(snap, protocol=4))",
+        &[&fixture("torch-format/snapshot-p4.pickle"), &path],
+    );
+    let run = crate::util::snapdiff(["summary".as_ref(), path.as_os_str()]);
+    run.expect_code(0);
+    assert!(
+        run.stdout()
+            .contains("1 string not UTF-8, shown with U+FFFD"),
+        "{}",
+        run.stdout()
+    );
+}

@@ -182,6 +182,9 @@ pub(crate) struct Heap<'a> {
     pub(crate) containers: Vec<Container>,
     /// Where the memo holds each container; parallel to `containers`.
     memo_refs: Vec<MemoRef>,
+    /// Strings of the file that were not UTF-8, kept with U+FFFD in place
+    /// of their bad bytes.
+    pub(crate) not_utf8: usize,
 }
 
 impl<'a> Heap<'a> {

@@ -657,7 +657,10 @@ impl<'a> Machine<'a> {
         // lossily. (Plain validation first: it is much faster than the lossy pass.)
         let s = match std::str::from_utf8(b) {
             Ok(s) => Cow::Borrowed(s),
-            Err(_) => String::from_utf8_lossy(b),
+            Err(_) => {
+                self.heap.not_utf8 += 1;
+                String::from_utf8_lossy(b)
+            }
         };
         self.heap.keys.push(Key::classify(&s));
         self.heap.strings.push(s);

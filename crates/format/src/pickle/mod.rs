@@ -39,12 +39,19 @@ pub(crate) fn read(
     progress: Option<crate::read::Progress>,
 ) -> Result<Snapshot> {
     let (top, heap, mut lower, protocol) = machine::run(data, progress)?;
+    // Said where the file is described: text that was not UTF-8 (Python's
+    // lone surrogates, or damage) is shown with U+FFFD.
+    let not_utf8 = match heap.not_utf8 {
+        0 => String::new(),
+        1 => "; 1 string not UTF-8, shown with U+FFFD".to_owned(),
+        n => format!("; {n} strings not UTF-8, shown with U+FFFD"),
+    };
     let mut snap = Snapshot {
         meta: Meta {
             producer: Meta::PRODUCER_TORCH.to_owned(),
             source: Some(match container {
-                Some(c) => format!("PyTorch pickle (protocol {protocol}) in a {c}"),
-                None => format!("PyTorch pickle (protocol {protocol})"),
+                Some(c) => format!("PyTorch pickle (protocol {protocol}{not_utf8}) in a {c}"),
+                None => format!("PyTorch pickle (protocol {protocol}{not_utf8})"),
             }),
             ..Meta::default()
         },
