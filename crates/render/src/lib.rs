@@ -16,6 +16,9 @@
 //! assert!(String::from_utf8(out).unwrap().contains("no site holds more live memory"));
 //! ```
 
+#![deny(missing_docs)]
+#![warn(unreachable_pub)]
+
 pub mod compare;
 pub mod flamegraph;
 pub mod html;

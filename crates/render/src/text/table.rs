@@ -1,0 +1,117 @@
+//! Tables with snapdiff's look, fitted to the terminal.
+
+use std::io::Write;
+
+use comfy_table::presets::UTF8_BORDERS_ONLY;
+use comfy_table::{ContentArrangement, Table};
+
+use super::color::strip_colors;
+
+/// A table with snapdiff's look: header underlined, no inner grid.
+pub fn table<I: IntoIterator<Item = &'static str>>(header: I) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header);
+    // A terminal that reports no columns (some CI runners, `stty cols 0`)
+    // would squeeze every cell to one character a line: its width is
+    // unknown, so the table is not fitted to it.
+    if t.width() == Some(0) {
+        t.set_content_arrangement(ContentArrangement::Disabled);
+    }
+    t
+}
+
+/// Adds `rows` to `t`, with the paths in column `col` (the culprit's)
+/// shortened from the left (`…/core/interactiveshell.py:3577`) when the
+/// terminal is too narrow for them: the end of a path tells files apart,
+/// and a path wrapped mid-word reads as two.
+pub fn add_rows(t: &mut Table, mut rows: Vec<Vec<String>>, col: usize) {
+    if let Some(width) = t.width().filter(|&w| w > 0) {
+        let columns = rows.first().map_or(0, Vec::len);
+        let header: Vec<usize> = t
+            .header()
+            .map(|h| h.cell_iter().map(|c| c.content().chars().count()).collect())
+            .unwrap_or_default();
+        let widest = |c: usize| {
+            rows.iter()
+                .flat_map(|r| r[c].lines())
+                .map(|l| strip_colors(l).chars().count())
+                .chain(header.get(c).copied())
+                .max()
+                .unwrap_or(0)
+        };
+        // Each column is its text and a space either side; the table adds
+        // a border either side.
+        let others: usize = (0..columns)
+            .filter(|&c| c != col)
+            .map(|c| widest(c) + 2)
+            .sum();
+        // A few characters spare: comfy-table keeps some for itself.
+        let room = usize::from(width).saturating_sub(others + 2 + 2 + 4);
+        if room >= 24 {
+            for row in &mut rows {
+                let lines: Vec<String> = row[col].lines().map(|l| shorten_line(l, room)).collect();
+                row[col] = lines.join("\n");
+            }
+        }
+    }
+    for row in rows {
+        t.add_row(row);
+    }
+}
+
+/// `line` at most `room` characters long if shortening its last word, a
+/// path, from the left can do it.
+fn shorten_line(line: &str, room: usize) -> String {
+    let len = line.chars().count();
+    let Some(start) = line.rfind(' ').map(|i| i + 1) else {
+        return line.to_owned();
+    };
+    let path = &line[start..];
+    if len <= room || !path.contains('/') {
+        return line.to_owned();
+    }
+    let keep = path.chars().count().saturating_sub(len - room + 1);
+    if keep < 8 {
+        return line.to_owned();
+    }
+    let tail: String = path.chars().skip(path.chars().count() - keep).collect();
+    format!("{}…{tail}", &line[..start])
+}
+
+
+/// Writes table `t` under its title, a line saying what its rows are.
+pub fn write_table(out: &mut dyn Write, title: &str, t: &Table) -> std::io::Result<()> {
+    writeln!(out, "{title}")?;
+    writeln!(out, "{t}")
+}
+
+/// Right-aligns the given columns (numbers read better that way).
+pub fn align_right(t: &mut Table, columns: &[usize]) {
+    for &c in columns {
+        if let Some(col) = t.column_mut(c) {
+            col.set_cell_alignment(comfy_table::CellAlignment::Right);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_paths_are_shortened_from_the_left() {
+        let line =
+            "from run_code  /root/miniconda3/envs/py3.10/lib/IPython/core/interactiveshell.py:3577";
+        let short = shorten_line(line, 50);
+        assert_eq!(short.chars().count(), 50);
+        assert!(short.starts_with("from run_code  …"), "{short}");
+        assert!(short.ends_with("/core/interactiveshell.py:3577"), "{short}");
+        assert_eq!(shorten_line(line, 200), line);
+        assert_eq!(
+            shorten_line("(no stack recorded)", 5),
+            "(no stack recorded)"
+        );
+    }
+}
