@@ -9,15 +9,11 @@ CPU recorder when torch sees no CUDA device. Steps are counted by
 """
 
 import os
-import sys
-
-_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
 
 
 def _capture_module():
-    if _HOOK not in sys.path:
-        sys.path.append(_HOOK)
-    import snapdiff_capture
+    # Imported when a recording starts, not with snapdiff: it imports torch.
+    from snapdiff.hook import snapdiff_capture
 
     return snapdiff_capture
 

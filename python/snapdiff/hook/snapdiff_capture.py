@@ -185,7 +185,10 @@ class Capture:
             # Runs now if this process already initialised CUDA, else when it does.
             torch.cuda._lazy_call(self.guarded(self.start_cuda))
         else:
-            import snapdiff_cpu_recorder
+            try:  # in the snapdiff package (snapdiff.recording)
+                from . import snapdiff_cpu_recorder
+            except ImportError:  # capture's start-up hook, a top-level module
+                import snapdiff_cpu_recorder
 
             self.cpu = snapdiff_cpu_recorder.CpuRecorder(self.settings.entries)
             self.cpu.start()
