@@ -27,6 +27,7 @@
 mod category;
 mod compare;
 mod culprit;
+mod cuts;
 mod frame_class;
 mod group;
 mod iterations;

@@ -11,10 +11,10 @@ use serde::Serialize;
 use snapdiff_format::{Action, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
+use crate::cuts::step_cuts;
 use crate::group::{Site, SiteNamer, Totals, live_groups};
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
-use crate::trend::step_cuts;
 
 /// When to take the live memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,11 +15,12 @@ use snapdiff_format::{Action, Snapshot};
 
 use crate::category::Categories;
 use crate::culprit::CulpritRules;
+use crate::cuts::step_cuts;
 use crate::group::{Site, SiteNamer};
 use crate::peak::{CategoryTotal, PeakSite, live_breakdown};
 use crate::replay::{LiveChange, replay, replay_with};
 use crate::stack_key::{StackKey, StackKeys};
-use crate::trend::{CheckpointSource, TrendOptions, step_cuts, trend_trace};
+use crate::trend::{CheckpointSource, TrendOptions, trend_trace};
 
 /// Sites named per step as what it retained.
 const RETAINED_SITES: usize = 5;

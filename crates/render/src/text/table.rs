@@ -80,7 +80,6 @@ fn shorten_line(line: &str, room: usize) -> String {
     format!("{}…{tail}", &line[..start])
 }
 
-
 /// Writes table `t` under its title, a line saying what its rows are.
 pub fn write_table(out: &mut dyn Write, title: &str, t: &Table) -> std::io::Result<()> {
     writeln!(out, "{title}")?;

@@ -130,7 +130,6 @@ mod tests {
         String::from_utf8(out.inner).unwrap()
     }
 
-
     #[test]
     fn with_colors_only_snapdiffs_colour_codes_pass() {
         let mut out = TerminalText::with_colors(Vec::new());
