@@ -1,0 +1,269 @@
+//! The captured job: its environment and start-up hook, the child process
+//! and its exit, and what it left in its folder.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::SystemTime;
+
+use anyhow::Context;
+use snapdiff_render::capture::LostDump;
+use snapdiff_runtime::config::{
+    ENV_DIR, ENV_EVERY_STEPS, ENV_INTERVAL, ENV_REQUESTS, ENV_STACKS, ENV_TRACE_ENTRIES,
+};
+
+use super::signals;
+use crate::args::CaptureArgs;
+use crate::exit::Exit;
+use crate::manifest;
+
+/// The Python start-up hook, put on the command's PYTHONPATH: records
+/// PyTorch's memory history once torch is imported (see the files' own notes).
+const PYTHON_HOOK: [(&str, &str); 3] = [
+    (
+        "sitecustomize.py",
+        include_str!("../../../../../python/snapdiff/hook/sitecustomize.py"),
+    ),
+    (
+        "snapdiff_capture.py",
+        include_str!("../../../../../python/snapdiff/hook/snapdiff_capture.py"),
+    ),
+    (
+        "snapdiff_cpu_recorder.py",
+        include_str!("../../../../../python/snapdiff/hook/snapdiff_cpu_recorder.py"),
+    ),
+];
+
+/// What a captured run left behind.
+pub(crate) struct Captured {
+    /// How CMD ended.
+    pub(crate) exit: Exit,
+    /// Snapshot files it wrote, oldest first.
+    pub(crate) snapshots: Vec<PathBuf>,
+    /// Dumps that could not be written.
+    pub(crate) failed: Vec<LostDump>,
+    /// Half-written dumps of killed processes, removed.
+    pub(crate) abandoned: usize,
+}
+
+/// The signals caught by [`catch_signals`], until [`capture`] serves them.
+static CAUGHT: std::sync::Mutex<Option<signals::Caught>> = std::sync::Mutex::new(None);
+
+/// Catches the signals capture owns, from now on: one that comes before the
+/// job starts is served once it has, and none kills capture (which would
+/// leave its temporary folder behind and the job unwatched).
+pub(crate) fn catch_signals() {
+    let mut caught = CAUGHT.lock().unwrap_or_else(|e| e.into_inner());
+    if caught.is_none() {
+        *caught = Some(signals::catch());
+    }
+}
+
+/// Runs the command of `args` under capture.
+pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
+    catch_signals();
+    let signals = CAUGHT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .unwrap_or_else(signals::catch);
+    let dir = writable_folder(&args.output)?;
+    let hook = tempfile::Builder::new()
+        .prefix("snapdiff-hook-")
+        .tempdir()
+        .context("cannot create a temporary folder")?;
+    for (name, text) in PYTHON_HOOK {
+        std::fs::write(hook.path().join(name), text)
+            .context("cannot write the Python start-up hook")?;
+    }
+    let requests = hook.path().join("requests");
+    std::fs::write(&requests, b"").context("cannot write the file of dump requests")?;
+
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut cmd = Command::new(program);
+    cmd.args(rest)
+        .env(ENV_DIR, &dir)
+        .env(ENV_REQUESTS, &requests);
+    if let Some(n) = args.every {
+        cmd.env(ENV_EVERY_STEPS, n.to_string());
+    }
+    if let Some(t) = args.interval {
+        // Seconds, parsed once here: the runtime and the hook read a number.
+        cmd.env(ENV_INTERVAL, t.as_secs_f64().to_string());
+    }
+    if let Some(n) = args.max_entries {
+        cmd.env(ENV_TRACE_ENTRIES, n.to_string());
+    }
+    if args.no_stacks {
+        cmd.env(ENV_STACKS, "0");
+    }
+    let mut python_path = OsString::from(hook.path());
+    if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        python_path.push(":");
+        python_path.push(existing);
+    }
+    cmd.env("PYTHONPATH", python_path);
+
+    end_with_this_process(&mut cmd);
+
+    let name = crate::output::shown(Path::new(program));
+    let started = SystemTime::now();
+    let before = snapshot_files(&dir);
+    let manifest_before = std::fs::metadata(dir.join(manifest::FILE_NAME)).map_or(0, |m| m.len());
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
+    let forwarder = signals.forward_to(child.id(), requests, &name);
+    let status = child.wait().context("cannot wait for the command")?;
+    forwarder.stop();
+    let abandoned = remove_abandoned_dumps(&dir);
+
+    let mut snapshots: Vec<PathBuf> = snapshot_files(&dir)
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .filter(|p| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t >= started)
+        })
+        .collect();
+    snapshots.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    let exit = match (status.code(), signals::terminating_signal(&status)) {
+        (Some(0), _) => Exit::Clean,
+        (Some(code), _) => {
+            eprintln!("snapdiff: {name} exited with code {code}");
+            Exit::Code(code.clamp(1, 255) as u8)
+        }
+        (None, Some(signal)) => {
+            eprintln!(
+                "snapdiff: {name} was killed by signal {signal} ({})",
+                signals::name(signal)
+            );
+            Exit::Code((128 + signal).clamp(1, 255) as u8)
+        }
+        (None, None) => Exit::Error,
+    };
+    let failed = manifest::entries(&dir.join(manifest::FILE_NAME), manifest_before)
+        .into_iter()
+        .filter(|entry| entry.file.is_none())
+        .map(|entry| LostDump {
+            step: entry.step,
+            reason: entry.reason,
+            error: entry.error.unwrap_or_default(),
+        })
+        .collect();
+    Ok(Captured {
+        exit,
+        snapshots,
+        failed,
+        abandoned,
+    })
+}
+
+/// Creates `dir` if needed and checks that a file can be written in it, so
+/// that a job is never run for nothing.
+fn writable_folder(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{}: cannot create the output folder", dir.display()))?;
+    let dir =
+        std::fs::canonicalize(dir).with_context(|| format!("{}: cannot resolve", dir.display()))?;
+    tempfile::Builder::new()
+        .prefix(".snapdiff-probe-")
+        .tempfile_in(&dir)
+        .with_context(|| format!("{}: cannot write in the output folder", dir.display()))?;
+    Ok(dir)
+}
+
+/// Removes the temporary files of dumps that processes of the job were
+/// writing when they were killed (SIGKILL, the OOM killer): the PyTorch hook
+/// writes `.{stem}.{pid}.tmp` and renames it into place only when whole.
+/// Files of processes still alive are left alone. Returns how many went.
+fn remove_abandoned_dumps(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.rsplit_once('.'))
+            .and_then(|(stem, pid)| stem.contains("-step").then_some(pid))
+            .and_then(|pid| pid.parse::<i32>().ok())
+            .filter(|&pid| pid > 0)
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// The job gets SIGTERM if `snapdiff capture` dies (even by SIGKILL), so it
+/// writes its exit snapshot and ends instead of running on unwatched.
+fn end_with_this_process(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Snapshot files in `dir`: what the runtime and the Python hook write.
+fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (name.starts_with("snapdiff-") && name.ends_with(".snap"))
+                || ((name.starts_with("rank") || name.starts_with("pid"))
+                    && name.ends_with(".pickle"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_written_dumps_of_dead_processes_are_removed_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut exited = Command::new("true").spawn().unwrap();
+        exited.wait().unwrap();
+        let dead = exited.id();
+        let alive = std::process::id();
+        let files = [
+            (format!(".rank0-step4.{dead}.tmp"), false),
+            (format!(".pid{dead}-step9-exit.{dead}.tmp"), false),
+            (format!(".rank1-step4.{alive}.tmp"), true),
+            (format!(".notes.{dead}.tmp"), true),
+            (format!("rank0-step4.{dead}.tmp"), true),
+            ("rank0-step3.pickle".to_owned(), true),
+        ];
+        for (name, _) in &files {
+            std::fs::write(dir.path().join(name), b"partial").unwrap();
+        }
+        assert_eq!(remove_abandoned_dumps(dir.path()), 2);
+        for (name, kept) in &files {
+            assert_eq!(dir.path().join(name).exists(), *kept, "{name}");
+        }
+    }
+}

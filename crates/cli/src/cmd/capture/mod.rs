@@ -1,0 +1,146 @@
+//! `snapdiff capture [-o DIR] [--every N | --interval T] -- CMD [ARGS...]`.
+//!
+//! Runs CMD with the environment that makes `snapdiff-runtime` (and, through
+//! a start-up hook, PyTorch) dump snapshots into DIR (`job.rs`), owns the
+//! signals sent to capture while it runs (`signals.rs`), returns its exit
+//! code, and then judges what it wrote, each process on its own; what it
+//! says is drawn by `snapdiff-render`.
+
+mod job;
+mod signals;
+
+use std::io::Write;
+use std::path::Path;
+
+use snapdiff_render::capture::Dumps;
+
+pub(crate) use job::{Captured, capture, catch_signals};
+
+use crate::args::CaptureArgs;
+use crate::exit::Exit;
+
+/// The top-level entry point for `snapdiff capture`.
+pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
+    let captured = capture(&args)?;
+    // JSON escapes control characters itself, and must stay exact.
+    let mut out: Box<dyn std::io::Write> = if args.report.json {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(crate::output::text_out())
+    };
+    // What was written is said on stderr under --json, which stdout keeps for JSON.
+    if args.report.json {
+        report_files(&mut std::io::stderr().lock(), &args.output, &captured)?;
+    } else {
+        report_files(&mut *out, &args.output, &captured)?;
+    }
+    if args.no_report || captured.snapshots.is_empty() {
+        return Ok(match args.fail_over {
+            Some(_) if captured.exit == Exit::Clean => {
+                eprintln!("snapdiff: no snapshot to judge, so no verdict (--fail-over)");
+                Exit::Error
+            }
+            _ => captured.exit,
+        });
+    }
+    // Snapshots of different processes (ranks, or a job and its children)
+    // are never mixed: each process is reported on its own.
+    let processes = crate::processes::by_process(&captured.snapshots);
+    if processes.len() > 1 {
+        let names: Vec<&str> = processes.iter().map(|(p, _)| p.as_str()).collect();
+        snapdiff_render::capture::write_processes(&names, &mut *out)?;
+    }
+    let mut over = Vec::new();
+    let mut growing = Vec::new();
+    for (process, files) in &processes {
+        writeln!(out)?;
+        if processes.len() > 1 {
+            writeln!(out, "{process}:")?;
+        }
+        let suspected = crate::cmd::trend::report(files, &args.report, &mut out)?;
+        if suspected.is_some_and(|bytes| bytes > 0) {
+            growing.push(process.as_str());
+        }
+        if let (Some(bytes), Some(limit)) = (suspected, args.fail_over)
+            && bytes > limit
+        {
+            over.push(format!("{process}: {}", snapdiff_render::text::size(bytes)));
+        }
+        // A job that died of an out-of-memory error: what it asked for and
+        // what held the memory, from the dump taken at the error.
+        if let Some(oom_dump) = files.iter().rev().find(|f| {
+            f.file_stem()
+                .is_some_and(|s| s.to_string_lossy().ends_with("-oom"))
+        }) && !args.report.json
+        {
+            let shown = oom_dump.display().to_string();
+            snapdiff_render::capture::write_oom_heading(&shown, &mut *out)?;
+            match crate::input::read(oom_dump) {
+                Ok(snap) => crate::cmd::oom::report(&snap, &args.report, &mut out)?,
+                Err(e) => eprintln!(
+                    "snapdiff: {}",
+                    snapdiff_format::visible::escaped(&e.to_string())
+                ),
+            }
+        }
+    }
+    if !growing.is_empty() && growing.len() < processes.len() && !args.report.json {
+        writeln!(
+            out,
+            "\nnote: {}",
+            snapdiff_render::trend::one_rank_note(&growing)
+        )?;
+    }
+    out.flush()?;
+    if captured.exit != Exit::Clean {
+        return Ok(captured.exit);
+    }
+    let Some(limit) = args.fail_over else {
+        return Ok(Exit::Clean);
+    };
+    if !over.is_empty() {
+        eprintln!(
+            "snapdiff: suspected growth over the {} limit (--fail-over) in {}",
+            snapdiff_render::text::size(limit),
+            over.join("; ")
+        );
+        return Ok(Exit::OverThreshold);
+    }
+    if !captured.failed.is_empty() {
+        eprintln!(
+            "snapdiff: {} of {} dumps failed, so the evidence is incomplete: no verdict \
+             (--fail-over)",
+            captured.failed.len(),
+            captured.failed.len() + captured.snapshots.len()
+        );
+        return Ok(Exit::Error);
+    }
+    Ok(Exit::Clean)
+}
+
+/// Lists what the job wrote in `dir`, or says plainly that it wrote nothing
+/// (drawn by `snapdiff-render`).
+pub(crate) fn report_files(
+    out: &mut dyn Write,
+    dir: &Path,
+    captured: &Captured,
+) -> anyhow::Result<()> {
+    let folder = dir.display().to_string();
+    let dumps = Dumps {
+        folder: &folder,
+        snapshots: captured
+            .snapshots
+            .iter()
+            .map(|p| {
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect(),
+        abandoned: captured.abandoned,
+        lost: &captured.failed,
+    };
+    snapdiff_render::capture::write_dumps(&dumps, out)?;
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! What `snapdiff capture` says of a run besides the trend reports: the
+//! snapshots the job wrote, the dumps it lost, and the headings between the
+//! reports of several processes.
+
+use std::io::{self, Write};
+
+use snapdiff_format::visible;
+
+/// A dump that could not be written (a full disk, say), as the job's
+/// manifest line describes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LostDump {
+    /// The steps done when it was due.
+    pub step: Option<u64>,
+    /// Why it was due: step, interval, signal, oom or exit.
+    pub reason: Option<String>,
+    /// Why it failed.
+    pub error: String,
+}
+
+/// What a captured job left in its folder.
+#[derive(Clone, Debug, Default)]
+pub struct Dumps<'a> {
+    /// The folder, as it is shown.
+    pub folder: &'a str,
+    /// The names of the snapshots written, oldest first.
+    pub snapshots: Vec<String>,
+    /// Half-written dumps of killed processes that were removed.
+    pub abandoned: usize,
+    /// Dumps that could not be written.
+    pub lost: &'a [LostDump],
+}
+
+/// Snapshots listed before the rest are said in a count.
+const LISTED: usize = 8;
+
+/// Lists what was written (or says plainly that nothing was), the
+/// half-written dumps removed, and the dumps lost with their steps.
+pub fn write_dumps(dumps: &Dumps<'_>, out: &mut dyn Write) -> io::Result<()> {
+    let folder = visible::escaped(dumps.folder);
+    match dumps.snapshots.len() {
+        0 => writeln!(
+            out,
+            "no snapshot was written to {folder}: does the program allocate through \
+             snapdiff-runtime's Allocator::new, or use PyTorch with CUDA?",
+        )?,
+        n => {
+            writeln!(out, "{n} snapshot{} in {folder}:", plural(n))?;
+            for name in dumps.snapshots.iter().take(LISTED) {
+                writeln!(out, "  {}", visible::escaped(name))?;
+            }
+            if n > LISTED {
+                writeln!(out, "  ... and {} more", n - LISTED)?;
+            }
+        }
+    }
+    if dumps.abandoned > 0 {
+        writeln!(
+            out,
+            "removed {} half-written dump{} of a killed process",
+            dumps.abandoned,
+            plural(dumps.abandoned)
+        )?;
+    }
+    if let Some(first) = dumps.lost.first() {
+        let steps: Vec<String> = dumps
+            .lost
+            .iter()
+            .filter_map(|f| match (f.step, f.reason.as_deref()) {
+                (Some(step), Some("step") | None) => Some(step.to_string()),
+                (Some(step), Some(reason)) => {
+                    Some(format!("{step} ({})", visible::escaped(reason)))
+                }
+                (None, _) => None,
+            })
+            .collect();
+        writeln!(
+            out,
+            "{} dump{} could not be written (at step{} {}): {}; the report covers only the \
+             snapshots listed",
+            dumps.lost.len(),
+            plural(dumps.lost.len()),
+            plural(steps.len()),
+            steps.join(", "),
+            visible::escaped(&first.error)
+        )?;
+    }
+    Ok(())
+}
+
+/// The line before the reports of several processes.
+pub fn write_processes(names: &[&str], out: &mut dyn Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "\nsnapshots of {} processes ({}): each is reported on its own",
+        names.len(),
+        names.join(", ")
+    )
+}
+
+/// The heading of the out-of-memory report of a job that died of one.
+pub fn write_oom_heading(file: &str, out: &mut dyn Write) -> io::Result<()> {
+    writeln!(out, "\nout of memory: {}", visible::escaped(file))
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
