@@ -31,6 +31,7 @@ mod cuts;
 mod frame_class;
 mod group;
 mod iterations;
+mod kept;
 mod oom;
 mod peak;
 mod profile;
@@ -50,6 +51,7 @@ pub use crate::frame_class::{FrameClass, classify, is_generated_file, notebook_c
 pub use crate::group::{
     LiveGroups, Site, SiteFrame, SiteNamer, Totals, is_live, live_groups, requested,
 };
+pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
 pub use crate::peak::{
     CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, peak,

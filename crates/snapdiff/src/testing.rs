@@ -15,10 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
-use snapdiff_analyze::{
-    Change, Culprit, CulpritRules, GroupDiff, Site, SiteFrame, SiteNamer, StackKey, StackKeys,
-    floor_of, live_groups, rows_by_culprit,
-};
+use snapdiff_analyze::{Culprit, CulpritRules, GroupDiff, Site, SiteFrame, StackKey, kept_since};
 use snapdiff_format::Snapshot;
 use snapdiff_format::units::format_size;
 use snapdiff_render::TextOptions;
@@ -181,15 +178,6 @@ impl LeakGroup {
     }
 }
 
-/// `groups` with those whose culprits are the same line made one, as the
-/// `snapdiff` command shows them by default.
-fn by_culprit_line(groups: Vec<LeakGroup>) -> Vec<LeakGroup> {
-    rows_by_culprit(groups.into_iter().map(|g| g.diff).collect())
-        .into_iter()
-        .map(|diff| LeakGroup { diff })
-        .collect()
-}
-
 /// The outcome of a leak check: the sites that kept memory, most first.
 ///
 /// Its `Display` is the report a failed assertion prints.
@@ -213,74 +201,10 @@ impl LeakReport {
     /// ```
     pub fn between(points: &[Snapshot], warmup: usize, options: &LeakOptions) -> LeakReport {
         let rules = CulpritRules::default();
-        let grouped: Vec<_> = points
-            .iter()
-            .map(|s| {
-                let keys = StackKeys::new(s);
-                live_groups(s, &keys)
-            })
+        let groups = kept_since(points, warmup, &rules, |site| options.keeps(site))
+            .into_iter()
+            .map(|diff| LeakGroup { diff })
             .collect();
-        let mut keys: Vec<StackKey> = grouped
-            .iter()
-            .flat_map(|g| g.totals.keys().copied())
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let namers: Vec<SiteNamer> = points.iter().map(|s| SiteNamer::new(s, &rules)).collect();
-        let from = warmup.min(points.len().saturating_sub(1));
-        let mut groups = Vec::new();
-        for key in keys {
-            let (bytes, blocks): (Vec<u64>, Vec<u64>) = grouped
-                .iter()
-                .map(|g| g.totals.get(&key).map_or((0, 0), |t| (t.bytes, t.blocks)))
-                .unzip();
-            // The least the site holds from each checkpoint on, as trend
-            // counts it.
-            let (floor, floor_blocks) = (floor_of(&bytes), floor_of(&blocks));
-            let last = bytes.len().saturating_sub(1);
-            let grown = floor[last].saturating_sub(floor[from]);
-            if grown == 0 {
-                continue;
-            }
-            // Describe the site from the last snapshot that has it.
-            let (namer, stack) = namers
-                .iter()
-                .zip(&grouped)
-                .rev()
-                .find_map(|(n, g)| g.stacks.get(&key).map(|&stack| (n, stack)))
-                .expect("the site is in some snapshot");
-            let site = namer.site(key, stack);
-            if options.keeps(&site) {
-                let (before, after) = (floor[from], floor[last]);
-                groups.push(LeakGroup {
-                    diff: GroupDiff {
-                        site,
-                        change: if before == 0 {
-                            Change::New
-                        } else {
-                            Change::Grown
-                        },
-                        blocks_before: floor_blocks[from],
-                        blocks_after: floor_blocks[last],
-                        bytes_before: before,
-                        bytes_after: after,
-                        delta_bytes: grown as i64,
-                        // The floors are of requested bytes; rounding is
-                        // not what a leak check is about.
-                        allocated_before: before,
-                        allocated_after: after,
-                        blocks_kept: 0,
-                    },
-                });
-            }
-        }
-        let mut groups = by_culprit_line(groups);
-        groups.sort_by(|a, b| {
-            b.diff
-                .delta_bytes
-                .cmp(&a.diff.delta_bytes)
-                .then(a.diff.site.key.cmp(&b.diff.site.key))
-        });
         LeakReport {
             groups,
             allowed: options.allow_bytes,
