@@ -35,6 +35,7 @@ mod cuda;
 mod dumps;
 mod host;
 mod recorder;
+mod snapshot;
 mod stacks;
 mod trace;
 

@@ -1,5 +1,5 @@
-//! The allocator's books behind one lock, and the snapshot copied out of
-//! them.
+//! The allocator's books behind one lock, and the copy of them a snapshot
+//! is built from (`snapshot.rs`).
 //!
 //! A [`Recorder`] holds the backend, the caching allocator's segments and
 //! blocks, the interned stacks, the trace ring and the statistics, all
@@ -9,12 +9,10 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::{
-    Block, BlockState, DeviceInfo, DeviceTrace, Frame, Meta, Segment, Snapshot, StackId, TraceEvent,
-};
+use snapdiff_format::Snapshot;
 
 use crate::backend::{Backend, BackendError, DeviceDesc, Stream};
 use crate::caching::{self, BlockIdx, Caching};
@@ -120,13 +118,13 @@ pub(crate) struct Recorder {
 }
 
 /// A block copied out of the allocator for a snapshot.
-struct BlockCopy {
-    address: u64,
-    size: u64,
-    requested: u64,
-    allocated: bool,
-    stack: Option<RawStackId>,
-    seq: u64,
+pub(crate) struct BlockCopy {
+    pub(crate) address: u64,
+    pub(crate) size: u64,
+    pub(crate) requested: u64,
+    pub(crate) allocated: bool,
+    pub(crate) stack: Option<RawStackId>,
+    pub(crate) seq: u64,
 }
 
 impl Recorder {
@@ -356,242 +354,84 @@ impl Recorder {
         }
     }
 
+    /// A snapshot of the books now: copied under the lock, symbolized and
+    /// built after releasing it (`snapshot.rs`), so other threads allocate
+    /// meanwhile.
     pub(crate) fn snapshot(&self) -> Snapshot {
-        // Copy under the lock; symbolize after releasing it.
-        let (segments, events, raw_stacks, stats, step) = {
-            let mut state = self.state();
-            let mut segments = Vec::with_capacity(state.caching.segments.len());
-            for (&address, seg) in &state.caching.segments {
-                let blocks: Vec<BlockCopy> = state
-                    .caching
-                    .segment_blocks(seg)
-                    .map(|b| BlockCopy {
-                        address: b.address,
-                        size: b.size,
-                        requested: b.requested,
-                        allocated: b.allocated,
-                        stack: b.stack,
-                        seq: b.seq,
-                    })
-                    .collect();
-                segments.push((address, seg.clone(), blocks));
-            }
-            let events: Vec<RawEvent> = state.trace.events().cloned().collect();
-            let mut used: Vec<RawStackId> = segments
-                .iter()
-                .flat_map(|(_, s, blocks)| {
-                    s.stack
-                        .into_iter()
-                        .chain(blocks.iter().filter_map(|b| b.stack))
-                })
-                .chain(events.iter().filter_map(RawEvent::stack))
-                .collect();
-            used.sort_unstable();
-            used.dedup();
-            let raw_stacks: FxHashMap<RawStackId, Vec<usize>> = used
-                .into_iter()
-                .map(|id| (id, state.stacks.get(id).to_vec()))
-                .collect();
-            let stats = state.stats;
-            let step = state.step;
-            // Mark where this snapshot was taken, as PyTorch does, for later snapshots' traces.
-            if state.trace.enabled() {
-                state.trace.push(RawEvent::new(
-                    RawAction::Snapshot,
-                    0,
-                    stats.active_bytes,
-                    0,
-                    now_us(),
-                    None,
-                    None,
-                ));
-            }
-            (segments, events, raw_stacks, stats, step)
-        };
+        let copy = self.copy_books();
+        let mut symbolizer = self.symbolizer.lock().unwrap_or_else(|e| e.into_inner());
+        crate::snapshot::build(copy, self, &mut symbolizer)
+    }
 
-        let mut builder = SnapshotBuilder::default();
-        {
-            let mut symbolizer = self.symbolizer.lock().unwrap_or_else(|e| e.into_inner());
-            let mut ids: Vec<&RawStackId> = raw_stacks.keys().collect();
-            ids.sort_unstable();
-            for &id in ids {
-                builder.add_stack(id, &raw_stacks[&id], &mut symbolizer);
-            }
-        }
-        let device = self.device.ordinal;
-        let mut snap = Snapshot {
-            meta: Meta {
-                producer: Meta::PRODUCER_RUNTIME.to_owned(),
-                source: None,
-                created_us: Some(now_us()),
-                pid: Some(std::process::id()),
-                host: Some(host_name()),
-                run_id: Some(run_id().to_owned()),
-                label: self.config.label.clone(),
-                step,
-                devices: vec![DeviceInfo {
-                    ordinal: device,
-                    name: self.device.name.clone(),
-                    total_memory: Some(self.backend.memory_info().total),
-                }],
-                extra: vec![],
-            },
-            ..Snapshot::default()
-        };
-        for (address, seg, blocks) in segments {
-            let blocks: Vec<Block> = blocks
-                .into_iter()
-                .map(|b| Block {
+    /// The books as a snapshot needs them, copied under the lock, with a
+    /// `snapshot` marker added to the trace as PyTorch adds one.
+    fn copy_books(&self) -> BooksCopy {
+        let mut state = self.state();
+        let mut segments = Vec::with_capacity(state.caching.segments.len());
+        for (&address, seg) in &state.caching.segments {
+            let blocks: Vec<BlockCopy> = state
+                .caching
+                .segment_blocks(seg)
+                .map(|b| BlockCopy {
                     address: b.address,
                     size: b.size,
-                    requested_size: b.requested,
-                    state: if b.allocated {
-                        BlockState::ActiveAllocated
-                    } else {
-                        BlockState::Inactive
-                    },
-                    stack: b.stack.and_then(|s| builder.stack(s)),
-                    alloc_seq: b.allocated.then_some(b.seq),
-                    history: vec![],
-                    extra: vec![],
+                    requested: b.requested,
+                    allocated: b.allocated,
+                    stack: b.stack,
+                    seq: b.seq,
                 })
                 .collect();
-            let allocated: u64 = blocks
-                .iter()
-                .filter(|b| b.state.is_active())
-                .map(|b| b.size)
-                .sum();
-            let requested: u64 = blocks
-                .iter()
-                .filter(|b| b.state.is_active())
-                .map(|b| b.requested_size)
-                .sum();
-            snap.segments.push(Segment {
-                device,
-                address,
-                total_size: seg.size,
-                stream: seg.stream.0 as i64,
-                pool: seg.pool,
-                pool_id: (0, 0),
-                is_expandable: false,
-                stack: seg.stack.and_then(|s| builder.stack(s)),
-                blocks,
-                allocated_size: Some(allocated),
-                active_size: Some(allocated),
-                requested_size: Some(requested),
-                extra: vec![],
-            });
+            segments.push((address, seg.clone(), blocks));
         }
-        debug_assert_eq!(snap.totals().allocated_bytes, stats.allocated_bytes);
-        if !events.is_empty() || self.config.trace_entries > 0 {
-            let events = events
-                .iter()
-                .flat_map(|e| e.action.actions().iter().map(move |a| (a, e)))
-                .map(|(action, e)| {
-                    let (address, device_free) = e.address_and_device_free();
-                    TraceEvent {
-                        action: action.clone(),
-                        address,
-                        size: e.size,
-                        stream: e.stream as i64,
-                        time_us: Some(e.time_us),
-                        stack: e.stack().and_then(|s| builder.stack(s)),
-                        compile_context: None,
-                        user_metadata: None,
-                        alloc_seq: e.seq(),
-                        details: device_free.map(|f| {
-                            Box::new(snapdiff_format::EventDetails {
-                                device_free: Some(f),
-                                ..Default::default()
-                            })
-                        }),
-                    }
-                })
-                .collect();
-            snap.traces.push(DeviceTrace { device, events });
+        let events: Vec<RawEvent> = state.trace.events().cloned().collect();
+        let mut used: Vec<RawStackId> = segments
+            .iter()
+            .flat_map(|(_, s, blocks)| {
+                s.stack
+                    .into_iter()
+                    .chain(blocks.iter().filter_map(|b| b.stack))
+            })
+            .chain(events.iter().filter_map(RawEvent::stack))
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let raw_stacks: FxHashMap<RawStackId, Vec<usize>> = used
+            .into_iter()
+            .map(|id| (id, state.stacks.get(id).to_vec()))
+            .collect();
+        let stats = state.stats;
+        let step = state.step;
+        // Mark where this snapshot was taken, as PyTorch does, for later snapshots' traces.
+        if state.trace.enabled() {
+            state.trace.push(RawEvent::new(
+                RawAction::Snapshot,
+                0,
+                stats.active_bytes,
+                0,
+                now_us(),
+                None,
+                None,
+            ));
         }
-        (snap.frames, snap.stacks) = builder.finish();
-        snap.sort_frames();
-        snap
+        BooksCopy {
+            segments,
+            events,
+            raw_stacks,
+            stats,
+            step,
+        }
     }
 }
 
-/// Turns interned return-address stacks into the snapshot's frame and stack tables.
-#[derive(Default)]
-struct SnapshotBuilder {
-    frames: Vec<Frame>,
-    frame_ids: FxHashMap<Frame, u32>,
-    stacks: Vec<Vec<u32>>,
-    stack_ids: FxHashMap<Vec<u32>, StackId>,
-    by_raw: FxHashMap<RawStackId, Option<StackId>>,
-}
-
-impl SnapshotBuilder {
-    fn add_stack(&mut self, raw: RawStackId, ips: &[usize], symbolizer: &mut Symbolizer) {
-        let mut ids = Vec::with_capacity(ips.len());
-        for &ip in ips {
-            for frame in symbolizer.frames(ip) {
-                let id = match self.frame_ids.get(frame) {
-                    Some(&id) => id,
-                    None => {
-                        let id = self.frames.len() as u32;
-                        self.frames.push(frame.clone());
-                        self.frame_ids.insert(frame.clone(), id);
-                        id
-                    }
-                };
-                ids.push(id);
-            }
-        }
-        let stack = if ids.is_empty() {
-            None
-        } else {
-            let next = self.stacks.len() as StackId;
-            let id = *self.stack_ids.entry(ids.clone()).or_insert(next);
-            if id == next {
-                self.stacks.push(ids);
-            }
-            Some(id)
-        };
-        self.by_raw.insert(raw, stack);
-    }
-
-    fn stack(&self, raw: RawStackId) -> Option<StackId> {
-        self.by_raw.get(&raw).copied().flatten()
-    }
-
-    fn finish(self) -> (Vec<Frame>, Vec<Vec<u32>>) {
-        (self.frames, self.stacks)
-    }
-}
-
-/// This machine's name.
-fn host_name() -> String {
-    static HOST: OnceLock<String> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let mut buf = [0u8; 256];
-        // SAFETY: the buffer is writable for its length.
-        let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        if ok {
-            String::from_utf8_lossy(&buf[..end]).into_owned()
-        } else {
-            "unknown".to_owned()
-        }
-    })
-    .clone()
-}
-
-/// Identifies this run of this process: snapshots with the same run id can
-/// match blocks by allocation sequence number.
-fn run_id() -> &'static str {
-    static RUN: OnceLock<String> = OnceLock::new();
-    RUN.get_or_init(|| {
-        format!(
-            "{}-{}-{}",
-            host_name(),
-            std::process::id(),
-            crate::trace::now_us()
-        )
-    })
+/// The books as a snapshot needs them, copied out from under the lock.
+pub(crate) struct BooksCopy {
+    /// Each segment by address, with its blocks.
+    pub(crate) segments: Vec<(u64, caching::Segment, Vec<BlockCopy>)>,
+    /// The trace ring's events, oldest first.
+    pub(crate) events: Vec<RawEvent>,
+    /// The return addresses of every stack the segments, blocks and events use.
+    pub(crate) raw_stacks: FxHashMap<RawStackId, Vec<usize>>,
+    pub(crate) stats: Stats,
+    /// The step last marked.
+    pub(crate) step: Option<u64>,
 }
