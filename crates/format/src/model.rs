@@ -99,7 +99,7 @@ pub struct DeviceInfo {
 /// Its texts are [`CompactString`]s, which keep up to 24 bytes inline: most
 /// function names, and some files, take no allocation of their own (a file
 /// of thousands of distinct frames reads 12% faster than with `String`s; see
-/// docs/performance.md). They read as `&str` like a `String`.
+/// bench/runs/2026-11-24.md). They read as `&str` like a `String`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
     /// Function name.

@@ -87,7 +87,7 @@ pub(crate) struct Lowerer {
 /// `a == b`, without calling `memcmp` for empty strings: glibc's AVX-512
 /// `memcmp` reads through the dangling pointer of an empty `String` with a
 /// masked load, which costs a ~100 ns microcode assist per call on the
-/// machine measured (docs/performance.md), and PyTorch writes an empty
+/// machine measured (bench/runs/2026-11-24.md), and PyTorch writes an empty
 /// `user_metadata` on every trace event.
 fn same_text(a: &str, b: &str) -> bool {
     a.len() == b.len() && (a.is_empty() || a == b)
