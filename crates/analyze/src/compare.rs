@@ -104,7 +104,7 @@ pub struct Comparison {
 /// blocks and bytes add up, the stack holding more stands for them, and
 /// [`Site::stacks`] counts them. What `compare` does unless the rules ask
 /// for rows by stack, and what other reports of [`GroupDiff`]s can do too.
-pub fn rows_by_culprit(groups: Vec<GroupDiff>) -> Vec<GroupDiff> {
+pub(crate) fn rows_by_culprit(groups: Vec<GroupDiff>) -> Vec<GroupDiff> {
     merge_rows(groups, |g| culprit_line(&g.site), merge_diffs)
 }
 

@@ -283,7 +283,7 @@ impl CulpritRules {
 /// What one frame is to a set of [`CulpritRules`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FrameRole {
-    /// Allocator, interpreter or dispatcher ([`is_noise`]).
+    /// Allocator, interpreter or dispatcher: left out of stack keys.
     pub noise: bool,
     /// The program's own code, not ignored and not `--library`.
     pub user: bool,

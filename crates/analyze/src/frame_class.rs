@@ -38,7 +38,7 @@ pub enum FrameClass {
     /// files, C and C++ sources (PyTorch's and libc's).
     Native,
     /// The allocator, the interpreter's eval loop, the dispatcher
-    /// ([`is_noise`]): dropped from stack keys.
+    /// (`stack_key.rs`): dropped from stack keys.
     Noise,
 }
 
@@ -182,7 +182,7 @@ pub fn classify(frame: &Frame) -> FrameClass {
 
 /// The cell number of an IPython notebook cell's file: `/tmp/ipykernel_4181/3105878423.py`,
 /// or a bare `3105878423.py`.
-pub fn notebook_cell(file: &str) -> Option<&str> {
+pub(crate) fn notebook_cell(file: &str) -> Option<&str> {
     let base = segments(file).last()?;
     let cell = base.strip_suffix(".py")?;
     if cell.is_empty() || !cell.bytes().all(|b| b.is_ascii_digit()) {

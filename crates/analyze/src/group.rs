@@ -63,7 +63,7 @@ pub fn requested(block: &Block) -> u64 {
 
 /// The live blocks of one snapshot, by site.
 #[derive(Clone, Debug, Default)]
-pub struct LiveGroups {
+pub(crate) struct LiveGroups {
     /// Totals per site.
     pub totals: FxHashMap<StackKey, Totals>,
     /// One stack of each site, to describe it.
@@ -71,12 +71,12 @@ pub struct LiveGroups {
 }
 
 /// A block that counts as live: allocated, or freed but still in use by a stream.
-pub fn is_live(b: &Block) -> bool {
+pub(crate) fn is_live(b: &Block) -> bool {
     b.state.is_active()
 }
 
 /// Groups the live blocks of `snap` by the key of their stack.
-pub fn live_groups(snap: &Snapshot, keys: &StackKeys) -> LiveGroups {
+pub(crate) fn live_groups(snap: &Snapshot, keys: &StackKeys) -> LiveGroups {
     let blocks: Vec<&Block> = snap
         .segments
         .iter()
@@ -180,7 +180,7 @@ pub(crate) fn culprit_line(site: &Site) -> (CulpritKind, String, String, u32) {
 /// Describes the sites of one snapshot. Built once per snapshot: it works
 /// out what each distinct frame is (noise, the program's code, ...) once,
 /// however many stacks share the frame.
-pub struct SiteNamer<'a> {
+pub(crate) struct SiteNamer<'a> {
     snap: &'a Snapshot,
     rules: &'a CulpritRules,
     roles: Vec<FrameRole>,
@@ -188,19 +188,19 @@ pub struct SiteNamer<'a> {
 
 impl<'a> SiteNamer<'a> {
     /// A namer for the sites of `snap`, choosing culprits by `rules`.
-    pub fn new(snap: &'a Snapshot, rules: &'a CulpritRules) -> SiteNamer<'a> {
+    pub(crate) fn new(snap: &'a Snapshot, rules: &'a CulpritRules) -> SiteNamer<'a> {
         let roles = snap.frames.par_iter().map(|f| rules.role(f)).collect();
         SiteNamer { snap, rules, roles }
     }
 
     /// The rules culprits are chosen by.
-    pub fn rules(&self) -> &CulpritRules {
+    pub(crate) fn rules(&self) -> &CulpritRules {
         self.rules
     }
 
     /// The culprit of the site whose blocks have stack `stack`: what
     /// [`site`](SiteNamer::site) gives, without the frames.
-    pub fn culprit(&self, stack: Option<StackId>) -> Culprit {
+    pub(crate) fn culprit(&self, stack: Option<StackId>) -> Culprit {
         let ids: &[FrameId] = stack.map_or(&[], |s| &self.snap.stacks[s as usize]);
         self.rules.culprit_of(
             ids.iter()
@@ -209,7 +209,7 @@ impl<'a> SiteNamer<'a> {
     }
 
     /// Describes the site of key `key`, whose blocks have stack `stack`.
-    pub fn site(&self, key: StackKey, stack: Option<StackId>) -> Site {
+    pub(crate) fn site(&self, key: StackKey, stack: Option<StackId>) -> Site {
         let ids: &[FrameId] = stack.map_or(&[], |s| &self.snap.stacks[s as usize]);
         let frames = ids
             .iter()

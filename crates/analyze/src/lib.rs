@@ -7,13 +7,13 @@
 //! - Sites: [`StackKeys`] gives each stack a stable 64-bit [`StackKey`];
 //!   [`classify`] tells the program's frames from libraries' and native
 //!   code; [`CulpritRules`] picks each site's [`Culprit`], the frame of user
-//!   code to look at; [`live_groups`] and [`SiteNamer`] group live blocks
-//!   by site.
+//!   code to look at, and a [`Site`] is the live blocks of one stack.
 //! - Two snapshots: [`compare`], site by site.
 //! - A recorded trace: [`replay`] gives the live blocks at any point;
 //!   [`timeline`] live memory at a bounded number of points.
 //! - Growth: [`trend_snapshots`] and [`trend_trace`] find the sites whose
-//!   memory keeps growing over many checkpoints.
+//!   memory keeps growing over many checkpoints; [`kept_since`] what a run
+//!   of checkpoints kept, the rule of a leak check.
 //! - One snapshot: [`summarize`] (totals per device, pool and stream,
 //!   fragmentation, top sites), [`peak`] (the moment a device held the
 //!   most, by site and [`Category`]), [`oom`] (an out-of-memory error: the
@@ -43,26 +43,22 @@ mod timeline;
 mod trend;
 
 pub use crate::category::{Categories, Category};
-pub use crate::compare::{
-    Change, CompareOptions, Comparison, GroupDiff, Matching, compare, rows_by_culprit,
-};
+pub use crate::compare::{Change, CompareOptions, Comparison, GroupDiff, Matching, compare};
 pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_base, short_name};
-pub use crate::frame_class::{FrameClass, classify, is_generated_file, notebook_cell};
-pub use crate::group::{
-    LiveGroups, Site, SiteFrame, SiteNamer, Totals, is_live, live_groups, requested,
-};
+pub use crate::frame_class::{FrameClass, classify, is_generated_file};
+pub use crate::group::{Site, SiteFrame, Totals, requested};
 pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
 pub use crate::peak::{
     CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, peak,
 };
 pub use crate::profile::{Moment, SiteBytes, live_by_site};
-pub use crate::replay::{LiveChange, Replayed, replay, replay_with};
-pub use crate::stack_key::{StackKey, StackKeys, is_noise, key_of};
+pub use crate::replay::{Replayed, replay};
+pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::steps::{DeviceSteps, Retained, Step, StepDetail, Steps, StepsOptions, steps};
 pub use crate::summary::{Fragmentation, PoolTotals, SiteUsage, Summary, summarize};
 pub use crate::timeline::{Timeline, timeline};
 pub use crate::trend::{
-    Checkpoint, CheckpointSource, DEFAULT_CHECKPOINTS, DEFAULT_WARMUP, Named, Order, Suspect,
-    Trend, TrendOptions, floor_of, trend_named, trend_snapshots, trend_trace,
+    Checkpoint, CheckpointSource, DEFAULT_WARMUP, Named, Order, Suspect, Trend, TrendOptions,
+    trend_named, trend_snapshots, trend_trace,
 };

@@ -35,7 +35,7 @@ pub struct Replayed {
 
 /// How one event changed live memory, as [`replay_with`] reports it.
 #[derive(Clone, Copy, Debug)]
-pub struct LiveChange {
+pub(crate) struct LiveChange {
     /// Index of the event in the trace.
     pub event: usize,
     /// The site of the block allocated or freed.
@@ -57,7 +57,7 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
 /// [`replay`], calling `visit` with each change of live memory in order:
 /// for analyses that follow memory through the whole trace (per step, say)
 /// without keeping the live totals of every point.
-pub fn replay_with(
+pub(crate) fn replay_with(
     snap: &Snapshot,
     keys: &StackKeys,
     trace: &DeviceTrace,

@@ -114,7 +114,7 @@ const NOISE_FILES: &[&str] = &[
 
 /// Whether a frame belongs to the allocator, the interpreter or the
 /// dispatcher: dropped before hashing and never shown as a culprit.
-pub fn is_noise(frame: &Frame) -> bool {
+pub(crate) fn is_noise(frame: &Frame) -> bool {
     let name = frame.name.as_str();
     let file = frame.file.as_str();
     // Generated dispatcher files: `RegisterCUDA_0.cpp`, `.../RegisterBackendSelect.cpp`.
@@ -132,8 +132,10 @@ pub fn is_noise(frame: &Frame) -> bool {
         || base.starts_with("VariableType_")
 }
 
-/// The key of a list of frames (innermost first), after dropping noise.
-pub fn key_of<'a>(frames: impl IntoIterator<Item = &'a Frame>) -> StackKey {
+/// The key of a list of frames (innermost first), after dropping noise, as
+/// [`StackKeys`] computes it for a snapshot's stacks.
+#[cfg(test)]
+fn key_of<'a>(frames: impl IntoIterator<Item = &'a Frame>) -> StackKey {
     let h = frames
         .into_iter()
         .filter(|f| !is_noise(f))

@@ -54,7 +54,7 @@ fn merge_suspects(into: &mut Suspect, other: Suspect) {
 /// Checkpoints at the start treated as warm-up by default.
 pub const DEFAULT_WARMUP: usize = 1;
 /// Checkpoints a trace without markers is cut into by default.
-pub const DEFAULT_CHECKPOINTS: usize = 10;
+pub(crate) const DEFAULT_CHECKPOINTS: usize = 10;
 
 /// Options of [`trend_snapshots`] and [`trend_trace`].
 #[derive(Clone, Debug)]
@@ -66,7 +66,7 @@ pub struct TrendOptions {
     /// end of warm-up is not growth. Default is [`DEFAULT_WARMUP`].
     pub warmup: usize,
     /// How many checkpoints to cut a trace into when it has no markers.
-    /// Default is [`DEFAULT_CHECKPOINTS`].
+    /// Default: 10.
     pub checkpoints: usize,
     /// Total device memory, for the time-to-full estimate, when the snapshots
     /// do not record it. Default: none.
@@ -202,7 +202,7 @@ struct Series<'a> {
 /// The floor of `series`: at each point, the least value from there to the
 /// end. A leak's floor keeps rising; activations that come and go do not
 /// move it. The one definition, used by `trend` and by leak tests.
-pub fn floor_of(series: &[u64]) -> Vec<u64> {
+pub(crate) fn floor_of(series: &[u64]) -> Vec<u64> {
     let mut floor = vec![0u64; series.len()];
     let mut min = u64::MAX;
     for i in (0..series.len()).rev() {

@@ -36,9 +36,10 @@ impl<W: Write> TerminalText<W> {
     }
 
     /// A writer like [`new`](TerminalText::new) that lets through the
-    /// colour codes of [`grew`] and [`shrank`] and their reset, and no other
-    /// escape sequence. A file's own text could hold those same codes too:
-    /// all they can do is colour text red or green.
+    /// colour codes of [`grew`](super::grew) and [`shrank`](super::shrank)
+    /// and their reset, and no other escape sequence. A file's own text
+    /// could hold those same codes too: all they can do is colour text red
+    /// or green.
     pub fn with_colors(inner: W) -> TerminalText<W> {
         TerminalText {
             colors: true,
