@@ -9,7 +9,7 @@
 //! (the innermost frame of the program's own code). With three or more,
 //! also the sites whose floor keeps rising: the trend verdict.
 
-use snapdiff_analyze::{CompareOptions, Named, TrendOptions, compare, trend_named};
+use snapdiff_analyze::{CompareOptions, NamedSnapshot, TrendOptions, compare, trend_named};
 use snapdiff_format::{read_path, units::format_size};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -39,10 +39,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if snaps.len() >= 3 {
         // Named by file: snapshots that record neither step nor time are
         // put in the order of their names, numbers as numbers.
-        let named: Vec<Named<'_>> = paths
+        let named: Vec<NamedSnapshot<'_>> = paths
             .iter()
             .zip(&snaps)
-            .map(|(name, snapshot)| Named { name, snapshot })
+            .map(|(name, snapshot)| NamedSnapshot { name, snapshot })
             .collect();
         let trend = trend_named(&named, &TrendOptions::default());
         println!("{} sites keep growing", trend.suspects.len());

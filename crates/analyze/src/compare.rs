@@ -64,7 +64,7 @@ pub struct GroupDiff {
     pub blocks_before: u64,
     /// Live blocks after.
     pub blocks_after: u64,
-    /// Live bytes before (requested, see [`Totals`](crate::group::Totals)).
+    /// Live bytes before (requested, see [`SiteTotals`](crate::group::SiteTotals)).
     pub bytes_before: u64,
     /// Live bytes after.
     pub bytes_after: u64,

@@ -6,6 +6,7 @@
 
 use snapdiff_format::{Action, Snapshot};
 
+use crate::error::TraceError;
 use crate::iterations;
 use crate::stack_key::StackKeys;
 use crate::trend::{CheckpointSource, TrendOptions};
@@ -42,24 +43,23 @@ pub(crate) fn cuts_for(
     keys: &StackKeys,
     trace_index: usize,
     options: &TrendOptions,
-) -> Result<Cuts, String> {
+) -> Result<Cuts, TraceError> {
     let n = options.checkpoints.max(1);
     let found = match options.cut {
         None => step_cuts(snap, keys, trace_index, n),
         Some(CheckpointSource::EvenlySpaced) => None,
-        Some(source) => Some(cuts_by(snap, keys, trace_index, n, source).ok_or_else(|| {
-            format!(
-                "device {}'s trace has no {} to cut at",
-                snap.traces[trace_index].device,
-                match source {
+        Some(source) => Some(cuts_by(snap, keys, trace_index, n, source).ok_or(
+            TraceError::NothingToCutAt {
+                device: snap.traces[trace_index].device,
+                what: match source {
                     CheckpointSource::StepMarks => "step marks",
                     CheckpointSource::SnapshotMarkers => "snapshot markers",
                     CheckpointSource::Annotations => "annotations",
                     CheckpointSource::Iterations => "repeating iterations",
                     _ => "low points between iterations",
-                }
-            )
-        })?),
+                },
+            },
+        )?),
     };
     let mut cuts = found.unwrap_or_else(|| {
         let len = snap.traces[trace_index].events.len();

@@ -15,7 +15,7 @@ use crate::stack_key::{StackKey, StackKeys};
 /// carved from different segments round differently, which is slack, not
 /// growth. The rounded sizes are kept beside them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Totals {
+pub struct SiteTotals {
     /// Number of blocks.
     pub blocks: u64,
     /// Sum of the bytes requested.
@@ -24,7 +24,7 @@ pub struct Totals {
     pub allocated: u64,
 }
 
-impl Totals {
+impl SiteTotals {
     /// Adds one block.
     pub fn add(&mut self, block: &Block) {
         self.add_bytes(requested(block), block.size);
@@ -37,7 +37,7 @@ impl Totals {
         self.allocated += allocated;
     }
 
-    /// Takes away one block added by [`Totals::add_bytes`].
+    /// Takes away one block added by [`SiteTotals::add_bytes`].
     pub fn remove_bytes(&mut self, requested: u64, allocated: u64) {
         self.blocks = self.blocks.saturating_sub(1);
         self.bytes = self.bytes.saturating_sub(requested);
@@ -45,7 +45,7 @@ impl Totals {
     }
 
     /// Adds another site's (or chunk's) totals.
-    pub fn merge(&mut self, other: Totals) {
+    pub fn merge(&mut self, other: SiteTotals) {
         self.blocks += other.blocks;
         self.bytes += other.bytes;
         self.allocated += other.allocated;
@@ -65,7 +65,7 @@ pub fn requested(block: &Block) -> u64 {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LiveGroups {
     /// Totals per site.
-    pub totals: FxHashMap<StackKey, Totals>,
+    pub totals: FxHashMap<StackKey, SiteTotals>,
     /// One stack of each site, to describe it.
     pub stacks: FxHashMap<StackKey, Option<StackId>>,
 }

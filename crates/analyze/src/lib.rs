@@ -19,7 +19,7 @@
 //!   most, by site and [`Category`]), [`oom`] (an out-of-memory error: the
 //!   request, the free pieces, what held the rest), [`steps`] (each step's
 //!   start, peak and what it retained), [`live_by_site`] (live memory by
-//!   stack at one [`Moment`], for flame graphs and pprof).
+//!   stack at one [`LiveMoment`], for flame graphs and pprof).
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
@@ -28,6 +28,7 @@ mod category;
 mod compare;
 mod culprit;
 mod cuts;
+mod error;
 mod frame_class;
 mod group;
 mod iterations;
@@ -45,20 +46,23 @@ mod trend;
 pub use crate::category::{Categories, Category};
 pub use crate::compare::{Change, CompareOptions, Comparison, GroupDiff, Matching, compare};
 pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_base, short_name};
+pub use crate::error::TraceError;
 pub use crate::frame_class::{FrameClass, classify, is_generated_file};
-pub use crate::group::{Site, SiteFrame, Totals, requested};
+pub use crate::group::{Site, SiteFrame, SiteTotals, requested};
 pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
 pub use crate::peak::{
     CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, peak,
 };
-pub use crate::profile::{Moment, SiteBytes, live_by_site};
+pub use crate::profile::{LiveMoment, SiteBytes, live_by_site};
 pub use crate::replay::{Replayed, replay};
 pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::steps::{DeviceSteps, Retained, Step, StepDetail, Steps, StepsOptions, steps};
-pub use crate::summary::{Fragmentation, PoolTotals, SiteUsage, Summary, summarize};
+pub use crate::summary::{
+    Fragmentation, PoolTotals, SiteUsage, Summary, SummaryOptions, summarize,
+};
 pub use crate::timeline::{Timeline, timeline};
 pub use crate::trend::{
-    Checkpoint, CheckpointSource, DEFAULT_WARMUP, Named, Order, Suspect, Trend, TrendOptions,
-    trend_named, trend_snapshots, trend_trace,
+    Checkpoint, CheckpointSource, DEFAULT_WARMUP, NamedSnapshot, SnapshotOrder, Suspect, Trend,
+    TrendOptions, trend_named, trend_snapshots, trend_trace,
 };

@@ -13,7 +13,7 @@ use snapdiff_format::{Action, DeviceTrace, Snapshot};
 
 use crate::category::{Categories, Category};
 use crate::culprit::CulpritRules;
-use crate::group::{Site, SiteNamer, Totals, culprit_line, merge_rows};
+use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, merge_rows};
 use crate::replay::{Replayed, replay};
 use crate::stack_key::{StackKey, StackKeys};
 use crate::trend::{TrendOptions, trend_trace};
@@ -192,7 +192,7 @@ pub(crate) fn live_breakdown(
     namer: &SiteNamer,
     categories: &Categories,
 ) -> (Vec<CategoryTotal>, Vec<PeakSite>) {
-    let live: &FxHashMap<StackKey, Totals> = &at.points[0];
+    let live: &FxHashMap<StackKey, SiteTotals> = &at.points[0];
     let mut sites: Vec<PeakSite> = live
         .iter()
         .map(|(&key, t)| {

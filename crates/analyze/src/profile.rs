@@ -12,13 +12,14 @@ use snapdiff_format::{Action, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
 use crate::cuts::step_cuts;
-use crate::group::{Site, SiteNamer, Totals, live_groups};
+use crate::error::TraceError;
+use crate::group::{Site, SiteNamer, SiteTotals, live_groups};
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
 
 /// When to take the live memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Moment {
+pub enum LiveMoment {
     /// When the snapshot was taken: its live blocks.
     End,
     /// After this many events of each busy device's trace.
@@ -50,12 +51,12 @@ pub struct SiteBytes {
 pub fn live_by_site(
     snap: &Snapshot,
     rules: &CulpritRules,
-    moment: Moment,
-) -> Result<Vec<SiteBytes>, String> {
+    moment: LiveMoment,
+) -> Result<Vec<SiteBytes>, TraceError> {
     let keys = StackKeys::new(snap);
     let namer = SiteNamer::new(snap, rules);
-    let mut totals: FxHashMap<StackKey, (Totals, Option<StackId>)> = FxHashMap::default();
-    if moment == Moment::End {
+    let mut totals: FxHashMap<StackKey, (SiteTotals, Option<StackId>)> = FxHashMap::default();
+    if moment == LiveMoment::End {
         let groups = live_groups(snap, &keys);
         for (key, t) in groups.totals {
             totals.insert(key, (t, groups.stacks.get(&key).copied().flatten()));
@@ -68,22 +69,18 @@ pub fn live_by_site(
             .filter(|(_, t)| t.events.actions().any(|a| a == Action::Alloc))
             .collect();
         if busy.is_empty() {
-            return Err(
-                "no trace allocates, so there is no point of a trace to show; leave out --at to \
-                 show the snapshot's live blocks"
-                    .to_owned(),
-            );
+            return Err(TraceError::NoPointToShow);
         }
         for (index, trace) in busy {
             let at = match moment {
-                Moment::Event(n) => n.min(trace.events.len()),
-                Moment::Step(step) => step_start(snap, &keys, index, step)?,
+                LiveMoment::Event(n) => n.min(trace.events.len()),
+                LiveMoment::Step(step) => step_start(snap, &keys, index, step)?,
                 _ => replay(snap, &keys, trace, &[]).highest.1,
             };
             let replayed = replay(snap, &keys, trace, &[at]);
             for (key, t) in &replayed.points[0] {
                 let stack = replayed.stacks.get(key).copied().flatten();
-                let entry = totals.entry(*key).or_insert((Totals::default(), stack));
+                let entry = totals.entry(*key).or_insert((SiteTotals::default(), stack));
                 entry.0.merge(*t);
             }
         }
@@ -101,24 +98,25 @@ pub fn live_by_site(
 }
 
 /// The event count at which step `step` of trace `index` starts.
-fn step_start(snap: &Snapshot, keys: &StackKeys, index: usize, step: u64) -> Result<usize, String> {
-    let cuts = step_cuts(snap, keys, index, usize::MAX).ok_or_else(|| {
-        format!(
-            "device {}'s trace shows no steps (no step or snapshot markers, annotations or \
-             repeating iterations)",
-            snap.traces[index].device
-        )
-    })?;
+fn step_start(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    index: usize,
+    step: u64,
+) -> Result<usize, TraceError> {
+    let device = snap.traces[index].device;
+    let cuts = step_cuts(snap, keys, index, usize::MAX).ok_or(TraceError::NoSteps { device })?;
     let labels = cuts
         .steps
         .unwrap_or_else(|| (0..cuts.at.len() as u64).collect());
-    let k = labels.iter().position(|&l| l == step).ok_or_else(|| {
-        format!(
-            "device {}'s trace has no step {step} (its steps are {} to {})",
-            snap.traces[index].device,
-            labels.first().unwrap_or(&0),
-            labels.last().unwrap_or(&0)
-        )
-    })?;
+    let k = labels
+        .iter()
+        .position(|&l| l == step)
+        .ok_or(TraceError::NoSuchStep {
+            device,
+            step,
+            first: labels.first().copied().unwrap_or(0),
+            last: labels.last().copied().unwrap_or(0),
+        })?;
     Ok(cuts.at[k])
 }

@@ -11,14 +11,14 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 use snapdiff_format::{Action, DeviceTrace, Snapshot, StackId};
 
-use crate::group::{Totals, is_live};
+use crate::group::{SiteTotals, is_live};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Live totals per site at each requested point of a trace.
 #[derive(Clone, Debug, Default)]
 pub struct Replayed {
     /// For each cut, the live totals per site.
-    pub points: Vec<FxHashMap<StackKey, Totals>>,
+    pub points: Vec<FxHashMap<StackKey, SiteTotals>>,
     /// One stack of each site seen, to describe it.
     pub stacks: FxHashMap<StackKey, Option<StackId>>,
     /// Sites with blocks allocated before recording began.
@@ -75,9 +75,9 @@ pub(crate) fn replay_with(
 
     let mut out = Replayed::default();
     let mut live: FxHashMap<u64, (u64, StackKey)> = FxHashMap::default();
-    let mut totals: FxHashMap<StackKey, Totals> = FxHashMap::default();
+    let mut totals: FxHashMap<StackKey, SiteTotals> = FxHashMap::default();
     let add = |live: &mut FxHashMap<u64, (u64, StackKey)>,
-               totals: &mut FxHashMap<StackKey, Totals>,
+               totals: &mut FxHashMap<StackKey, SiteTotals>,
                addr,
                size,
                key| {
@@ -179,7 +179,7 @@ pub(crate) fn replay_with(
     out
 }
 
-fn remove_from(totals: &mut FxHashMap<StackKey, Totals>, key: StackKey, size: u64) {
+fn remove_from(totals: &mut FxHashMap<StackKey, SiteTotals>, key: StackKey, size: u64) {
     if let Some(t) = totals.get_mut(&key) {
         t.remove_bytes(size, size);
         if t.blocks == 0 {

@@ -73,8 +73,28 @@ pub struct Summary {
     pub top_sites: Vec<SiteUsage>,
 }
 
-/// Summarizes `snap`, naming the `top` sites that hold the most live memory.
-pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
+/// Options of [`summarize`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SummaryOptions {
+    /// How culprits are chosen.
+    pub rules: CulpritRules,
+    /// The most sites `top_sites` names. Default: 10.
+    pub top: usize,
+}
+
+impl Default for SummaryOptions {
+    fn default() -> Self {
+        SummaryOptions {
+            rules: CulpritRules::default(),
+            top: 10,
+        }
+    }
+}
+
+/// Summarizes `snap`, naming the sites that hold the most live memory.
+pub fn summarize(snap: &Snapshot, options: &SummaryOptions) -> Summary {
+    let (rules, top) = (&options.rules, options.top);
     let mut per_pool: BTreeMap<(u32, Pool, (i64, i64), i64), Totals> = BTreeMap::new();
     let mut frag = Fragmentation::default();
     for seg in &snap.segments {
@@ -111,7 +131,7 @@ pub fn summarize(snap: &Snapshot, rules: &CulpritRules, top: usize) -> Summary {
     // (several when sites whose culprits are the same line are merged; the
     // key is then the largest one's). Culprits are found for every site,
     // the frames only for the rows shown.
-    let mut rows: Vec<(StackKey, group::Totals, u32)> =
+    let mut rows: Vec<(StackKey, group::SiteTotals, u32)> =
         groups.totals.iter().map(|(&key, &t)| (key, t, 1)).collect();
     if !rules.rows_by_stack() {
         rows = merge_rows(

@@ -25,7 +25,8 @@ use snapdiff_format::{Action, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
 use crate::cuts::{Cuts, cuts_for};
-use crate::group::{Site, SiteNamer, Totals, culprit_line, live_groups, merge_rows};
+use crate::error::TraceError;
+use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, live_groups, merge_rows};
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
 
@@ -169,7 +170,7 @@ pub struct Trend {
     /// Where they came from.
     pub checkpoint_source: CheckpointSource,
     /// How snapshots were put in order; `None` for one trace's checkpoints.
-    pub order: Option<Order>,
+    pub order: Option<SnapshotOrder>,
     /// The checkpoints, oldest first.
     pub points: Vec<Checkpoint>,
     /// Checkpoints treated as warm-up.
@@ -193,7 +194,7 @@ pub struct Trend {
 /// The checkpoints of the series and what they add up to.
 struct Series<'a> {
     points: Vec<Checkpoint>,
-    totals: Vec<FxHashMap<StackKey, Totals>>,
+    totals: Vec<FxHashMap<StackKey, SiteTotals>>,
     /// The snapshot and stack describing each site.
     sites: FxHashMap<StackKey, (&'a Snapshot, Option<StackId>)>,
     before_recording: rustc_hash::FxHashSet<StackKey>,
@@ -280,7 +281,7 @@ fn analyze(
     // One namer per snapshot that describes a suspect, keyed by its address.
     let mut namers: FxHashMap<*const Snapshot, SiteNamer> = FxHashMap::default();
     for key in keys {
-        let totals: Vec<Totals> = series
+        let totals: Vec<SiteTotals> = series
             .totals
             .iter()
             .map(|t| t.get(&key).copied().unwrap_or_default())
@@ -362,9 +363,9 @@ fn analyze(
 /// The trend over several snapshots of one job, ordered by their step if
 /// all have one, else by their time if all have one, else as given.
 pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
-    let named: Vec<Named<'_>> = snaps
+    let named: Vec<NamedSnapshot<'_>> = snaps
         .iter()
-        .map(|snapshot| Named { name: "", snapshot })
+        .map(|snapshot| NamedSnapshot { name: "", snapshot })
         .collect();
     trend_named(&named, options)
 }
@@ -372,7 +373,7 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
 /// A snapshot with the name it is known by, its file's name: what orders
 /// snapshots that record neither step nor time.
 #[derive(Clone, Copy, Debug)]
-pub struct Named<'a> {
+pub struct NamedSnapshot<'a> {
     /// The file's name (`step-200.pickle`); empty when it has none.
     pub name: &'a str,
     /// The snapshot.
@@ -382,7 +383,7 @@ pub struct Named<'a> {
 /// How the snapshots of a trend were put in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Order {
+pub enum SnapshotOrder {
     /// By the step each records.
     Steps,
     /// By the time each was taken.
@@ -398,35 +399,35 @@ pub enum Order {
 /// if all have one, else by their time if all have one, else by name with
 /// numbers compared as numbers; [`Trend::order`] says which, with a note
 /// when it is not by step or time.
-pub fn trend_named(snaps: &[Named<'_>], options: &TrendOptions) -> Trend {
+pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend {
     use rayon::prelude::*;
     let mut order: Vec<usize> = (0..snaps.len()).collect();
     let meta = |i: usize| &snaps[i].snapshot.meta;
     let by = if order.iter().all(|&i| meta(i).step.is_some()) {
         order.sort_by_key(|&i| (meta(i).step, meta(i).created_us));
-        Order::Steps
+        SnapshotOrder::Steps
     } else if order.iter().all(|&i| meta(i).created_us.is_some()) {
         order.sort_by_key(|&i| meta(i).created_us);
-        Order::Times
+        SnapshotOrder::Times
     } else if snaps.iter().any(|s| !s.name.is_empty()) {
         order.sort_by_cached_key(|&i| natural_key(snaps[i].name));
-        Order::Names
+        SnapshotOrder::Names
     } else {
-        Order::Given
+        SnapshotOrder::Given
     };
     let mut notes = Vec::new();
     if snaps.len() > 1 {
         match by {
-            Order::Names => notes.push(
+            SnapshotOrder::Names => notes.push(
                 "the snapshots record neither step nor time; they are ordered by file name \
                  (numbers as numbers)"
                     .to_owned(),
             ),
-            Order::Given => notes.push(
+            SnapshotOrder::Given => notes.push(
                 "the snapshots record neither step nor time; they are taken in the order given"
                     .to_owned(),
             ),
-            Order::Steps | Order::Times => {}
+            SnapshotOrder::Steps | SnapshotOrder::Times => {}
         }
     }
     let snaps: Vec<&Snapshot> = snaps.iter().map(|s| s.snapshot).collect();
@@ -501,7 +502,7 @@ fn natural_key(text: &str) -> Vec<(u8, u128, String)> {
 /// # Errors
 ///
 /// When the snapshot recorded no allocation in its traces.
-pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, String> {
+pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, TraceError> {
     let busy: Vec<usize> = (0..snap.traces.len())
         .filter(|&i| {
             snap.traces[i]
@@ -511,11 +512,7 @@ pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, Str
         })
         .collect();
     if busy.is_empty() {
-        return Err(
-            "the snapshot has no allocations in its trace; record a trace, or give several \
-             snapshots"
-                .to_owned(),
-        );
+        return Err(TraceError::NoAllocations);
     }
     let keys = StackKeys::new(snap);
     let mut idle: Vec<String> = (0..snap.traces.len())
@@ -574,7 +571,7 @@ fn trend_of_device(
     keys: &StackKeys,
     trace_index: usize,
     options: &TrendOptions,
-) -> Result<Trend, String> {
+) -> Result<Trend, TraceError> {
     let Cuts {
         source,
         at: cuts,

@@ -219,7 +219,7 @@ pub(crate) struct PictureArgs {
     /// When: peak, event:N (after N events of the trace), step:N (at step
     /// N's start). Default: when the snapshot was taken.
     #[arg(long, value_name = "WHEN", value_parser = crate::pictures::parse_moment)]
-    pub(crate) at: Option<snapdiff_analyze::Moment>,
+    pub(crate) at: Option<snapdiff_analyze::LiveMoment>,
     /// Replace OUT if it exists.
     #[arg(long, short)]
     pub(crate) force: bool,

@@ -3,12 +3,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use snapdiff_analyze::{CulpritRules, Moment, SiteBytes, live_by_site};
+use snapdiff_analyze::{CulpritRules, LiveMoment, SiteBytes, live_by_site};
 use snapdiff_render::flamegraph::Drawn;
 
 /// Reads `files` (one, or BEFORE AFTER with `diff`) and takes their live
 /// memory by site at `moment`.
-pub(crate) fn sites_of(files: &[PathBuf], diff: bool, moment: Moment) -> anyhow::Result<Drawn> {
+pub(crate) fn sites_of(files: &[PathBuf], diff: bool, moment: LiveMoment) -> anyhow::Result<Drawn> {
     match (files, diff) {
         ([file], false) => Ok(Drawn::One(sites_in(file, moment)?)),
         ([before, after], true) => Ok(Drawn::diff(
@@ -20,7 +20,7 @@ pub(crate) fn sites_of(files: &[PathBuf], diff: bool, moment: Moment) -> anyhow:
     }
 }
 
-fn sites_in(file: &Path, moment: Moment) -> anyhow::Result<Vec<SiteBytes>> {
+fn sites_in(file: &Path, moment: LiveMoment) -> anyhow::Result<Vec<SiteBytes>> {
     let snap = crate::input::read(file)?;
     let sites = live_by_site(&snap, &CulpritRules::default(), moment)
         .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
@@ -30,15 +30,15 @@ fn sites_in(file: &Path, moment: Moment) -> anyhow::Result<Vec<SiteBytes>> {
 
 /// Parses `--at`: `peak`, `event:N` (after N events of the trace) or
 /// `step:N` (at the start of step N).
-pub(crate) fn parse_moment(text: &str) -> Result<Moment, String> {
+pub(crate) fn parse_moment(text: &str) -> Result<LiveMoment, String> {
     let number = |n: &str| {
         n.parse::<u64>()
             .map_err(|_| format!("{n:?} is not a number (try peak, event:N or step:N)"))
     };
     match text.split_once(':') {
-        None if text == "peak" => Ok(Moment::Peak),
-        Some(("event", n)) => Ok(Moment::Event(number(n)? as usize)),
-        Some(("step", n)) => Ok(Moment::Step(number(n)?)),
+        None if text == "peak" => Ok(LiveMoment::Peak),
+        Some(("event", n)) => Ok(LiveMoment::Event(number(n)? as usize)),
+        Some(("step", n)) => Ok(LiveMoment::Step(number(n)?)),
         _ => Err(format!(
             "{text:?}: expected peak, event:N (after N events of the trace) or step:N"
         )),

@@ -8,7 +8,7 @@
 //! Prints the comparison as text, then the size of its JSON, and writes a
 //! flame graph of the live memory in AFTER to OUT.svg.
 
-use snapdiff_analyze::{CompareOptions, CulpritRules, Moment, compare, live_by_site};
+use snapdiff_analyze::{CompareOptions, CulpritRules, LiveMoment, compare, live_by_site};
 use snapdiff_render::flamegraph::{Drawn, write_svg};
 use snapdiff_render::{TextOptions, json};
 
@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("as JSON: {} bytes", as_json.len());
 
     // A flame graph of what AFTER holds live, to a file.
-    let sites = live_by_site(&b, &CulpritRules::default(), Moment::End)?;
+    let sites = live_by_site(&b, &CulpritRules::default(), LiveMoment::End)?;
     let mut file = std::io::BufWriter::new(std::fs::File::create(svg)?);
     write_svg(&Drawn::One(sites), "Live memory by stack", &mut file)?;
     println!("wrote {svg}");

@@ -1,7 +1,7 @@
 //! `snapdiff flamegraph FILE -o OUT`.
 
 use anyhow::bail;
-use snapdiff_analyze::Moment;
+use snapdiff_analyze::LiveMoment;
 
 use crate::args::FlamegraphArgs;
 use crate::exit::Exit;
@@ -16,7 +16,7 @@ pub(crate) fn run(
         folded: as_folded,
     }: FlamegraphArgs,
 ) -> anyhow::Result<Exit> {
-    let moment = args.at.unwrap_or(Moment::End);
+    let moment = args.at.unwrap_or(LiveMoment::End);
     let drawn = pictures::sites_of(&args.files, args.diff, moment)?;
     let empty = match &drawn {
         Drawn::One(sites) => sites.iter().all(|s| s.bytes == 0),

@@ -1,6 +1,6 @@
 //! `snapdiff pprof FILE -o OUT`.
 
-use snapdiff_analyze::Moment;
+use snapdiff_analyze::LiveMoment;
 
 use crate::args::PprofArgs;
 use crate::exit::Exit;
@@ -8,7 +8,7 @@ use crate::pictures;
 
 /// The top-level entry point for `snapdiff pprof`.
 pub(crate) fn run(PprofArgs { picture: args }: PprofArgs) -> anyhow::Result<Exit> {
-    let moment = args.at.unwrap_or(Moment::End);
+    let moment = args.at.unwrap_or(LiveMoment::End);
     let drawn = pictures::sites_of(&args.files, args.diff, moment)?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -2,7 +2,7 @@
 //! and has `snapdiff_render::html` draw the page.
 
 use snapdiff_analyze::{
-    CompareOptions, CulpritRules, DevicePeak, Moment, PeakOptions, Site, StackKeys, Timeline,
+    CompareOptions, CulpritRules, DevicePeak, LiveMoment, PeakOptions, Site, StackKeys, Timeline,
     Trend, TrendOptions, compare, live_by_site, peak, timeline, trend_trace,
 };
 use snapdiff_format::{Action, Parts};
@@ -42,7 +42,7 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
         let snap = crate::input::read(file)?;
         trend = trend_trace(&snap, &TrendOptions::default()).ok();
         live = Some(
-            live_by_site(&snap, &CulpritRules::default(), Moment::End)
+            live_by_site(&snap, &CulpritRules::default(), LiveMoment::End)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?,
         );
         if let Some(mut p) = peak(&snap, &PeakOptions::default())
@@ -59,7 +59,7 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
     let last = files.last().expect("one file at least");
     let flame = match live {
         Some(sites) => Drawn::One(sites),
-        None => crate::pictures::sites_of(std::slice::from_ref(last), false, Moment::End)?,
+        None => crate::pictures::sites_of(std::slice::from_ref(last), false, LiveMoment::End)?,
     };
     let empty = matches!(&flame, Drawn::One(sites) if sites.is_empty());
     let last_name = last.display().to_string();

@@ -1,15 +1,17 @@
 //! `snapdiff summary FILE`.
 
-use snapdiff_analyze::summarize;
+use snapdiff_analyze::{SummaryOptions, summarize};
 
 use crate::args::SummaryArgs;
 use crate::exit::Exit;
 
 /// The top-level entry point for `snapdiff summary`.
 pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
-    let rules = args.report.rules()?;
+    let mut options = SummaryOptions::default();
+    options.rules = args.report.rules()?;
+    options.top = args.report.text().top_limit();
     let snap = crate::input::read(&args.file)?;
-    let summary = summarize(&snap, &rules, args.report.text().top_limit());
+    let summary = summarize(&snap, &options);
     let (source, producer) = (snap.meta.source.clone(), snap.meta.producer.clone());
     crate::input::release([snap]);
     if args.report.json {

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use snapdiff_analyze::{Named, Trend, TrendOptions, trend_named, trend_trace};
+use snapdiff_analyze::{NamedSnapshot, Trend, TrendOptions, trend_named, trend_trace};
 use snapdiff_format::Snapshot;
 
 use crate::args::{ReportArgs, TrendArgs};
@@ -294,10 +294,10 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Tren
     let mut trend = if snaps.len() == 1 {
         trend_trace(&snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
     } else {
-        let named: Vec<Named<'_>> = names
+        let named: Vec<NamedSnapshot<'_>> = names
             .iter()
             .zip(&snaps)
-            .map(|(name, snapshot)| Named { name, snapshot })
+            .map(|(name, snapshot)| NamedSnapshot { name, snapshot })
             .collect();
         trend_named(&named, options)
     };
