@@ -48,7 +48,7 @@ fn read_with_progress(
     }
     let len = std::fs::metadata(path).map_or(0, |m| m.len());
     if len < PROGRESS_FROM_BYTES || !std::io::stderr().is_terminal() {
-        return snapdiff_format::read_path_parts(path, parts);
+        return snapdiff_format::Reader::new().parts(parts).read_path(path);
     }
     let bar = progress_lines().add(indicatif::ProgressBar::new(len));
     bar.set_style(
@@ -60,9 +60,10 @@ fn read_with_progress(
     );
     bar.set_message(format!("reading {}", path.display()));
     let shown = bar.clone();
-    let result = snapdiff_format::read_path_with_progress(path, parts, move |done, _| {
-        shown.set_position(done);
-    });
+    let result = snapdiff_format::Reader::new()
+        .parts(parts)
+        .progress(move |done, _| shown.set_position(done))
+        .read_path(path);
     bar.finish_and_clear();
     progress_lines().remove(&bar);
     result

@@ -47,10 +47,8 @@ pub use crate::model::{
     TraceEvent,
 };
 pub use crate::pickle::write_torch_pickle;
-pub use crate::read::{read_path, read_path_parts, read_path_with_progress};
-pub use crate::snap::{
-    Existing, FORMAT_VERSION, MAGIC, read_json, read_snap, write_atomically, write_json, write_snap,
-};
+pub use crate::read::{Reader, read_path};
+pub use crate::snap::{Existing, FORMAT_VERSION, MAGIC, write_atomically, write_json, write_snap};
 pub use crate::value::{Extra, Value};
 
 /// The kinds of file snapdiff reads.
@@ -109,18 +107,15 @@ pub enum Parts {
     WithoutEvents,
 }
 
-/// Reads a snapshot from bytes of any supported kind.
+/// Reads a snapshot from bytes of any supported kind: the shorthand for
+/// `Reader::new().read_bytes(data)`.
 pub fn read_bytes(data: &[u8]) -> Result<Snapshot> {
-    read_bytes_parts(data, Parts::All)
+    read_bytes_parts_with(data, Parts::All, None)
 }
 
-/// Reads the `parts` of a snapshot from bytes of any supported kind.
-pub fn read_bytes_parts(data: &[u8], parts: Parts) -> Result<Snapshot> {
-    read_bytes_parts_with(data, parts, None)
-}
-
-/// [`read_bytes_parts`], telling `progress` how far a pickle's parsing has
-/// got now and then.
+/// Reads the `parts` of a snapshot from bytes of any supported kind,
+/// telling `progress` how far a pickle's parsing (or a `.snap`'s
+/// decompression) has got now and then.
 fn read_bytes_parts_with(
     data: &[u8],
     parts: Parts,
@@ -141,8 +136,8 @@ fn read_bytes_parts_with(
 /// Reads everything a file of any supported kind holds.
 fn read_bytes_whole(data: &[u8], progress: Option<read::Progress>) -> Result<Snapshot> {
     match FileKind::detect(data) {
-        Some(FileKind::Snap) => read_snap(data),
-        Some(FileKind::Json) => read_json(data),
+        Some(FileKind::Snap) => snap::read_snap_parts(data, Parts::All, None),
+        Some(FileKind::Json) => snap::read_json(data),
         Some(FileKind::Pickle) if data.starts_with(pickle::legacy_torch_save::MAGIC) => {
             pickle::legacy_torch_save::read(data)
         }

@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::{Parts, Snapshot, read_bytes_parts, read_bytes_parts_with};
+use crate::{Parts, Snapshot, read_bytes_parts_with};
 
 /// Told, now and then, how many bytes of a file have been read.
 pub(crate) type Progress = Box<dyn FnMut(usize)>;
@@ -22,26 +22,68 @@ pub(crate) const PROGRESS_EVERY: usize = 8 << 20;
 /// Files from this size are mapped rather than read into memory.
 const MAP_FROM_BYTES: u64 = 32 << 20;
 
-/// Reads the snapshot file at `path`, whatever its kind. Errors name the file.
-pub fn read_path(path: impl AsRef<Path>) -> Result<Snapshot> {
-    read_path_parts(path, Parts::All)
-}
-
-/// Reads the `parts` of the snapshot file at `path`, whatever its kind.
-/// Errors name the file.
-pub fn read_path_parts(path: impl AsRef<Path>, parts: Parts) -> Result<Snapshot> {
-    read_path_with(path.as_ref(), parts, Box::new(|_, _| {}))
-}
-
-/// [`read_path_parts`], calling `progress(done, total)` with the bytes of
-/// the file read so far: for a large pickle or `.snap` file every few
-/// megabytes, and for every file once when it is read (`done == total`).
-pub fn read_path_with_progress(
-    path: impl AsRef<Path>,
+/// How a snapshot is read: which parts of it, and who is told how far the
+/// reading has got. `Reader::new().read_path(path)` reads everything, as
+/// [`read_path`] does.
+///
+/// ```no_run
+/// use snapdiff_format::{Parts, Reader};
+/// let state = Reader::new()
+///     .parts(Parts::WithoutEvents)
+///     .progress(|done, total| eprintln!("{done} of {total} bytes"))
+///     .read_path("step-200.pickle")?;
+/// # Ok::<(), snapdiff_format::Error>(())
+/// ```
+#[derive(Default)]
+pub struct Reader {
     parts: Parts,
-    progress: impl FnMut(u64, u64) + 'static,
-) -> Result<Snapshot> {
-    read_path_with(path.as_ref(), parts, Box::new(progress))
+    progress: Option<Box<dyn FnMut(u64, u64)>>,
+}
+
+impl Reader {
+    /// A reader of everything a file holds, telling no one its progress.
+    pub fn new() -> Reader {
+        Reader::default()
+    }
+
+    /// Reads only `parts` of the file (its state without the trace's
+    /// events, say, which a `.snap` file steps over).
+    pub fn parts(mut self, parts: Parts) -> Reader {
+        self.parts = parts;
+        self
+    }
+
+    /// Calls `progress(done, total)` with the bytes of a file read so far:
+    /// for a large pickle or `.snap` file every few megabytes, and for
+    /// every file once when it is read (`done == total`).
+    pub fn progress(mut self, progress: impl FnMut(u64, u64) + 'static) -> Reader {
+        self.progress = Some(Box::new(progress));
+        self
+    }
+
+    /// Reads the snapshot file at `path`, whatever its kind (a large file
+    /// mapped, its pages handed back as they are passed). Errors name the
+    /// file.
+    pub fn read_path(self, path: impl AsRef<Path>) -> Result<Snapshot> {
+        let progress = self.progress.unwrap_or_else(|| Box::new(|_, _| {}));
+        read_path_with(path.as_ref(), self.parts, progress)
+    }
+
+    /// Reads a snapshot from bytes of any supported kind (progress is told
+    /// as for a file of those bytes, but for the final call).
+    pub fn read_bytes(self, data: &[u8]) -> Result<Snapshot> {
+        let total = data.len() as u64;
+        let progress = self
+            .progress
+            .map(|mut told| -> Progress { Box::new(move |done| told(done as u64, total)) });
+        read_bytes_parts_with(data, self.parts, progress)
+    }
+}
+
+/// Reads the snapshot file at `path`, whatever its kind: the shorthand for
+/// `Reader::new().read_path(path)`. Errors name the file.
+pub fn read_path(path: impl AsRef<Path>) -> Result<Snapshot> {
+    Reader::new().read_path(path)
 }
 
 fn read_path_with(
@@ -74,7 +116,7 @@ fn read_path_with(
         )
     } else {
         let data = std::fs::read(path).map_err(cannot_read)?;
-        read_bytes_parts(&data, parts)
+        read_bytes_parts_with(&data, parts, None)
     };
     let snap = snap.map_err(|e| e.with_path(path))?;
     (progress.borrow_mut())(total, total);
@@ -217,10 +259,10 @@ mod tests {
         );
         let mut seen = Vec::new();
         let (tx, rx) = std::sync::mpsc::channel();
-        let mapped = super::read_path_with_progress(path, crate::Parts::All, move |done, total| {
-            tx.send((done, total)).unwrap();
-        })
-        .unwrap();
+        let mapped = super::Reader::new()
+            .progress(move |done, total| tx.send((done, total)).unwrap())
+            .read_path(path)
+            .unwrap();
         seen.extend(rx.try_iter());
         let in_memory = crate::read_bytes(&std::fs::read(path).unwrap()).unwrap();
         assert_eq!(mapped, in_memory);

@@ -72,11 +72,6 @@ pub fn write_snap<W: Write>(snap: &Snapshot, mut out: W) -> Result<()> {
         .map_err(|e| Error::io("cannot write", e))
 }
 
-/// Decodes a `.snap` file held in `data`.
-pub fn read_snap(data: &[u8]) -> Result<Snapshot> {
-    read_snap_parts(data, Parts::All, None)
-}
-
 /// Decodes the `parts` of a `.snap` file held in `data`.
 /// `progress`, if given, is told how far into `data` the decompressor has
 /// read, every [`PROGRESS_EVERY`] bytes.
@@ -436,7 +431,7 @@ pub(crate) fn without_bom(data: &[u8]) -> &[u8] {
 
 /// Decodes a `.json` document held in `data`, with or without a byte-order
 /// mark.
-pub fn read_json(data: &[u8]) -> Result<Snapshot> {
+pub(crate) fn read_json(data: &[u8]) -> Result<Snapshot> {
     let bad = |e: serde_json::Error| {
         let kind = if e.is_eof() {
             ErrorKind::Truncated

@@ -3,8 +3,8 @@
 use proptest::prelude::*;
 use snapdiff_format::{
     Action, Annotation, Block, BlockState, DeviceInfo, DeviceTrace, EventDetails, Frame,
-    HistoryEntry, Meta, Parts, Pool, Segment, Snapshot, TraceEvent, Value, read_bytes,
-    read_bytes_parts, write_json, write_snap,
+    HistoryEntry, Meta, Parts, Pool, Reader, Segment, Snapshot, TraceEvent, Value, read_bytes,
+    write_json, write_snap,
 };
 
 fn value() -> impl Strategy<Value = Value> {
@@ -310,7 +310,7 @@ proptest! {
         for trace in &mut expected.traces {
             trace.events = Default::default();
         }
-        prop_assert_eq!(read_bytes_parts(&bytes, Parts::WithoutEvents).unwrap(), expected);
+        prop_assert_eq!(Reader::new().parts(Parts::WithoutEvents).read_bytes(&bytes).unwrap(), expected);
     }
 
     #[test]
