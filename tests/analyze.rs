@@ -130,7 +130,7 @@ fn compare_reads_mixed_formats_and_sets_the_exit_code() {
     let over = snapdiff(args("3MiB"));
     assert_eq!(
         over.expect_code(1).stderr(),
-        "snapdiff: 4.00 MiB leaked, over the 3.00 MiB limit (--fail-over)\n"
+        "snapdiff: 4.00 MiB leaked, over the 3.00 MiB limit (--max-growth)\n"
     );
     snapdiff(args("4MiB")).expect_code(0);
 
@@ -363,7 +363,7 @@ fn trend_over_several_snapshots_of_a_growing_job() {
     run.expect_code(1);
     assert_eq!(
         run.stderr(),
-        "snapdiff: 8.00 MiB of suspected growth, over the 7.00 MiB limit (--fail-over)\n"
+        "snapdiff: 8.00 MiB of suspected growth, over the 7.00 MiB limit (--max-growth)\n"
     );
     assert!(
         run.stdout()

@@ -1,6 +1,6 @@
 """snapdiff's pytest plugin: leak tests for a training step.
 
-    @pytest.mark.snapdiff(max_leak="1 MiB", warmup=2, steps=10)
+    @pytest.mark.snapdiff(max_growth="1 MiB", warmup=2, steps=10)
     def test_train_step_does_not_leak(snapdiff_steps):
         for _ in snapdiff_steps:
             train_step(model, batch)
@@ -9,8 +9,10 @@ The loop runs `warmup + steps` times, with PyTorch's memory recorded (CUDA
 memory history, or the CPU recorder without a GPU) and a snapshot after each
 step. When the test function returns (having run every step, or left the
 loop early), `snapdiff trend` judges the snapshots after warm-up; the
-test fails when the sites that keep growing keep more than `max_leak` per
-step, with snapdiff's report (the line that holds the memory, the bytes per
+test fails when the sites that keep growing kept more than `max_growth` in
+all after warm-up (the limit that is `--max-growth` for the command and
+`max_growth` in Rust; `max_leak`, its earlier form, is a limit per step),
+with snapdiff's report (the line that holds the memory, the bytes per
 step, its stack) as the failure message. `--snapdiff-dir DIR` keeps the
 snapshots of failing tests in DIR, for `snapdiff report`.
 """
@@ -36,7 +38,7 @@ def parse_size(text):
         return int(text)
     m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"max_leak={text!r}: expected a size such as '1 MiB' or 4096")
+        raise ValueError(f"{text!r}: expected a size such as '1 MiB' or 4096")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
@@ -51,9 +53,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "snapdiff(max_leak='0 B', warmup=1, steps=5): a leak test; the snapdiff_steps "
-        "fixture runs warmup + steps steps and fails the test when more than max_leak "
-        "a step is kept after warm-up",
+        "snapdiff(max_growth='0 B', warmup=1, steps=5): a leak test; the snapdiff_steps "
+        "fixture runs warmup + steps steps and fails the test when more than max_growth "
+        "is kept after warm-up (max_leak: a limit per step instead)",
     )
 
 
@@ -62,10 +64,10 @@ class Steps:
     The verdict is made when the test function returns, also when it left
     the loop early (`break`)."""
 
-    def __init__(self, request, folder, max_leak, warmup, steps):
+    def __init__(self, request, folder, limit, warmup, steps):
         self.request = request
         self.folder = folder
-        self.max_leak = max_leak
+        self.limit = limit  # Limit: what may be kept, in all or per step
         self.warmup = warmup
         self.steps = steps
         self.report = None
@@ -121,14 +123,31 @@ class Steps:
             s.get("growth_per_step") or s["growth_per_checkpoint"] for s in report["suspects"]
         )
         self.report = report
-        if per_step > self.max_leak:
+        kept = report["suspected_bytes"] if self.limit.in_all else per_step
+        if kept > self.limit.bytes:
             _, text, _ = run([*args, "--frames", "6", "--full-paths"])
             self.request.node._snapdiff_failed = True
+            said = "kept after warm-up" if self.limit.in_all else "a step kept after warm-up"
             pytest.fail(
-                f"snapdiff: {_size(per_step)} a step kept after warm-up, over the "
-                f"{_size(self.max_leak)} allowed (max_leak)\n\n{text}",
+                f"snapdiff: {_size(kept)} {said}, over the {_size(self.limit.bytes)} "
+                f"allowed ({self.limit.name})\n\n{text}",
                 pytrace=False,
             )
+
+
+class Limit:
+    """What a leak test may keep: `max_growth` bytes in all after warm-up,
+    or (`max_leak`, the earlier form) bytes per step."""
+
+    def __init__(self, options):
+        if "max_growth" in options and "max_leak" in options:
+            raise ValueError("give max_growth or max_leak, not both")
+        self.in_all = "max_leak" not in options
+        self.name = "max_growth" if self.in_all else "max_leak"
+        try:
+            self.bytes = parse_size(options.get(self.name, 0))
+        except ValueError as e:
+            raise ValueError(f"{self.name}={e}") from None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -155,10 +174,10 @@ def snapdiff_steps(request):
     marker = request.node.get_closest_marker("snapdiff")
     options = dict(marker.kwargs) if marker else {}
     # Options are checked before anything is made, so a bad one leaves nothing.
-    max_leak = parse_size(options.get("max_leak", 0))
+    limit = Limit(options)
     warmup, count = int(options.get("warmup", 1)), int(options.get("steps", 5))
     folder = tempfile.mkdtemp(prefix="snapdiff-pytest-")
-    steps = Steps(request, folder, max_leak=max_leak, warmup=warmup, steps=count)
+    steps = Steps(request, folder, limit=limit, warmup=warmup, steps=count)
     request.node._snapdiff_failed = False
     yield steps
     keep = request.config.getoption("--snapdiff-dir")

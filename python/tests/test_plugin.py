@@ -61,9 +61,28 @@ def test_train_step_does_not_leak(snapdiff_steps):
     assert "16.0 KiB" in out, out
 
 
+def test_max_growth_limits_what_is_kept_in_all(pytester):
+    path = write_tests(pytester, """
+@pytest.mark.snapdiff(max_growth="64 KiB", warmup=2, steps=8)
+def test_over(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step(keep=True)
+
+@pytest.mark.snapdiff(max_growth="1 MiB", warmup=2, steps=8)
+def test_under(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step(keep=True)
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    out = result.stdout.str()
+    assert "KiB kept after warm-up, over the 64.00 KiB allowed (max_growth)" in out, out
+    assert f"{path}:{leak_line(path)}" in out, out
+
+
 def test_a_steady_step_passes(pytester):
     write_tests(pytester, """
-@pytest.mark.snapdiff(max_leak="0 B", warmup=2, steps=8)
+@pytest.mark.snapdiff(max_growth="0 B", warmup=2, steps=8)
 def test_train_step_does_not_leak(snapdiff_steps):
     for _ in snapdiff_steps:
         train_step()
@@ -74,7 +93,7 @@ def test_train_step_does_not_leak(snapdiff_steps):
 
 def test_memory_that_rises_and_falls_passes(pytester):
     write_tests(pytester, """
-@pytest.mark.snapdiff(max_leak="0 B", warmup=2, steps=10)
+@pytest.mark.snapdiff(max_growth="0 B", warmup=2, steps=10)
 def test_train_step_does_not_leak(snapdiff_steps):
     for _ in snapdiff_steps:
         train_step(periodic=True)

@@ -91,8 +91,14 @@ pub(crate) struct CaptureArgs {
     /// Exit with code 1 when suspected growth in any process exceeds SIZE,
     /// and with 2 when dumps failed so the evidence is incomplete (the
     /// command's own failure comes first).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, conflicts_with = "no_report")]
-    pub(crate) fail_over: Option<u64>,
+    #[arg(
+        long,
+        visible_alias = "fail-over",
+        value_name = "SIZE",
+        value_parser = parse_size,
+        conflicts_with = "no_report"
+    )]
+    pub(crate) max_growth: Option<u64>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub(crate) command: Vec<std::ffi::OsString>,
@@ -316,7 +322,7 @@ impl ReportArgs {
 ///
 /// Live blocks are grouped by the stack that allocated them; each group is
 /// named by its culprit, the innermost frame of your own code. Exit code 1
-/// when --fail-over is given and the leaked bytes exceed it.
+/// when --max-growth is given and the leaked bytes exceed it.
 #[derive(Debug, Args)]
 pub(crate) struct CompareArgs {
     /// The earlier snapshot (any supported kind).
@@ -326,8 +332,8 @@ pub(crate) struct CompareArgs {
     #[command(flatten)]
     pub(crate) report: ReportArgs,
     /// Exit with code 1 when leaked bytes exceed SIZE (e.g. 1MiB).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub(crate) fail_over: Option<u64>,
+    #[arg(long, visible_alias = "fail-over", value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) max_growth: Option<u64>,
 }
 
 /// Find the code whose memory keeps growing, over several snapshots or within one trace.
@@ -340,7 +346,7 @@ pub(crate) struct CompareArgs {
 /// annotations, else at its iterations, else at the low points between
 /// them; a trace with none of these gets no verdict. A site is a suspect when its memory
 /// keeps growing after warm-up; one-time allocations and periodic rise and
-/// fall are not. Exit code 1 when --fail-over is given and suspected growth
+/// fall are not. Exit code 1 when --max-growth is given and suspected growth
 /// exceeds it.
 #[derive(Debug, Args)]
 pub(crate) struct TrendArgs {
@@ -350,8 +356,8 @@ pub(crate) struct TrendArgs {
     #[command(flatten)]
     pub(crate) report: ReportArgs,
     /// Exit with code 1 when suspected growth exceeds SIZE (e.g. 1MiB).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub(crate) fail_over: Option<u64>,
+    #[arg(long, visible_alias = "fail-over", value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) max_growth: Option<u64>,
     /// Checkpoints at the start that are warm-up (what they allocate is not growth).
     #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
     pub(crate) warmup: usize,
@@ -467,20 +473,28 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            (c.report.top, c.report.frames, c.report.json, c.fail_over),
+            (c.report.top, c.report.frames, c.report.json, c.max_growth),
             (10, 0, false, None)
         );
     }
 
     #[test]
     fn sizes_and_patterns_are_checked_while_parsing() {
-        let Command::Compare(c) = parse(&["compare", "a", "b", "--fail-over", "1.5MiB"])
+        let Command::Compare(c) = parse(&["compare", "a", "b", "--max-growth", "1.5MiB"])
             .unwrap()
             .command
         else {
             panic!()
         };
-        assert_eq!(c.fail_over, Some(1_572_864));
+        assert_eq!(c.max_growth, Some(1_572_864));
+        // The earlier name still works.
+        let Command::Compare(c) = parse(&["compare", "a", "b", "--fail-over", "2KiB"])
+            .unwrap()
+            .command
+        else {
+            panic!()
+        };
+        assert_eq!(c.max_growth, Some(2048));
         assert!(parse(&["compare", "a", "b", "--fail-over", "12XB"]).is_err());
         assert!(parse(&["compare", "a", "b", "--fail-over", "99999999999999999999T"]).is_err());
         assert!(parse(&["compare", "a", "b", "--focus", "("]).is_err());

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 pub(crate) enum Exit {
     /// It ran, and nothing was over the threshold.
     Clean,
-    /// It ran, and leaked (or, for trend, suspected) bytes exceeded `--fail-over`.
+    /// It ran, and leaked (or, for trend, suspected) bytes exceeded `--max-growth` (alias `--fail-over`).
     OverThreshold,
     /// Bad usage or unreadable input.
     Error,

@@ -24,12 +24,12 @@ use snapdiff_render::TextOptions;
 ///
 /// ```
 /// use snapdiff::testing::LeakOptions;
-/// let options = LeakOptions::new().allow_bytes(1 << 20).ignore("warm_cache");
+/// let options = LeakOptions::new().max_growth(1 << 20).ignore("warm_cache");
 /// # let _ = options;
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct LeakOptions {
-    allow_bytes: u64,
+    max_growth: u64,
     ignore: Vec<Regex>,
     only: Vec<Regex>,
 }
@@ -51,15 +51,22 @@ impl LeakOptions {
         LeakOptions::default()
     }
 
-    /// Passes when at most `bytes` leaked in all.
+    /// Passes when the sites together kept at most `bytes` more after
+    /// warm-up than at its end: the limit that is `--max-growth` for the
+    /// command and `max_growth` for the pytest plugin.
     ///
     /// ```
-    /// let options = snapdiff::testing::LeakOptions::new().allow_bytes(4096);
+    /// let options = snapdiff::testing::LeakOptions::new().max_growth(4096);
     /// # let _ = options;
     /// ```
-    pub fn allow_bytes(mut self, bytes: u64) -> LeakOptions {
-        self.allow_bytes = bytes;
+    pub fn max_growth(mut self, bytes: u64) -> LeakOptions {
+        self.max_growth = bytes;
         self
+    }
+
+    /// The earlier name of [`max_growth`](LeakOptions::max_growth).
+    pub fn allow_bytes(self, bytes: u64) -> LeakOptions {
+        self.max_growth(bytes)
     }
 
     /// Leaves out sites with a frame matching `pattern`, a regular expression
@@ -207,7 +214,7 @@ impl LeakReport {
             .collect();
         LeakReport {
             groups,
-            allowed: options.allow_bytes,
+            allowed: options.max_growth,
             checkpoints: points.len(),
             files: None,
         }
@@ -402,19 +409,25 @@ mod check {
             self
         }
 
-        /// Passes when at most `bytes` leaked in all.
+        /// Passes when the sites together kept at most `bytes` more after
+        /// warm-up (see [`LeakOptions::max_growth`]).
         ///
         /// ```
         /// # use snapdiff::{Allocator, HostBackend, Stream};
         /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
-        /// let check = snapdiff::testing::LeakCheck::begin(&a).allow_bytes(4096);
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).max_growth(4096);
         /// let small = a.alloc(100, Stream::DEFAULT).unwrap();
         /// check.assert_no_leaks(); // 512 bytes kept, 4096 allowed
         /// # drop(small);
         /// ```
-        pub fn allow_bytes(mut self, bytes: u64) -> LeakCheck<'a> {
-            self.options = self.options.allow_bytes(bytes);
+        pub fn max_growth(mut self, bytes: u64) -> LeakCheck<'a> {
+            self.options = self.options.max_growth(bytes);
             self
+        }
+
+        /// The earlier name of [`max_growth`](LeakCheck::max_growth).
+        pub fn allow_bytes(self, bytes: u64) -> LeakCheck<'a> {
+            self.max_growth(bytes)
         }
 
         /// Leaves out sites with a frame matching `pattern` (`function file:line`).

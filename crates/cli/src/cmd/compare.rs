@@ -46,10 +46,10 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         ));
     }
     crate::input::release([before, after]);
-    let exit = match args.fail_over {
+    let exit = match args.max_growth {
         Some(limit) if cmp.leaked_bytes > limit => {
             eprintln!(
-                "snapdiff: {} leaked, over the {} limit (--fail-over)",
+                "snapdiff: {} leaked, over the {} limit (--max-growth)",
                 size(cmp.leaked_bytes),
                 size(limit)
             );

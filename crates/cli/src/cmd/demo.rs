@@ -61,7 +61,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         max_entries: None,
         no_stacks: false,
         no_report: false,
-        fail_over: None,
+        max_growth: None,
         report,
         command: command.iter().map(|s| s.to_os_string()).collect(),
     };

@@ -80,11 +80,11 @@ fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 
 /// The report of one series of snapshots (or one trace).
 fn print_one(trend: &Trend, errored: bool, args: &TrendArgs) -> anyhow::Result<Exit> {
-    let exit = match args.fail_over {
+    let exit = match args.max_growth {
         _ if errored => Exit::Error,
         Some(limit) if trend.suspected_bytes > limit => {
             eprintln!(
-                "snapdiff: {} of suspected growth, over the {} limit (--fail-over)",
+                "snapdiff: {} of suspected growth, over the {} limit (--max-growth)",
                 size(trend.suspected_bytes),
                 size(limit)
             );
@@ -110,14 +110,14 @@ fn print_per_process(
     let over: Vec<String> = trends
         .iter()
         .filter(|(_, t)| {
-            args.fail_over
+            args.max_growth
                 .is_some_and(|limit| t.suspected_bytes > limit)
         })
         .map(|(p, t)| format!("{}: {}", process_name(p), size(t.suspected_bytes)))
         .collect();
-    if let (false, Some(limit)) = (over.is_empty(), args.fail_over) {
+    if let (false, Some(limit)) = (over.is_empty(), args.max_growth) {
         eprintln!(
-            "snapdiff: suspected growth over the {} limit (--fail-over) in {}",
+            "snapdiff: suspected growth over the {} limit (--max-growth) in {}",
             size(limit),
             over.join("; ")
         );

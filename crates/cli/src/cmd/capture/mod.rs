@@ -35,9 +35,9 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         report_files(&mut *out, &args.output, &captured)?;
     }
     if args.no_report || captured.snapshots.is_empty() {
-        return Ok(match args.fail_over {
+        return Ok(match args.max_growth {
             Some(_) if captured.exit == Exit::Clean => {
-                eprintln!("snapdiff: no snapshot to judge, so no verdict (--fail-over)");
+                eprintln!("snapdiff: no snapshot to judge, so no verdict (--max-growth)");
                 Exit::Error
             }
             _ => captured.exit,
@@ -61,7 +61,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         if suspected.is_some_and(|bytes| bytes > 0) {
             growing.push(process.as_str());
         }
-        if let (Some(bytes), Some(limit)) = (suspected, args.fail_over)
+        if let (Some(bytes), Some(limit)) = (suspected, args.max_growth)
             && bytes > limit
         {
             over.push(format!("{process}: {}", snapdiff_render::text::size(bytes)));
@@ -95,12 +95,12 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     if captured.exit != Exit::Clean {
         return Ok(captured.exit);
     }
-    let Some(limit) = args.fail_over else {
+    let Some(limit) = args.max_growth else {
         return Ok(Exit::Clean);
     };
     if !over.is_empty() {
         eprintln!(
-            "snapdiff: suspected growth over the {} limit (--fail-over) in {}",
+            "snapdiff: suspected growth over the {} limit (--max-growth) in {}",
             snapdiff_render::text::size(limit),
             over.join("; ")
         );
@@ -109,7 +109,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     if !captured.failed.is_empty() {
         eprintln!(
             "snapdiff: {} of {} dumps failed, so the evidence is incomplete: no verdict \
-             (--fail-over)",
+             (--max-growth)",
             captured.failed.len(),
             captured.failed.len() + captured.snapshots.len()
         );
