@@ -3,7 +3,7 @@
 //! quickly and within a small memory bound, and nothing a file holds reaches
 //! the terminal raw. The random search over such inputs is `tests/fuzz.rs`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use crate::util::{Run, fixture, pickle4, python_script, tempdir};
@@ -441,33 +441,7 @@ fn has_raw_controls(text: &str) -> bool {
 fn frame_names_with_control_characters_are_escaped_in_every_report() {
     let dir = tempdir();
     let d = dir.path();
-    // Two snapshots written by CPython's pickler from the real-format
-    // fixture, with hostile text in frame names and file names; the second
-    // holds one more block of the hostile site, so compare shows it.
-    let script = format!(
-        "import copy, pickle, sys\n\
-         hostile = '{HOSTILE_PY}'\n\
-         snap = pickle.load(open(sys.argv[1], 'rb'))\n\
-         for seg in snap['segments']:\n\
-         \x20   for b in seg['blocks']:\n\
-         \x20       for f in b.get('frames', []):\n\
-         \x20           if f['filename'].endswith('util.py'):\n\
-         \x20               f['name'] = 'helper' + hostile\n\
-         \x20               f['filename'] = '/home/user/' + hostile + '.py'\n\
-         for trace in snap['device_traces']:\n\
-         \x20   for e in trace:\n\
-         \x20       for f in e.get('frames', []):\n\
-         \x20           f['name'] = f['name'] + hostile\n\
-         pickle.dump(snap, open(sys.argv[2], 'wb'), protocol=4)\n\
-         seg = snap['segments'][0]\n\
-         seg['blocks'].append(copy.deepcopy(next(b for s in snap['segments'] for b in s['blocks'] if b['state'] == 'active_allocated')))\n\
-         pickle.dump(snap, open(sys.argv[3], 'wb'), protocol=4)\n"
-    );
-    let (a, b) = (d.join("a.pickle"), d.join("b.pickle"));
-    python_script(
-        &script,
-        &[&fixture("torch-format/snapshot-p4.pickle"), &a, &b],
-    );
+    let (a, b) = hostile_snapshots(d, HOSTILE_PY, "");
 
     let runs = [
         vec!["summary".as_ref(), a.as_os_str()],
@@ -540,14 +514,15 @@ fn frame_names_with_control_characters_are_escaped_in_every_report() {
 /// override and a line separator. As a Python string literal.
 const FORGING_PY: &str = r"<!--<script>x 999999999999\nforged;stack\x00\x1b[2J\u202eyp.tpg\u2028</script><img src=x onerror=document.title=\x27pwned\x27>";
 
-/// Writes two snapshots of the real-format fixture to `dir`, under a file
-/// name that holds a page placeholder and a tag, whose `util.py` frames are
-/// named with [`FORGING_PY`]; the second holds one more block of that site.
-/// Returns their paths.
-pub(crate) fn forging_snapshots(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+/// Two snapshots of the real-format fixture written by CPython's pickler
+/// into `dir` as `{prefix}a.pickle` and `{prefix}b.pickle`, their `util.py`
+/// frames named with `hostile` (a Python string literal) and their trace
+/// frames ending with it; the second holds one more block of that site, so
+/// compare shows it.
+fn hostile_snapshots(dir: &Path, hostile: &str, prefix: &str) -> (PathBuf, PathBuf) {
     let script = format!(
         "import copy, pickle, sys\n\
-         hostile = '{FORGING_PY}'\n\
+         hostile = '{hostile}'\n\
          snap = pickle.load(open(sys.argv[1], 'rb'))\n\
          for seg in snap['segments']:\n\
          \x20   for b in seg['blocks']:\n\
@@ -564,16 +539,25 @@ pub(crate) fn forging_snapshots(dir: &Path) -> (std::path::PathBuf, std::path::P
          seg['blocks'].append(copy.deepcopy(next(b for s in snap['segments'] for b in s['blocks'] if b['state'] == 'active_allocated')))\n\
          pickle.dump(snap, open(sys.argv[3], 'wb'), protocol=4)\n"
     );
-    let name = "{{DATA}}<img src=x onerror=document.title=\x27pwned\x27>";
     let (a, b) = (
-        dir.join(format!("{name}a.pickle")),
-        dir.join(format!("{name}b.pickle")),
+        dir.join(format!("{prefix}a.pickle")),
+        dir.join(format!("{prefix}b.pickle")),
     );
     python_script(
         &script,
         &[&fixture("torch-format/snapshot-p4.pickle"), &a, &b],
     );
     (a, b)
+}
+
+/// [`hostile_snapshots`] with [`FORGING_PY`], under a file name that holds
+/// a page placeholder and a tag.
+pub(crate) fn forging_snapshots(dir: &Path) -> (PathBuf, PathBuf) {
+    hostile_snapshots(
+        dir,
+        FORGING_PY,
+        "{{DATA}}<img src=x onerror=document.title='pwned'>",
+    )
 }
 
 /// Whether `text` holds a character that hides or reorders text around it.

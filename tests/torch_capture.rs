@@ -374,24 +374,10 @@ fn cpu_recorder_follows_frees_moves_and_sparse_tensors_as_torch_accounts_them() 
     );
 }
 
-#[test]
-fn sigusr1_to_capture_never_kills_the_job() {
-    if !torch_ready() {
-        return;
-    }
-    // A signal every 50 ms from capture's first milliseconds to its end:
-    // through `import torch`, the training and interpreter shutdown.
-    let dir = tempdir();
-    let out = dir.path().join("out");
-    let tmp = dir.path().join("tmp");
-    std::fs::create_dir(&tmp).unwrap();
-    let child = Command::new(SNAPDIFF)
-        .args(capture_args(
-            &out,
-            &["--no-report"],
-            &["--steps", "20", "--step-seconds", "0.05"],
-        ))
-        .env("TMPDIR", &tmp)
+/// Runs `capture` (a `snapdiff capture` command) with SIGUSR1 sent to it
+/// every 50 ms from 10 ms after it starts until it has exited.
+fn under_sigusr1_storm(mut capture: Command) -> std::process::Output {
+    let child = capture
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -406,6 +392,28 @@ fn sigusr1_to_capture_never_kills_the_job() {
     });
     let output = wait_bounded(child);
     storm.join().unwrap();
+    output
+}
+
+#[test]
+fn sigusr1_to_capture_never_kills_the_job() {
+    if !torch_ready() {
+        return;
+    }
+    // A signal every 50 ms from capture's first milliseconds to its end:
+    // through `import torch`, the training and interpreter shutdown.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let mut job = Command::new(SNAPDIFF);
+    job.args(capture_args(
+        &out,
+        &["--no-report"],
+        &["--steps", "20", "--step-seconds", "0.05"],
+    ))
+    .env("TMPDIR", &tmp);
+    let output = under_sigusr1_storm(job);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("trained"), "the job finished: {stderr}");
@@ -434,25 +442,12 @@ fn sigusr1_to_capture_never_kills_the_job() {
         "import time\nfor _ in range(30):\n    time.sleep(0.05)\nprint('done')\n",
     )
     .unwrap();
-    let child = Command::new(SNAPDIFF)
-        .args(["capture", "-o"])
+    let mut job = Command::new(SNAPDIFF);
+    job.args(["capture", "-o"])
         .arg(&out)
         .args(["--no-report", "--", "python3"])
-        .arg(&plain)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as i32;
-    let storm = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(10));
-        // SAFETY: as above.
-        while unsafe { libc::kill(pid, libc::SIGUSR1) } == 0 {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    let output = wait_bounded(child);
-    storm.join().unwrap();
+        .arg(&plain);
+    let output = under_sigusr1_storm(job);
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&output.stdout).lines().next(),
