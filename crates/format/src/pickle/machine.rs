@@ -657,10 +657,7 @@ impl<'a> Machine<'a> {
         // lossily. (Plain validation first: it is much faster than the lossy pass.)
         let s = match std::str::from_utf8(b) {
             Ok(s) => Cow::Borrowed(s),
-            Err(_) => {
-                self.heap.not_utf8 += 1;
-                String::from_utf8_lossy(b)
-            }
+            Err(_) => self.not_utf8(b),
         };
         self.heap.keys.push(Key::classify(&s));
         self.heap.strings.push(s);
@@ -673,6 +670,16 @@ impl<'a> Machine<'a> {
             push_new(&mut self.memo, || Val::Str(id));
         }
         Ok(())
+    }
+
+    /// `b`, a string that is not UTF-8, with U+FFFD for its bad bytes;
+    /// counted for the file's description. Out of line: the hot path of
+    /// [`Machine::push_str`] stays as small as it was.
+    #[cold]
+    #[inline(never)]
+    fn not_utf8(&mut self, b: &'a [u8]) -> Cow<'a, str> {
+        self.heap.not_utf8 += 1;
+        String::from_utf8_lossy(b)
     }
 
     fn push_bytes(&mut self, n: usize, op: u8) -> Result<()> {
