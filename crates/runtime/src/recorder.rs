@@ -151,6 +151,7 @@ impl Recorder {
     }
 
     /// Allocates `size` bytes for `stream`: the block and its address.
+    #[inline]
     pub(crate) fn alloc(&self, size: usize, stream: Stream) -> Result<(BlockIdx, u64), AllocError> {
         let requested = size as u64;
         let config = &self.config;
@@ -326,6 +327,7 @@ impl Recorder {
         }
     }
 
+    #[inline]
     pub(crate) fn free(&self, block: BlockIdx, stream: Stream) {
         let mut state = self.state();
         let (address, size, requested, stack, seq) = {
