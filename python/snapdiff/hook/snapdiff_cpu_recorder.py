@@ -244,9 +244,12 @@ class CpuRecorder(TorchDispatchMode):
     def _on_tensor_gone(self, ref):
         """A watched tensor is going: its storage is checked before the
         next operator (now, the tensor still holds it). Any thread."""
-        watched = self._watched.pop(id(ref), None)
-        if watched is not None:
-            self._gone.append(watched[1])
+        try:  # a weak reference's callback must never raise (nor print)
+            watched = self._watched.pop(id(ref), None)
+            if watched is not None:
+                self._gone.append(watched[1])
+        except Exception:
+            pass
 
     def _settle(self):
         """Notes the end of the storages that tensors gone since the last
