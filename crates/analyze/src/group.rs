@@ -105,6 +105,45 @@ pub(crate) fn live_groups(snap: &Snapshot, keys: &StackKeys) -> LiveGroups {
         })
 }
 
+/// The live blocks of one device of a snapshot, by site.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceSites {
+    /// The device.
+    pub device: u32,
+    /// Live blocks and bytes per site.
+    pub totals: FxHashMap<StackKey, SiteTotals>,
+    /// One stack of each site, to describe it.
+    pub stacks: FxHashMap<StackKey, Option<StackId>>,
+}
+
+/// The live blocks of `snap` by device and site, devices in ascending
+/// order; a device with segments but no live block is listed, empty.
+pub fn live_sites_by_device(snap: &Snapshot, keys: &StackKeys) -> Vec<DeviceSites> {
+    let mut devices: Vec<DeviceSites> = Vec::new();
+    for segment in &snap.segments {
+        let at = match devices.binary_search_by_key(&segment.device, |d| d.device) {
+            Ok(at) => at,
+            Err(at) => {
+                devices.insert(
+                    at,
+                    DeviceSites {
+                        device: segment.device,
+                        ..DeviceSites::default()
+                    },
+                );
+                at
+            }
+        };
+        let sites = &mut devices[at];
+        for b in segment.blocks.iter().filter(|b| is_live(b)) {
+            let key = keys.key(b.stack);
+            sites.totals.entry(key).or_default().add(b);
+            sites.stacks.entry(key).or_insert(b.stack);
+        }
+    }
+    devices
+}
+
 /// A frame as reports show it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct SiteFrame {
@@ -175,6 +214,39 @@ pub(crate) fn merge_rows<T, K: std::hash::Hash + Eq>(
 pub(crate) fn culprit_line(site: &Site) -> (CulpritKind, String, String, u32) {
     let c = &site.culprit;
     (c.kind, c.name.clone(), c.file.clone(), c.line)
+}
+
+/// Describes the site `key` of `snap`, whose blocks have stack `stack`:
+/// what [`SiteNamer::site`] gives, for a few sites of a large snapshot
+/// (only the stack's own frames are looked at).
+pub fn describe_site(
+    snap: &Snapshot,
+    key: StackKey,
+    stack: Option<StackId>,
+    rules: &CulpritRules,
+) -> Site {
+    let ids: &[FrameId] = stack.map_or(&[], |s| &snap.stacks[s as usize]);
+    let frames: Vec<(&snapdiff_format::Frame, FrameRole)> = ids
+        .iter()
+        .map(|&f| {
+            let frame = &snap.frames[f as usize];
+            (frame, rules.role(frame))
+        })
+        .collect();
+    Site {
+        key,
+        culprit: rules.culprit_of(frames.iter().map(|&(f, r)| (f, r))),
+        frames: frames
+            .iter()
+            .filter(|(_, role)| !role.noise)
+            .map(|(f, _)| SiteFrame {
+                name: f.name.to_string(),
+                file: f.file.to_string(),
+                line: f.line,
+            })
+            .collect(),
+        stacks: 1,
+    }
 }
 
 /// Describes the sites of one snapshot. Built once per snapshot: it works

@@ -48,7 +48,9 @@ pub use crate::compare::{Change, CompareOptions, Comparison, GroupDiff, Matching
 pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_base, short_name};
 pub use crate::error::TraceError;
 pub use crate::frame_class::{FrameClass, classify, is_generated_file};
-pub use crate::group::{Site, SiteFrame, SiteTotals, requested};
+pub use crate::group::{
+    DeviceSites, Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
+};
 pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
 pub use crate::peak::{
@@ -63,6 +65,7 @@ pub use crate::summary::{
 };
 pub use crate::timeline::{Timeline, timeline};
 pub use crate::trend::{
-    Checkpoint, CheckpointSource, DEFAULT_WARMUP, NamedSnapshot, SnapshotOrder, Suspect, Trend,
-    TrendOptions, trend_named, trend_snapshots, trend_trace,
+    Checkpoint, CheckpointSource, DEFAULT_WARMUP, NamedSnapshot, OrderKey, SiteSeries,
+    SnapshotOrder, Suspect, Trend, TrendOptions, snapshot_order, trend_named, trend_of_series,
+    trend_of_snapshot_series, trend_snapshots, trend_trace, without_exit_dumps,
 };

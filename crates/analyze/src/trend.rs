@@ -19,7 +19,7 @@
 //! third of them (so that two separate one-time allocations among many
 //! checkpoints are not taken for a leak).
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 use snapdiff_format::{Action, Snapshot, StackId};
 
@@ -191,13 +191,27 @@ pub struct Trend {
     pub notes: Vec<String>,
 }
 
-/// The checkpoints of the series and what they add up to.
-struct Series<'a> {
-    points: Vec<Checkpoint>,
-    totals: Vec<FxHashMap<StackKey, SiteTotals>>,
-    /// The snapshot and stack describing each site.
-    sites: FxHashMap<StackKey, (&'a Snapshot, Option<StackId>)>,
-    before_recording: rustc_hash::FxHashSet<StackKey>,
+/// The live memory of one process's device, by site, at a series of
+/// checkpoints: all a trend is judged on. [`trend_named`] builds it from
+/// snapshots, a trace's replay from its cuts, and a fleet from its site
+/// tables, so that each is judged by one rule.
+#[derive(Clone, Debug, Default)]
+pub struct SiteSeries<'a> {
+    /// The checkpoints, oldest first.
+    pub points: Vec<Checkpoint>,
+    /// Live blocks and bytes per site at each checkpoint.
+    pub totals: Vec<FxHashMap<StackKey, SiteTotals>>,
+    /// The snapshot and stack describing each site (any snapshot whose
+    /// frames and stacks hold it: the one it was read from, or a store of
+    /// stacks).
+    pub sites: FxHashMap<StackKey, (&'a Snapshot, Option<StackId>)>,
+    /// Sites with blocks allocated before recording began (traces only).
+    pub before_recording: FxHashSet<StackKey>,
+    /// Bytes allocated at the last checkpoint, as the allocator counts them
+    /// (rounded); 0 when unknown, and the live bytes of the sites stand in.
+    pub allocated_bytes: u64,
+    /// Total device memory, when recorded.
+    pub device_memory: Option<u64>,
 }
 
 /// The floor of `series`: at each point, the least value from there to the
@@ -248,11 +262,12 @@ fn is_periodic(series: &[u64]) -> bool {
     false
 }
 
-fn analyze(
-    series: Series,
+/// Judges `series` by the floor rule: what [`trend_named`] and
+/// [`trend_trace`] give once their series is built.
+pub fn trend_of_series(
+    series: SiteSeries<'_>,
     source: CheckpointSource,
     options: &TrendOptions,
-    last: &Snapshot,
 ) -> Trend {
     let n = series.points.len();
     let warmup = options.warmup.min(n.saturating_sub(1));
@@ -325,16 +340,13 @@ fn analyze(
     }
     let suspected_bytes = suspects.iter().map(|s| s.growth_bytes).sum();
     let growth_per_second = seconds.map(|s| suspected_bytes as f64 / s);
-    let device_memory = options.device_memory.or_else(|| {
-        let known: Option<Vec<u64>> = last.meta.devices.iter().map(|d| d.total_memory).collect();
-        known.filter(|k| !k.is_empty()).map(|k| k.iter().sum())
-    });
+    let device_memory = options.device_memory.or(series.device_memory);
     // A trace without segments still says what was live at its end.
     let live_at_end: u64 = series
         .totals
         .last()
         .map_or(0, |t| t.values().map(|x| x.bytes).sum());
-    let allocated_bytes = match last.totals().allocated_bytes {
+    let allocated_bytes = match series.allocated_bytes {
         0 => live_at_end,
         allocated => allocated,
     };
@@ -395,41 +407,110 @@ pub enum SnapshotOrder {
     Given,
 }
 
+/// What puts a snapshot in its place in a series: its step, its time, and
+/// its file's name.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OrderKey<'a> {
+    /// The training step it records.
+    pub step: Option<u64>,
+    /// When it was taken, in microseconds since the Unix epoch.
+    pub time_us: Option<i64>,
+    /// Its file's name; empty when it has none.
+    pub name: &'a str,
+}
+
+/// The order of snapshots with `keys`: by step if all record one, else by
+/// time if all record one, else by name with numbers compared as numbers,
+/// else as given. Returns the indices of `keys` in order, and which order
+/// it is.
+pub fn snapshot_order(keys: &[OrderKey<'_>]) -> (Vec<usize>, SnapshotOrder) {
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    let by = if keys.iter().all(|k| k.step.is_some()) {
+        order.sort_by_key(|&i| (keys[i].step, keys[i].time_us));
+        SnapshotOrder::Steps
+    } else if keys.iter().all(|k| k.time_us.is_some()) {
+        order.sort_by_key(|&i| keys[i].time_us);
+        SnapshotOrder::Times
+    } else if keys.iter().any(|k| !k.name.is_empty()) {
+        order.sort_by_cached_key(|&i| natural_key(keys[i].name));
+        SnapshotOrder::Names
+    } else {
+        SnapshotOrder::Given
+    };
+    (order, by)
+}
+
+/// Judges `series`, one snapshot per checkpoint put in order `by` (see
+/// [`snapshot_order`]), with a note when that order is not by step or time.
+pub fn trend_of_snapshot_series(
+    series: SiteSeries<'_>,
+    by: SnapshotOrder,
+    options: &TrendOptions,
+) -> Trend {
+    let several = series.points.len() > 1;
+    let mut trend = trend_of_series(series, CheckpointSource::Snapshots, options);
+    trend.order = Some(by);
+    let note = match by {
+        SnapshotOrder::Names => {
+            "the snapshots record neither step nor time; they are ordered by file name \
+             (numbers as numbers)"
+        }
+        SnapshotOrder::Given => {
+            "the snapshots record neither step nor time; they are taken in the order given"
+        }
+        SnapshotOrder::Steps | SnapshotOrder::Times => "",
+    };
+    if several && !note.is_empty() {
+        trend.notes.insert(0, note.to_owned());
+    }
+    trend
+}
+
+/// Which snapshots of a series to judge, by their files' names: exit dumps
+/// (a name ending in `-exit`, as capture names them) are taken after the
+/// program freed its own variables, so what leaked into them is gone; among
+/// three or more other dumps they would hide every leak, and are left out.
+/// Returns whether each is kept, and a note when some are not.
+pub fn without_exit_dumps(names: &[&str]) -> (Vec<bool>, Option<String>) {
+    let is_exit = |name: &str| {
+        let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+        stem.ends_with("-exit")
+    };
+    let exits = names.iter().filter(|n| is_exit(n)).count();
+    if exits == 0 || names.len() - exits < 3 {
+        return (vec![true; names.len()], None);
+    }
+    let keep = names.iter().map(|n| !is_exit(n)).collect();
+    let note = format!(
+        "{exits} exit snapshot{} left out: taken after the program freed its variables, \
+         {} would hide what leaked into them",
+        if exits == 1 { "" } else { "s" },
+        if exits == 1 { "it" } else { "they" },
+    );
+    (keep, Some(note))
+}
+
+/// Total memory of the devices `snap` records, when it records all of them.
+pub(crate) fn device_memory_of(snap: &Snapshot) -> Option<u64> {
+    let known: Option<Vec<u64>> = snap.meta.devices.iter().map(|d| d.total_memory).collect();
+    known.filter(|k| !k.is_empty()).map(|k| k.iter().sum())
+}
+
 /// The trend over several named snapshots of one job, ordered by their step
 /// if all have one, else by their time if all have one, else by name with
 /// numbers compared as numbers; [`Trend::order`] says which, with a note
 /// when it is not by step or time.
 pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend {
     use rayon::prelude::*;
-    let mut order: Vec<usize> = (0..snaps.len()).collect();
-    let meta = |i: usize| &snaps[i].snapshot.meta;
-    let by = if order.iter().all(|&i| meta(i).step.is_some()) {
-        order.sort_by_key(|&i| (meta(i).step, meta(i).created_us));
-        SnapshotOrder::Steps
-    } else if order.iter().all(|&i| meta(i).created_us.is_some()) {
-        order.sort_by_key(|&i| meta(i).created_us);
-        SnapshotOrder::Times
-    } else if snaps.iter().any(|s| !s.name.is_empty()) {
-        order.sort_by_cached_key(|&i| natural_key(snaps[i].name));
-        SnapshotOrder::Names
-    } else {
-        SnapshotOrder::Given
-    };
-    let mut notes = Vec::new();
-    if snaps.len() > 1 {
-        match by {
-            SnapshotOrder::Names => notes.push(
-                "the snapshots record neither step nor time; they are ordered by file name \
-                 (numbers as numbers)"
-                    .to_owned(),
-            ),
-            SnapshotOrder::Given => notes.push(
-                "the snapshots record neither step nor time; they are taken in the order given"
-                    .to_owned(),
-            ),
-            SnapshotOrder::Steps | SnapshotOrder::Times => {}
-        }
-    }
+    let keys: Vec<OrderKey<'_>> = snaps
+        .iter()
+        .map(|s| OrderKey {
+            step: s.snapshot.meta.step,
+            time_us: s.snapshot.meta.created_us,
+            name: s.name,
+        })
+        .collect();
+    let (order, by) = snapshot_order(&keys);
     let snaps: Vec<&Snapshot> = snaps.iter().map(|s| s.snapshot).collect();
     let grouped: Vec<_> = order
         .par_iter()
@@ -444,7 +525,8 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
             sites.insert(key, (snaps[i], stack));
         }
     }
-    let series = Series {
+    let last = order.last().map(|&i| snaps[i]);
+    let series = SiteSeries {
         points: order
             .iter()
             .map(|&i| Checkpoint {
@@ -456,15 +538,10 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
         totals: grouped.into_iter().map(|g| g.totals).collect(),
         sites,
         before_recording: Default::default(),
+        allocated_bytes: last.map_or(0, |s| s.totals().allocated_bytes),
+        device_memory: last.and_then(device_memory_of),
     };
-    let last = order
-        .last()
-        .map_or(&Snapshot::default(), |&i| snaps[i])
-        .clone();
-    let mut trend = analyze(series, CheckpointSource::Snapshots, options, &last);
-    trend.order = Some(by);
-    trend.notes.splice(0..0, notes);
-    trend
+    trend_of_snapshot_series(series, by, options)
 }
 
 /// A sort key that compares runs of digits as numbers: `step-200` < `step-1000`.
@@ -591,7 +668,7 @@ fn trend_of_device(
             event_index: Some(idx),
         })
         .collect();
-    let series = Series {
+    let series = SiteSeries {
         points,
         totals: replayed.points,
         sites: replayed
@@ -600,8 +677,10 @@ fn trend_of_device(
             .map(|(key, stack)| (key, (snap, stack)))
             .collect(),
         before_recording: replayed.before_recording,
+        allocated_bytes: snap.totals().allocated_bytes,
+        device_memory: device_memory_of(snap),
     };
-    let mut trend = analyze(series, source, options, snap);
+    let mut trend = trend_of_series(series, source, options);
     if freed_unseen > 0 {
         trend.notes.push(format!(
             "device {}'s trace frees {freed_unseen} block{} it never saw allocated: recording \

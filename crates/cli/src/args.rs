@@ -37,6 +37,8 @@ pub(crate) enum Command {
     Demo(DemoArgs),
     Compare(CompareArgs),
     Trend(TrendArgs),
+    Fleet(FleetArgs),
+    Export(ExportArgs),
     Summary(SummaryArgs),
     Peak(PeakArgs),
     Oom(OomArgs),
@@ -373,6 +375,72 @@ pub(crate) struct TrendArgs {
     /// Total device memory, for the time-to-full estimate, when the files do not record it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub(crate) device_memory: Option<u64>,
+}
+
+/// One verdict for a whole job of many ranks: which ranks leak, at which
+/// line and how fast, and which ranks hold far more than their peers.
+///
+/// PATHs are snapshot files, folders (searched recursively), globs (quote
+/// them when there are more files than a command line holds), and folders
+/// of site tables written by `snapdiff export` (one per machine, say).
+/// Ranks are told apart as `trend` tells processes apart (file names,
+/// manifest.jsonl, the recorded process id) and each is judged as `trend`
+/// judges one process, each device on its own. Files are read in parallel;
+/// one that cannot be read is named and left out, and the exit code is 2.
+/// Exit code 1 when --max-growth is given and a rank's suspected growth
+/// exceeds it.
+#[derive(Debug, Args)]
+pub(crate) struct FleetArgs {
+    /// Snapshot files, folders, globs, or site-table folders.
+    #[arg(required = true)]
+    pub(crate) paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+    /// Print one rank's full trend report instead: a rank number (7) or a
+    /// process as the verdict names it (rank7, pid812).
+    #[arg(long, value_name = "R")]
+    pub(crate) rank: Option<String>,
+    /// Exit with code 1 when a rank's suspected growth exceeds SIZE (e.g. 1GiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) max_growth: Option<u64>,
+    /// Checkpoints at the start of each rank's series that are warm-up.
+    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
+    pub(crate) warmup: usize,
+    /// Total device memory, for the time-to-full estimate, when the files do not record it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) device_memory: Option<u64>,
+    #[command(flatten)]
+    pub(crate) threads: ThreadArgs,
+}
+
+/// Write the site tables of a job's snapshots as Parquet, for SQL tools.
+///
+/// Writes sites.parquet (each site's live blocks and bytes per rank,
+/// device and checkpoint, with its culprit line), checkpoints.parquet (each
+/// checkpoint's step, time, file and totals) and stacks.parquet (each
+/// site's frames) into DIR; schema in docs/format.md. `snapdiff fleet DIR`
+/// gives the same verdict as from the snapshots.
+#[derive(Debug, Args)]
+pub(crate) struct ExportArgs {
+    /// Snapshot files, folders (searched recursively) or globs.
+    #[arg(required = true)]
+    pub(crate) paths: Vec<PathBuf>,
+    /// Folder to write the tables into (created if missing).
+    #[arg(long, short, value_name = "DIR")]
+    pub(crate) output: PathBuf,
+    /// Replace tables already in DIR.
+    #[arg(long, short)]
+    pub(crate) force: bool,
+    #[command(flatten)]
+    pub(crate) threads: ThreadArgs,
+}
+
+/// How many threads read files (`--threads`).
+#[derive(Debug, Args)]
+pub(crate) struct ThreadArgs {
+    /// Threads reading files (default: one per core).
+    #[arg(long, short = 'j', value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) threads: Option<u16>,
 }
 
 /// Ways of cutting a trace into checkpoints (`--cut`).

@@ -34,6 +34,14 @@ pub(crate) fn read_parts(
 }
 
 /// [`read_parts`], with its progress bar.
+/// Reads `path` whatever its size without a progress bar of its own (a
+/// fleet shows one bar for all its files).
+pub(crate) fn read_quietly(
+    path: &std::path::Path,
+) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
+    snapdiff_format::Reader::new().read_path(path)
+}
+
 fn read_with_progress(
     path: &std::path::Path,
     parts: Parts,
@@ -74,7 +82,7 @@ fn read_with_progress(
 /// after reading a large file, keeping them would add its reading's
 /// transient peak (the buffer of its longest trace column, say) to the
 /// analysis's or the next file's.
-fn return_freed_memory() {
+pub(crate) fn return_freed_memory() {
     // SAFETY: mi_collect only walks the allocator's own free lists; it is
     // safe to call at any time from any thread.
     unsafe { libmimalloc_sys::mi_collect(true) };

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 use snapdiff_format::Snapshot;
@@ -60,26 +61,38 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
 /// Returns, for each snapshot, the process the manifest says wrote it
 /// (`rank3`, or `pid812` without a rank).
 pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) -> Vec<Option<String>> {
-    let mut writers = Vec::with_capacity(snapshots.len());
-    let mut by_folder: HashMap<PathBuf, HashMap<String, Entry>> = HashMap::new();
-    for (path, snap) in snapshots.iter_mut() {
+    let manifests = Manifests::default();
+    snapshots
+        .iter_mut()
+        .map(|(path, snap)| manifests.describe(path, snap))
+        .collect()
+}
+
+/// The manifests of the folders snapshots are read from, each read once
+/// however many files of its folder are described, by any thread.
+#[derive(Default)]
+pub(crate) struct Manifests(Mutex<HashMap<PathBuf, Arc<HashMap<String, Entry>>>>);
+
+impl Manifests {
+    /// What [`describe`] does for one snapshot read from `path`.
+    pub(crate) fn describe(&self, path: &Path, snap: &mut Snapshot) -> Option<String> {
         let folder = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let described = by_folder.entry(folder).or_insert_with_key(|folder| {
-            entries(&folder.join(FILE_NAME), 0)
-                .into_iter()
-                .filter_map(|e| Some((e.file.clone()?, e)))
-                .collect()
-        });
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-        let Some(entry) = name.and_then(|n| described.get(&n)) else {
-            writers.push(None);
-            continue;
+        let described = {
+            let mut folders = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            folders
+                .entry(folder)
+                .or_insert_with_key(|folder| {
+                    Arc::new(
+                        entries(&folder.join(FILE_NAME), 0)
+                            .into_iter()
+                            .filter_map(|e| Some((e.file.clone()?, e)))
+                            .collect(),
+                    )
+                })
+                .clone()
         };
-        writers.push(match (entry.rank, entry.pid) {
-            (Some(rank), _) => Some(format!("rank{rank}")),
-            (None, Some(pid)) => Some(format!("pid{pid}")),
-            (None, None) => None,
-        });
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        let entry = described.get(&name)?;
         let meta = &mut snap.meta;
         meta.step = meta.step.or(entry.step);
         meta.created_us = meta
@@ -93,6 +106,10 @@ pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) -> Vec<Option<Str
                 (_, None) => None,
             };
         }
+        match (entry.rank, entry.pid) {
+            (Some(rank), _) => Some(format!("rank{rank}")),
+            (None, Some(pid)) => Some(format!("pid{pid}")),
+            (None, None) => None,
+        }
     }
-    writers
 }

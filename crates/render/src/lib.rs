@@ -21,6 +21,7 @@
 
 pub mod capture;
 pub mod compare;
+pub mod fleet;
 pub mod flamegraph;
 pub mod html;
 pub mod json;

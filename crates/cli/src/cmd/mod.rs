@@ -4,6 +4,8 @@ pub(crate) mod capture;
 mod compare;
 mod convert;
 mod demo;
+mod export;
+mod fleet;
 mod flamegraph;
 mod oom;
 mod peak;
@@ -23,6 +25,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Demo(args) => demo::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Trend(args) => trend::run(args),
+        Command::Fleet(args) => fleet::run(args),
+        Command::Export(args) => export::run(args),
         Command::Summary(args) => summary::run(args),
         Command::Peak(args) => peak::run(args),
         Command::Oom(args) => oom::run(args),

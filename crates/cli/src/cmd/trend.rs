@@ -3,7 +3,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use snapdiff_analyze::{NamedSnapshot, Trend, TrendOptions, trend_named, trend_trace};
+use snapdiff_analyze::{
+    NamedSnapshot, Trend, TrendOptions, trend_named, trend_trace, without_exit_dumps,
+};
 use snapdiff_format::Snapshot;
 
 use crate::args::{ReportArgs, TrendArgs};
@@ -44,7 +46,7 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
 }
 
 /// File names snapdiff reads as snapshots when given a folder.
-const SNAPSHOT_EXTENSIONS: [&str; 6] = ["snap", "pickle", "pkl", "json", "pt", "zip"];
+pub(crate) const SNAPSHOT_EXTENSIONS: [&str; 6] = ["snap", "pickle", "pkl", "json", "pt", "zip"];
 
 /// `files`, with each folder among them replaced by the snapshot files in
 /// it (by their extension; `manifest.jsonl` and others are passed over).
@@ -262,25 +264,6 @@ fn split_by_process(read: Vec<(Read<'_>, String)>) -> Vec<(String, Vec<Read<'_>>
 /// Analyses the snapshots of one process: one by its trace, several as
 /// checkpoints.
 fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Trend> {
-    let mut notes = Vec::new();
-    // An exit dump is taken after the program freed its own variables, so
-    // what leaked into them is gone: among enough other dumps it would hide
-    // every leak.
-    let is_exit = |path: &PathBuf| {
-        path.file_stem()
-            .is_some_and(|s| s.to_string_lossy().ends_with("-exit"))
-    };
-    let exits = read.iter().filter(|r| is_exit(r.path)).count();
-    if exits > 0 && read.len() - exits >= 3 {
-        read.retain(|r| !is_exit(r.path));
-        notes.push(format!(
-            "{exits} exit snapshot{} left out: taken after the program freed its variables, \
-             {} would hide what leaked into them",
-            if exits == 1 { "" } else { "s" },
-            if exits == 1 { "it" } else { "they" },
-        ));
-    }
-    let first = read[0].path.clone();
     let names: Vec<String> = read
         .iter()
         .map(|r| {
@@ -290,6 +273,16 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Tren
                 .unwrap_or_default()
         })
         .collect();
+    let (keep, exit_note) =
+        without_exit_dumps(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut kept = keep.iter();
+    read.retain(|_| *kept.next().unwrap_or(&true));
+    let mut kept = keep.iter();
+    let names: Vec<String> = names
+        .into_iter()
+        .filter(|_| *kept.next().unwrap_or(&true))
+        .collect();
+    let first = read[0].path.clone();
     let snaps: Vec<_> = read.into_iter().map(|r| r.snapshot).collect();
     let mut trend = if snaps.len() == 1 {
         trend_trace(&snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
@@ -301,7 +294,7 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Tren
             .collect();
         trend_named(&named, options)
     };
-    trend.notes.extend(notes);
+    trend.notes.extend(exit_note);
     crate::input::release(snaps);
     Ok(trend)
 }

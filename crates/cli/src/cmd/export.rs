@@ -1,0 +1,59 @@
+//! `snapdiff export PATH... -o DIR`: a job's site tables as Parquet.
+
+use std::sync::Mutex;
+
+use snapdiff_fleet::{StackStore, TABLE_FILES, TableWriter};
+use snapdiff_render::text::{count, size};
+
+use crate::args::ExportArgs;
+use crate::cmd::fleet::{find, in_pool, read_processes, read_table_folders};
+use crate::exit::Exit;
+
+/// The top-level entry point for `snapdiff export`.
+pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
+    let inputs = find(&args.paths)?;
+    let existing: Vec<String> = TABLE_FILES
+        .iter()
+        .map(|name| args.output.join(name))
+        .filter(|p| p.exists())
+        .map(|p| crate::output::shown(&p))
+        .collect();
+    if !existing.is_empty() && !args.force {
+        anyhow::bail!(
+            "{}: already exists; pass --force to replace it",
+            existing.join(", ")
+        );
+    }
+    let stacks = StackStore::new();
+    let writer = Mutex::new(TableWriter::create(&args.output, Default::default())?);
+    let failed = Mutex::new(None);
+    let write = |mut rows| {
+        let mut writer = writer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = writer.write(&mut rows, &stacks.read()) {
+            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        }
+    };
+    let (unreadable, outcome) = in_pool(&args.threads, || {
+        let unreadable = read_table_folders(&inputs.table_folders, None, &stacks, write);
+        (unreadable, read_processes(&inputs.snapshots, None, &stacks, write))
+    })?;
+    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e.into());
+    }
+    writer.into_inner().unwrap_or_else(|e| e.into_inner()).finish()?;
+    for u in unreadable.iter().chain(&outcome.unreadable) {
+        eprintln!("snapdiff: {}", u.error);
+    }
+    eprintln!(
+        "snapdiff: wrote {} from {} snapshot{} ({})",
+        crate::output::shown(&args.output),
+        count(outcome.files as u64),
+        if outcome.files == 1 { "" } else { "s" },
+        size(outcome.bytes)
+    );
+    Ok(if unreadable.is_empty() && outcome.unreadable.is_empty() {
+        Exit::Clean
+    } else {
+        Exit::Error
+    })
+}

@@ -1,0 +1,99 @@
+//! The files a fleet command reads: snapshot files, folders searched
+//! recursively, globs, and folders of site tables.
+
+use std::path::{Path, PathBuf};
+
+use snapdiff_fleet::is_table_folder;
+
+use crate::cmd::trend::SNAPSHOT_EXTENSIONS;
+
+/// What the paths given name.
+#[derive(Debug, Default)]
+pub(crate) struct Inputs {
+    /// Snapshot files, folders' contents in name order.
+    pub(crate) snapshots: Vec<PathBuf>,
+    /// Folders of site tables (`snapdiff export`'s output).
+    pub(crate) table_folders: Vec<PathBuf>,
+}
+
+/// Whether `path` names snapshots by a pattern: it does not exist and holds
+/// `*`, `?` or `[`.
+fn is_pattern(path: &Path) -> bool {
+    !path.exists()
+        && path
+            .to_str()
+            .is_some_and(|p| p.contains(['*', '?', '[']))
+}
+
+/// The inputs `paths` name. A folder is searched recursively for files with
+/// a snapshot's extension and for site-table folders (whose own files are
+/// not searched); a file is taken whatever its name.
+pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
+    let mut inputs = Inputs::default();
+    for path in paths {
+        if is_pattern(path) {
+            let text = path.to_string_lossy();
+            let matches = glob::glob(&text)
+                .map_err(|e| anyhow::anyhow!("{}: not a valid pattern: {e}", crate::output::shown(path)))?;
+            let mut found = 0;
+            for entry in matches {
+                let entry = entry.map_err(|e| anyhow::anyhow!("{e}"))?;
+                found += 1;
+                add(&entry, &mut inputs)?;
+            }
+            if found == 0 {
+                anyhow::bail!("{}: no file matches this pattern", crate::output::shown(path));
+            }
+        } else {
+            add(path, &mut inputs)?;
+        }
+    }
+    if inputs.snapshots.is_empty() && inputs.table_folders.is_empty() {
+        anyhow::bail!(
+            "no snapshot files in {} (looked for .{})",
+            paths
+                .iter()
+                .map(|p| crate::output::shown(p))
+                .collect::<Vec<_>>()
+                .join(", "),
+            SNAPSHOT_EXTENSIONS.join(", .")
+        );
+    }
+    Ok(inputs)
+}
+
+fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
+    if !path.is_dir() {
+        if !path.exists() {
+            anyhow::bail!("{}: no such file or folder", crate::output::shown(path));
+        }
+        inputs.snapshots.push(path.to_path_buf());
+        return Ok(());
+    }
+    let mut walk = walkdir::WalkDir::new(path)
+        .follow_links(true)
+        .sort_by_file_name()
+        .into_iter();
+    while let Some(entry) = walk.next() {
+        let entry = entry.map_err(|e| {
+            let at = e.path().unwrap_or(path).to_path_buf();
+            anyhow::anyhow!("{}: cannot read: {e}", crate::output::shown(&at))
+        })?;
+        let p = entry.path();
+        if entry.file_type().is_dir() {
+            if is_table_folder(p) {
+                inputs.table_folders.push(p.to_path_buf());
+                walk.skip_current_dir();
+            }
+            continue;
+        }
+        let is_snapshot = p
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| SNAPSHOT_EXTENSIONS.contains(&e));
+        if is_snapshot {
+            inputs.snapshots.push(p.to_path_buf());
+        }
+    }
+    Ok(())
+}

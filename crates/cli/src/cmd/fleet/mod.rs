@@ -1,0 +1,174 @@
+//! `snapdiff fleet PATH...`: one verdict for a whole job of many ranks.
+
+mod inputs;
+mod read;
+
+use std::io::Write;
+use std::sync::Mutex;
+
+use snapdiff_analyze::TrendOptions;
+use snapdiff_fleet::{
+    FleetOptions, ProcessRows, ProcessVerdict, StackStore, Unreadable, fleet_verdict, judge,
+    read_tables,
+};
+use snapdiff_render::text::size;
+
+use crate::args::{FleetArgs, ThreadArgs};
+use crate::exit::Exit;
+pub(crate) use inputs::find;
+pub(crate) use read::read_processes;
+
+/// The top-level entry point for `snapdiff fleet`.
+pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
+    let mut trend = TrendOptions::default();
+    trend.rules = args.report.rules()?;
+    trend.warmup = args.warmup;
+    trend.device_memory = args.device_memory;
+    let mut options = FleetOptions::default();
+    options.trend = trend;
+    let inputs = find(&args.paths)?;
+    let stacks = StackStore::new();
+    let verdicts = Mutex::new(Vec::new());
+    let (mut unreadable, files, bytes) = in_pool(&args.threads, || {
+        let unreadable = read_table_folders(&inputs.table_folders, args.rank.as_deref(), &stacks, |rows| {
+            verdicts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(judge(rows, &stacks.read(), &options.trend));
+        });
+        let outcome = read_processes(&inputs.snapshots, args.rank.as_deref(), &stacks, |rows| {
+            let verdict = judge(rows, &stacks.read(), &options.trend);
+            verdicts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(verdict);
+        });
+        let mut all = unreadable;
+        all.extend(outcome.unreadable);
+        (all, outcome.files, outcome.bytes)
+    })?;
+    unreadable.sort_by(|a, b| a.source.cmp(&b.source));
+    let verdicts = verdicts.into_inner().unwrap_or_else(|e| e.into_inner());
+    for u in &unreadable {
+        eprintln!("snapdiff: {}", u.error);
+    }
+    if verdicts.is_empty() {
+        anyhow::bail!(match &args.rank {
+            Some(r) => format!("no snapshot of rank {r} could be read"),
+            None => "no snapshot could be read".to_owned(),
+        });
+    }
+    let exit = exit_code(&verdicts, &unreadable, args.max_growth);
+    if args.rank.is_some() {
+        print_rank(&verdicts, &args)?;
+        return Ok(exit);
+    }
+    let stacks = stacks.into_inner();
+    let fleet = fleet_verdict(verdicts, &stacks, &options, unreadable, files, bytes);
+    if args.report.json {
+        crate::output::print_json(&fleet, args.report.top)?;
+    } else {
+        snapdiff_render::fleet::write_text(
+            &fleet,
+            &args.report.text(),
+            &mut crate::output::text_out(),
+        )?;
+    }
+    Ok(exit)
+}
+
+/// Runs `work` on a rayon pool of `threads` threads (all cores by default).
+pub(crate) fn in_pool<T: Send>(
+    threads: &ThreadArgs,
+    work: impl FnOnce() -> T + Send,
+) -> anyhow::Result<T> {
+    let mut pool = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = threads.threads {
+        pool = pool.num_threads(usize::from(n));
+    }
+    Ok(pool.build()?.install(work))
+}
+
+/// Reads each site-table folder and hands each process's rows to `done`;
+/// a folder that cannot be read is returned, named, and the rest go on.
+pub(crate) fn read_table_folders(
+    folders: &[std::path::PathBuf],
+    only: Option<&str>,
+    stacks: &StackStore,
+    done: impl Fn(ProcessRows),
+) -> Vec<Unreadable> {
+    let mut unreadable = Vec::new();
+    for folder in folders {
+        let read = read_tables(folder, &mut stacks.write());
+        match read {
+            Ok(processes) => {
+                for rows in processes {
+                    if read::wanted(&rows.process, only) {
+                        done(rows);
+                    }
+                }
+            }
+            Err(e) => unreadable.push(Unreadable {
+                source: folder.to_string_lossy().into_owned(),
+                error: snapdiff_format::visible::escaped(&e.to_string()).into_owned(),
+            }),
+        }
+    }
+    unreadable
+}
+
+/// 2 when files could not be read (the verdict rests on part of the job),
+/// else 1 when a rank's suspected growth exceeds `max_growth`, else 0.
+fn exit_code(verdicts: &[ProcessVerdict], unreadable: &[Unreadable], max_growth: Option<u64>) -> Exit {
+    if !unreadable.is_empty() {
+        return Exit::Error;
+    }
+    let Some(limit) = max_growth else {
+        return Exit::Clean;
+    };
+    let over: Vec<String> = verdicts
+        .iter()
+        .flat_map(|v| v.devices.iter().map(move |d| (v, d)))
+        .filter(|(_, d)| d.trend.suspected_bytes > limit)
+        .map(|(v, d)| format!("{} device {}: {}", v.process, d.device, size(d.trend.suspected_bytes)))
+        .collect();
+    if over.is_empty() {
+        return Exit::Clean;
+    }
+    let shown: Vec<&str> = over.iter().take(5).map(String::as_str).collect();
+    eprintln!(
+        "snapdiff: suspected growth over the {} limit (--max-growth) in {} rank{}: {}{}",
+        size(limit),
+        over.len(),
+        if over.len() == 1 { "" } else { "s" },
+        shown.join("; "),
+        if over.len() > 5 { "; ..." } else { "" }
+    );
+    Exit::OverThreshold
+}
+
+/// `--rank R`: that rank's full trend report, device by device.
+fn print_rank(verdicts: &[ProcessVerdict], args: &FleetArgs) -> anyhow::Result<()> {
+    if args.report.json {
+        let rows: Vec<serde_json::Value> = verdicts
+            .iter()
+            .flat_map(|v| {
+                v.devices.iter().map(|d| {
+                    serde_json::json!({ "process": v.process, "device": d.device, "trend": d.trend })
+                })
+            })
+            .collect();
+        crate::output::print_json(&serde_json::json!({ "devices": rows }), args.report.top)?;
+        return Ok(());
+    }
+    let mut out = crate::output::text_out();
+    for v in verdicts {
+        for d in &v.devices {
+            if v.devices.len() > 1 || verdicts.len() > 1 {
+                writeln!(out, "{} device {}:", v.process, d.device)?;
+            }
+            snapdiff_render::trend::write_text(&d.trend, &args.report.text(), &mut out)?;
+        }
+    }
+    Ok(())
+}

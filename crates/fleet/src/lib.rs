@@ -1,0 +1,36 @@
+//! One verdict for a whole training job of many ranks.
+//!
+//! A rank (one process) leaves a series of snapshots. What the verdict
+//! needs of them is small: each site's live blocks and bytes at each
+//! checkpoint, the checkpoints' totals, and the stacks that name the sites.
+//! These are the *site tables*:
+//!
+//! - [`ProcessRows`]: one process's checkpoints and site totals, built from
+//!   its snapshots one at a time ([`ProcessRows::add_snapshot`]), so that a
+//!   snapshot is dropped as soon as it is read;
+//! - [`StackStore`]: the frames of every site seen, shared by all ranks
+//!   (ranks run the same code, so they share their stacks);
+//! - [`TableWriter`] and [`read_tables`]: the same rows as Parquet files,
+//!   for SQL tools and for judging later, or on another machine.
+//!
+//! [`judge`] judges one process as `trend` does (each device on its own,
+//! by the floor rule), and [`fleet_verdict`] brings the ranks' verdicts
+//! together: the leaking ranks, the same line merged across them, and the
+//! ranks that hold far more than their peers at one site (imbalance).
+
+#![deny(missing_docs)]
+#![warn(unreachable_pub)]
+
+mod rows;
+mod stacks;
+mod tables;
+mod verdict;
+
+pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
+pub use crate::stacks::{StackStore, Stacks};
+pub use crate::tables::{TABLE_FILES, TableError, TableWriter, is_table_folder, read_tables};
+pub use crate::verdict::{
+    DeviceVerdict, Fleet, FleetLeak, FleetOptions, Imbalance, MIN_IMBALANCE_BYTES, Member,
+    MemberExcess, MemberGrowth, MemberRow, ProcessVerdict, Unreadable, Verdict, fleet_verdict,
+    judge,
+};

@@ -1,0 +1,524 @@
+//! The site tables as Parquet files: `sites.parquet`, `checkpoints.parquet`
+//! and `stacks.parquet` in one folder (schema in `docs/format.md`).
+//!
+//! Written and read with the Apache Arrow crates, so that DuckDB, pandas,
+//! Spark and any Parquet reader see the same rows the fleet verdict is
+//! computed from, and `snapdiff fleet DIR` judges them exactly as it judges
+//! the snapshots they came from.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{Int64Builder, StringBuilder, UInt32Builder, UInt64Builder};
+use arrow_array::{
+    Array, ArrayRef, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use rustc_hash::{FxHashMap, FxHashSet};
+use snapdiff_analyze::{Culprit, CulpritRules, SiteTotals, StackKey, describe_site};
+use snapdiff_format::Frame;
+
+use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
+use crate::stacks::Stacks;
+
+/// The files of a site-table folder.
+pub const TABLE_FILES: [&str; 3] = ["sites.parquet", "checkpoints.parquet", "stacks.parquet"];
+
+/// Rows per row group: large enough for fast scans, small enough that a
+/// writer buffers tens of megabytes, not the whole table.
+const ROWS_PER_GROUP: usize = 1 << 17;
+
+/// What went wrong with a table folder.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// A file could not be read or written.
+    #[error("{}: {message}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, in one line.
+        message: String,
+    },
+}
+
+fn file_error(path: &Path, message: impl std::fmt::Display) -> TableError {
+    TableError::File {
+        path: path.to_path_buf(),
+        message: message.to_string(),
+    }
+}
+
+/// Whether `dir` is a site-table folder (it holds `sites.parquet`).
+pub fn is_table_folder(dir: &Path) -> bool {
+    dir.join(TABLE_FILES[0]).is_file()
+}
+
+fn sites_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("process", DataType::Utf8, false),
+        Field::new("rank", DataType::UInt32, true),
+        Field::new("device", DataType::UInt32, false),
+        Field::new("checkpoint", DataType::UInt32, false),
+        Field::new("step", DataType::UInt64, true),
+        Field::new("time_us", DataType::Int64, true),
+        Field::new("stack_key", DataType::Utf8, false),
+        Field::new("culprit_function", DataType::Utf8, false),
+        Field::new("culprit_file", DataType::Utf8, false),
+        Field::new("culprit_line", DataType::UInt32, false),
+        Field::new("category", DataType::Utf8, true),
+        Field::new("blocks", DataType::UInt64, false),
+        Field::new("live_bytes", DataType::UInt64, false),
+        Field::new("requested_bytes", DataType::UInt64, false),
+    ]))
+}
+
+fn checkpoints_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("process", DataType::Utf8, false),
+        Field::new("rank", DataType::UInt32, true),
+        Field::new("device", DataType::UInt32, false),
+        Field::new("checkpoint", DataType::UInt32, false),
+        Field::new("step", DataType::UInt64, true),
+        Field::new("time_us", DataType::Int64, true),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("reserved_bytes", DataType::UInt64, false),
+        Field::new("allocated_bytes", DataType::UInt64, false),
+        Field::new("active_bytes", DataType::UInt64, false),
+        Field::new("device_memory", DataType::UInt64, true),
+    ]))
+}
+
+fn stacks_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("stack_key", DataType::Utf8, false),
+        Field::new("frame", DataType::UInt32, false),
+        Field::new("function", DataType::Utf8, false),
+        Field::new("file", DataType::Utf8, false),
+        Field::new("line", DataType::UInt32, false),
+    ]))
+}
+
+/// One table being written: to a hidden file, renamed into place when done.
+struct TableFile {
+    writer: ArrowWriter<File>,
+    schema: SchemaRef,
+    partial: PathBuf,
+    path: PathBuf,
+}
+
+impl TableFile {
+    fn create(dir: &Path, name: &str, schema: SchemaRef) -> Result<TableFile, TableError> {
+        let path = dir.join(name);
+        let partial = dir.join(format!(".{name}.partial"));
+        let file = File::create(&partial).map_err(|e| file_error(&partial, e))?;
+        let properties = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_max_row_group_row_count(Some(ROWS_PER_GROUP))
+            .build();
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(properties))
+            .map_err(|e| file_error(&path, e))?;
+        Ok(TableFile {
+            writer,
+            schema,
+            partial,
+            path,
+        })
+    }
+
+    fn write(&mut self, columns: Vec<ArrayRef>) -> Result<(), TableError> {
+        let batch = RecordBatch::try_new(self.schema.clone(), columns)
+            .map_err(|e| file_error(&self.path, e))?;
+        if batch.num_rows() > 0 {
+            self.writer
+                .write(&batch)
+                .map_err(|e| file_error(&self.path, e))?;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), TableError> {
+        self.writer
+            .close()
+            .map_err(|e| file_error(&self.path, e))?;
+        std::fs::rename(&self.partial, &self.path).map_err(|e| file_error(&self.path, e))
+    }
+}
+
+/// Writes the site tables of a fleet, a process at a time.
+pub struct TableWriter {
+    sites: TableFile,
+    checkpoints: TableFile,
+    stacks: TableFile,
+    rules: CulpritRules,
+    culprits: FxHashMap<StackKey, Culprit>,
+    stacks_written: FxHashSet<StackKey>,
+}
+
+impl TableWriter {
+    /// Starts the three tables in `dir` (made if missing). Each is written
+    /// to a hidden file first, so that a table in place is always whole.
+    /// Culprit columns are chosen by `rules`.
+    pub fn create(dir: &Path, rules: CulpritRules) -> Result<TableWriter, TableError> {
+        std::fs::create_dir_all(dir).map_err(|e| file_error(dir, e))?;
+        Ok(TableWriter {
+            sites: TableFile::create(dir, TABLE_FILES[0], sites_schema())?,
+            checkpoints: TableFile::create(dir, TABLE_FILES[1], checkpoints_schema())?,
+            stacks: TableFile::create(dir, TABLE_FILES[2], stacks_schema())?,
+            rules,
+            culprits: FxHashMap::default(),
+            stacks_written: FxHashSet::default(),
+        })
+    }
+
+    /// Writes the rows of one process, its checkpoints put in order first,
+    /// and the stacks of its sites not written yet.
+    pub fn write(&mut self, rows: &mut ProcessRows, stacks: &Stacks) -> Result<(), TableError> {
+        rows.put_in_order();
+        let rank = rank_of(&rows.process);
+        self.write_checkpoints(&rows.process, rank, &rows.devices)?;
+        let mut process = StringBuilder::new();
+        let mut ranks = UInt32Builder::new();
+        let mut devices = UInt32Builder::new();
+        let mut indices = UInt32Builder::new();
+        let mut steps = UInt64Builder::new();
+        let mut times = Int64Builder::new();
+        let mut keys = StringBuilder::new();
+        let mut functions = StringBuilder::new();
+        let mut files = StringBuilder::new();
+        let mut lines = UInt32Builder::new();
+        let mut categories = StringBuilder::new();
+        let mut blocks = UInt64Builder::new();
+        let mut live = UInt64Builder::new();
+        let mut requested = UInt64Builder::new();
+        let mut new_stacks = Vec::new();
+        for device in &rows.devices {
+            for (index, (checkpoint, sites)) in
+                device.checkpoints.iter().zip(&device.sites).enumerate()
+            {
+                for site in sites {
+                    let culprit = self.culprits.entry(site.key).or_insert_with(|| {
+                        describe_site(
+                            stacks.snapshot(),
+                            site.key,
+                            stacks.stack(site.key),
+                            &self.rules,
+                        )
+                        .culprit
+                    });
+                    if self.stacks_written.insert(site.key) {
+                        new_stacks.push(site.key);
+                    }
+                    process.append_value(&rows.process);
+                    ranks.append_option(rank);
+                    devices.append_value(device.device);
+                    indices.append_value(index as u32);
+                    steps.append_option(checkpoint.step);
+                    times.append_option(checkpoint.time_us);
+                    keys.append_value(site.key.to_string());
+                    functions.append_value(&culprit.name);
+                    files.append_value(&culprit.file);
+                    lines.append_value(culprit.line);
+                    categories.append_option(stacks.category(site.key).map(|c| {
+                        category_name(c)
+                    }));
+                    blocks.append_value(site.totals.blocks);
+                    live.append_value(site.totals.allocated);
+                    requested.append_value(site.totals.bytes);
+                }
+            }
+        }
+        self.sites.write(vec![
+            Arc::new(process.finish()),
+            Arc::new(ranks.finish()),
+            Arc::new(devices.finish()),
+            Arc::new(indices.finish()),
+            Arc::new(steps.finish()),
+            Arc::new(times.finish()),
+            Arc::new(keys.finish()),
+            Arc::new(functions.finish()),
+            Arc::new(files.finish()),
+            Arc::new(lines.finish()),
+            Arc::new(categories.finish()),
+            Arc::new(blocks.finish()),
+            Arc::new(live.finish()),
+            Arc::new(requested.finish()),
+        ])?;
+        self.write_stacks(&new_stacks, stacks)
+    }
+
+    fn write_checkpoints(
+        &mut self,
+        process: &str,
+        rank: Option<u32>,
+        devices: &[DeviceRows],
+    ) -> Result<(), TableError> {
+        let mut names = StringBuilder::new();
+        let mut ranks = UInt32Builder::new();
+        let mut device_ids = UInt32Builder::new();
+        let mut indices = UInt32Builder::new();
+        let mut steps = UInt64Builder::new();
+        let mut times = Int64Builder::new();
+        let mut sources = StringBuilder::new();
+        let mut reserved = UInt64Builder::new();
+        let mut allocated = UInt64Builder::new();
+        let mut active = UInt64Builder::new();
+        let mut memory = UInt64Builder::new();
+        for device in devices {
+            for (index, c) in device.checkpoints.iter().enumerate() {
+                names.append_value(process);
+                ranks.append_option(rank);
+                device_ids.append_value(device.device);
+                indices.append_value(index as u32);
+                steps.append_option(c.step);
+                times.append_option(c.time_us);
+                sources.append_value(&c.source);
+                reserved.append_value(c.reserved_bytes);
+                allocated.append_value(c.allocated_bytes);
+                active.append_value(c.active_bytes);
+                memory.append_option(c.device_memory);
+            }
+        }
+        self.checkpoints.write(vec![
+            Arc::new(names.finish()),
+            Arc::new(ranks.finish()),
+            Arc::new(device_ids.finish()),
+            Arc::new(indices.finish()),
+            Arc::new(steps.finish()),
+            Arc::new(times.finish()),
+            Arc::new(sources.finish()),
+            Arc::new(reserved.finish()),
+            Arc::new(allocated.finish()),
+            Arc::new(active.finish()),
+            Arc::new(memory.finish()),
+        ])
+    }
+
+    fn write_stacks(&mut self, keys: &[StackKey], stacks: &Stacks) -> Result<(), TableError> {
+        let mut key_column = StringBuilder::new();
+        let mut index = UInt32Builder::new();
+        let mut functions = StringBuilder::new();
+        let mut files = StringBuilder::new();
+        let mut lines = UInt32Builder::new();
+        for &key in keys {
+            let snapshot = stacks.snapshot();
+            for (i, frame) in snapshot.stack_frames(stacks.stack(key)).enumerate() {
+                key_column.append_value(key.to_string());
+                index.append_value(i as u32);
+                functions.append_value(&frame.name);
+                files.append_value(&frame.file);
+                lines.append_value(frame.line);
+            }
+        }
+        self.stacks.write(vec![
+            Arc::new(key_column.finish()),
+            Arc::new(index.finish()),
+            Arc::new(functions.finish()),
+            Arc::new(files.finish()),
+            Arc::new(lines.finish()),
+        ])
+    }
+
+    /// Closes the tables and moves them into place.
+    pub fn finish(self) -> Result<(), TableError> {
+        self.sites.finish()?;
+        self.checkpoints.finish()?;
+        self.stacks.finish()
+    }
+}
+
+/// A category as its JSON names it (`optimizer_state`).
+fn category_name(category: snapdiff_analyze::Category) -> String {
+    use snapdiff_analyze::Category as C;
+    match category {
+        C::OptimizerState => "optimizer_state",
+        C::Backward => "backward",
+        C::Parameters => "parameters",
+        C::Activations => "activations",
+        C::BeforeRecording => "before_recording",
+        C::Unknown => "unknown",
+    }
+    .to_owned()
+}
+
+/// The record batches of one table file, checked against its schema.
+fn read_batches(dir: &Path, name: &str, schema: &SchemaRef) -> Result<Vec<RecordBatch>, TableError> {
+    let path = dir.join(name);
+    let file = File::open(&path).map_err(|e| file_error(&path, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| file_error(&path, format!("not a Parquet file snapdiff can read: {e}")))?
+        .build()
+        .map_err(|e| file_error(&path, e))?;
+    let mut batches = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| file_error(&path, e))?;
+        for field in schema.fields() {
+            let column = batch.column_by_name(field.name()).ok_or_else(|| {
+                file_error(&path, format!("has no column `{}`", field.name()))
+            })?;
+            if column.data_type() != field.data_type() {
+                return Err(file_error(
+                    &path,
+                    format!(
+                        "column `{}` is {}, not {}",
+                        field.name(),
+                        column.data_type(),
+                        field.data_type()
+                    ),
+                ));
+            }
+            if !field.is_nullable() && column.null_count() > 0 {
+                return Err(file_error(
+                    &path,
+                    format!("column `{}` has empty values", field.name()),
+                ));
+            }
+        }
+        batches.push(batch);
+    }
+    Ok(batches)
+}
+
+/// A column of a batch already checked by [`read_batches`].
+fn column<'b, T: Array + 'static>(batch: &'b RecordBatch, name: &str) -> &'b T {
+    batch
+        .column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
+        .expect("a column checked against the schema")
+}
+
+fn parse_key(path: &Path, text: &str) -> Result<StackKey, TableError> {
+    u64::from_str_radix(text, 16)
+        .map(StackKey)
+        .map_err(|_| file_error(path, format!("stack key {text:?} is not 16 hex digits")))
+}
+
+fn option<T>(valid: bool, value: T) -> Option<T> {
+    valid.then_some(value)
+}
+
+/// Reads the site tables in `dir`: every process's rows, and the stacks
+/// of their sites added to `stacks`.
+pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, TableError> {
+    let stacks_path = dir.join(TABLE_FILES[2]);
+    let mut frames: FxHashMap<StackKey, Vec<(u32, Frame)>> = FxHashMap::default();
+    for batch in read_batches(dir, TABLE_FILES[2], &stacks_schema())? {
+        let keys = column::<StringArray>(&batch, "stack_key");
+        let index = column::<UInt32Array>(&batch, "frame");
+        let functions = column::<StringArray>(&batch, "function");
+        let files = column::<StringArray>(&batch, "file");
+        let lines = column::<UInt32Array>(&batch, "line");
+        for i in 0..batch.num_rows() {
+            frames
+                .entry(parse_key(&stacks_path, keys.value(i))?)
+                .or_default()
+                .push((
+                    index.value(i),
+                    Frame {
+                        name: functions.value(i).into(),
+                        file: files.value(i).into(),
+                        line: lines.value(i),
+                        extra: Vec::new(),
+                    },
+                ));
+        }
+    }
+    for (key, mut frames) in frames {
+        frames.sort_by_key(|(i, _)| *i);
+        stacks.insert(key, Some(frames.iter().map(|(_, f)| f)), None);
+    }
+
+    // Checkpoints first: they say how many each device has.
+    let checkpoints_path = dir.join(TABLE_FILES[1]);
+    let mut processes: Vec<ProcessRows> = Vec::new();
+    let mut index_of: FxHashMap<String, usize> = FxHashMap::default();
+    let mut placed: Vec<FxHashMap<(u32, u32), usize>> = Vec::new();
+    for batch in read_batches(dir, TABLE_FILES[1], &checkpoints_schema())? {
+        let names = column::<StringArray>(&batch, "process");
+        let devices = column::<UInt32Array>(&batch, "device");
+        let indices = column::<UInt32Array>(&batch, "checkpoint");
+        let steps = column::<UInt64Array>(&batch, "step");
+        let times = column::<Int64Array>(&batch, "time_us");
+        let sources = column::<StringArray>(&batch, "source");
+        let reserved = column::<UInt64Array>(&batch, "reserved_bytes");
+        let allocated = column::<UInt64Array>(&batch, "allocated_bytes");
+        let active = column::<UInt64Array>(&batch, "active_bytes");
+        let memory = column::<UInt64Array>(&batch, "device_memory");
+        for i in 0..batch.num_rows() {
+            let name = names.value(i);
+            let p = *index_of.entry(name.to_owned()).or_insert_with(|| {
+                processes.push(ProcessRows::new(name));
+                placed.push(FxHashMap::default());
+                processes.len() - 1
+            });
+            let device = processes[p].device_mut(devices.value(i));
+            let key = (devices.value(i), indices.value(i));
+            if placed[p].contains_key(&key) {
+                return Err(file_error(
+                    &checkpoints_path,
+                    format!(
+                        "checkpoint {} of {name} device {} appears twice",
+                        key.1, key.0
+                    ),
+                ));
+            }
+            placed[p].insert(key, device.checkpoints.len());
+            device.checkpoints.push(CheckpointRow {
+                step: option(steps.is_valid(i), steps.value(i)),
+                time_us: option(times.is_valid(i), times.value(i)),
+                source: sources.value(i).to_owned(),
+                reserved_bytes: reserved.value(i),
+                allocated_bytes: allocated.value(i),
+                active_bytes: active.value(i),
+                device_memory: option(memory.is_valid(i), memory.value(i)),
+            });
+            device.sites.push(Vec::new());
+        }
+    }
+
+    let sites_path = dir.join(TABLE_FILES[0]);
+    for batch in read_batches(dir, TABLE_FILES[0], &sites_schema())? {
+        let names = column::<StringArray>(&batch, "process");
+        let devices = column::<UInt32Array>(&batch, "device");
+        let indices = column::<UInt32Array>(&batch, "checkpoint");
+        let keys = column::<StringArray>(&batch, "stack_key");
+        let blocks = column::<UInt64Array>(&batch, "blocks");
+        let live = column::<UInt64Array>(&batch, "live_bytes");
+        let requested = column::<UInt64Array>(&batch, "requested_bytes");
+        for i in 0..batch.num_rows() {
+            let name = names.value(i);
+            let key = (devices.value(i), indices.value(i));
+            let at = index_of
+                .get(name)
+                .and_then(|&p| Some((p, *placed[p].get(&key)?)));
+            let Some((p, at)) = at else {
+                return Err(file_error(
+                    &sites_path,
+                    format!(
+                        "a row of {name} device {} checkpoint {} has no row in {}",
+                        key.0, key.1, TABLE_FILES[1]
+                    ),
+                ));
+            };
+            let stack_key = parse_key(&sites_path, keys.value(i))?;
+            if !stacks.contains(stack_key) {
+                // A site without frames: allocations with no stack.
+                stacks.insert(stack_key, None::<std::iter::Empty<&Frame>>, None);
+            }
+            let device = processes[p].device_mut(key.0);
+            device.sites[at].push(SiteRow {
+                key: stack_key,
+                totals: SiteTotals {
+                    blocks: blocks.value(i),
+                    bytes: requested.value(i),
+                    allocated: live.value(i),
+                },
+            });
+        }
+    }
+    Ok(processes)
+}
