@@ -476,6 +476,9 @@ pub enum Extra {
     /// One block at `stack` that is replaced by one `bytes` larger every
     /// iteration (a tensor grown by concatenation): same block count, more bytes.
     GrowOneBlock { stack: StackId, bytes: u64 },
+    /// One block of `bytes` at `stack`, allocated in the first iteration
+    /// and held to the end (a logging buffer one rank keeps): not a leak.
+    HoldFromStart { stack: StackId, bytes: u64 },
     /// A block of `bytes` at `stack` every iteration, all freed every
     /// `period` iterations (a cache the collector clears): not a leak.
     Periodic {
@@ -537,6 +540,27 @@ impl Job {
     /// [`Job::run`], with the request that ran out of memory, if one did
     /// (see [`Job::headroom`]); the snapshot is then taken at the error.
     pub fn run_to_oom(&self, source: &Snapshot, device: u32) -> (Snapshot, Option<FailedRequest>) {
+        self.run_inner(source, device, None)
+    }
+
+    /// [`Job::run_to_oom`], handing `dump` the runtime's snapshot at the
+    /// end of each iteration (with `source`'s stacks), as a job dumping
+    /// every step would write it.
+    pub fn run_dumping(
+        &self,
+        source: &Snapshot,
+        device: u32,
+        dump: &mut dyn FnMut(usize, Snapshot),
+    ) -> (Snapshot, Option<FailedRequest>) {
+        self.run_inner(source, device, Some(dump))
+    }
+
+    fn run_inner(
+        &self,
+        source: &Snapshot,
+        device: u32,
+        mut dump: Option<&mut dyn FnMut(usize, Snapshot)>,
+    ) -> (Snapshot, Option<FailedRequest>) {
         let events = trace_of(source, device);
         let start = start_state(source, device).expect("a replayable trace");
         let config = AllocatorConfig {
@@ -558,6 +582,7 @@ impl Job {
         let mut kept = Vec::new();
         let mut periodic = Vec::new();
         let mut grown: Option<DeviceBuffer> = None;
+        let mut held: Option<DeviceBuffer> = None;
         let mut failed = None;
         // The iteration's live blocks by their trace address (kept when
         // the job stops at an error, as a program's are at its dump).
@@ -608,7 +633,16 @@ impl Job {
                         periodic.clear();
                     }
                 }
-                Extra::Nothing | Extra::KeepBlock { .. } => {}
+                Extra::HoldFromStart { stack, bytes } if iteration == 0 => {
+                    match alloc(&replay, bytes, 0, Some(stack)) {
+                        Ok(b) => held = Some(b),
+                        Err(f) => {
+                            failed = Some(f);
+                            break 'job;
+                        }
+                    }
+                }
+                Extra::Nothing | Extra::KeepBlock { .. } | Extra::HoldFromStart { .. } => {}
             }
             let mut i = 0;
             while i < events.len() {
@@ -646,9 +680,14 @@ impl Job {
             // What the trace left allocated belongs to the step (the last
             // step's outputs, say) and is freed before the next one.
             this_iteration.clear();
+            if let Some(dump) = dump.as_mut() {
+                let mut snap = replay.allocator.snapshot();
+                with_source_stacks(&mut snap, source, &stacks);
+                dump(iteration, snap);
+            }
         }
         let mut snap = replay.allocator.snapshot();
-        drop((kept, periodic, grown, this_iteration));
+        drop((kept, periodic, grown, held, this_iteration));
         with_source_stacks(&mut snap, source, &stacks);
         (snap, failed)
     }

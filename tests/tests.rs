@@ -29,6 +29,10 @@ mod pytorch_rules;
 // Leak verdicts on jobs replayed from the real traces.
 mod verdicts;
 
+// A generated job of many ranks, and the fleet verdict on it.
+mod fleet;
+mod fleet_job;
+
 // capture and demo.
 mod capture;
 

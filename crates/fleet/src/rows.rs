@@ -82,7 +82,10 @@ impl DeviceRows {
             .iter()
             .map(|&i| std::mem::replace(&mut checkpoints[i], empty_checkpoint()))
             .collect();
-        self.sites = order.iter().map(|&i| std::mem::take(&mut sites[i])).collect();
+        self.sites = order
+            .iter()
+            .map(|&i| std::mem::take(&mut sites[i]))
+            .collect();
         by
     }
 }
@@ -150,7 +153,9 @@ impl ProcessRows {
         let categories = Categories::new(snap);
         stacks.add_from(
             snap,
-            devices.iter().flat_map(|d| d.stacks.iter().map(|(&k, &s)| (k, s))),
+            devices
+                .iter()
+                .flat_map(|d| d.stacks.iter().map(|(&k, &s)| (k, s))),
             &categories,
         );
         for sites in devices {

@@ -142,9 +142,7 @@ impl TableFile {
     }
 
     fn finish(self) -> Result<(), TableError> {
-        self.writer
-            .close()
-            .map_err(|e| file_error(&self.path, e))?;
+        self.writer.close().map_err(|e| file_error(&self.path, e))?;
         std::fs::rename(&self.partial, &self.path).map_err(|e| file_error(&self.path, e))
     }
 }
@@ -223,9 +221,7 @@ impl TableWriter {
                     functions.append_value(&culprit.name);
                     files.append_value(&culprit.file);
                     lines.append_value(culprit.line);
-                    categories.append_option(stacks.category(site.key).map(|c| {
-                        category_name(c)
-                    }));
+                    categories.append_option(stacks.category(site.key).map(category_name));
                     blocks.append_value(site.totals.blocks);
                     live.append_value(site.totals.allocated);
                     requested.append_value(site.totals.bytes);
@@ -346,7 +342,11 @@ fn category_name(category: snapdiff_analyze::Category) -> String {
 }
 
 /// The record batches of one table file, checked against its schema.
-fn read_batches(dir: &Path, name: &str, schema: &SchemaRef) -> Result<Vec<RecordBatch>, TableError> {
+fn read_batches(
+    dir: &Path,
+    name: &str,
+    schema: &SchemaRef,
+) -> Result<Vec<RecordBatch>, TableError> {
     let path = dir.join(name);
     let file = File::open(&path).map_err(|e| file_error(&path, e))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
@@ -357,9 +357,9 @@ fn read_batches(dir: &Path, name: &str, schema: &SchemaRef) -> Result<Vec<Record
     for batch in reader {
         let batch = batch.map_err(|e| file_error(&path, e))?;
         for field in schema.fields() {
-            let column = batch.column_by_name(field.name()).ok_or_else(|| {
-                file_error(&path, format!("has no column `{}`", field.name()))
-            })?;
+            let column = batch
+                .column_by_name(field.name())
+                .ok_or_else(|| file_error(&path, format!("has no column `{}`", field.name())))?;
             if column.data_type() != field.data_type() {
                 return Err(file_error(
                     &path,

@@ -235,6 +235,14 @@ pub const MIN_IMBALANCE_BYTES: u64 = 1 << 20;
 /// Members needed for robust statistics across ranks.
 const MIN_MEMBERS_COMPARED: usize = 4;
 
+/// One member's sites at its last checkpoint, where imbalance compares it.
+struct Compared {
+    member: Member,
+    /// Its last step, or (without steps) its number of checkpoints.
+    at: (Option<u64>, usize),
+    last: Vec<SiteRow>,
+}
+
 /// A culprit line: what sites are merged by, across stacks and ranks.
 type Line = (CulpritKind, String, String, u32);
 
@@ -253,9 +261,8 @@ pub fn fleet_verdict(
     files: usize,
     bytes: u64,
 ) -> Fleet {
-    processes.sort_by(|a, b| {
-        (rank_of(&a.process), &a.process).cmp(&(rank_of(&b.process), &b.process))
-    });
+    processes
+        .sort_by(|a, b| (rank_of(&a.process), &a.process).cmp(&(rank_of(&b.process), &b.process)));
     let warmup = options.trend.warmup;
     let verdict_of = |trend: &Trend| {
         if !trend.suspects.is_empty() {
@@ -286,8 +293,16 @@ pub fn fleet_verdict(
                 process: p.process.clone(),
                 device: d.device,
             };
-            let last_step = d.trend.points.last().map(|c| c.step);
-            compared.push((member.clone(), (last_step, d.trend.checkpoints), d.last));
+            // Compared at its last step, or, without steps, its last checkpoint.
+            let at = match d.trend.points.last().and_then(|c| c.step) {
+                Some(step) => (Some(step), 0),
+                None => (None, d.trend.checkpoints),
+            };
+            compared.push(Compared {
+                member: member.clone(),
+                at,
+                last: d.last,
+            });
             members.push(MemberRow {
                 member,
                 verdict: verdict_of(&d.trend),
@@ -337,7 +352,14 @@ fn merged_leaks(members: &[MemberRow]) -> Vec<FleetLeak> {
                 leaks.len() - 1
             });
             let leak = &mut leaks[at];
-            if s.growth_bytes > leak.members.iter().map(|m| m.growth_bytes).max().unwrap_or(0) {
+            if s.growth_bytes
+                > leak
+                    .members
+                    .iter()
+                    .map(|m| m.growth_bytes)
+                    .max()
+                    .unwrap_or(0)
+            {
                 leak.site = s.site.clone();
             }
             leak.growth_bytes += s.growth_bytes;
@@ -360,7 +382,7 @@ fn merged_leaks(members: &[MemberRow]) -> Vec<FleetLeak> {
 /// deviation), a quarter of the median, and [`MIN_IMBALANCE_BYTES`]. A
 /// member's own leaking line is its leak, not imbalance.
 fn imbalance(
-    compared: Vec<(Member, (Option<Option<u64>>, usize), Vec<SiteRow>)>,
+    compared: Vec<Compared>,
     members: &[MemberRow],
     stacks: &Stacks,
     rules: &CulpritRules,
@@ -369,9 +391,8 @@ fn imbalance(
     // The last checkpoint most members share: by step, or by count when
     // steps are not recorded.
     let mut groups: FxHashMap<(Option<u64>, usize), usize> = FxHashMap::default();
-    for (_, (step, count), _) in &compared {
-        let at = if step.flatten().is_some() { 0 } else { *count };
-        *groups.entry((step.flatten(), at)).or_default() += 1;
+    for c in &compared {
+        *groups.entry(c.at).or_default() += 1;
     }
     let Some((&common, &size)) = groups.iter().max_by_key(|(k, n)| (**n, k.0, k.1)) else {
         return Vec::new();
@@ -405,16 +426,17 @@ fn imbalance(
     };
     let leaking: rustc_hash::FxHashSet<(Member, Line)> = members
         .iter()
-        .flat_map(|m| m.suspects.iter().map(|s| (m.member.clone(), line_of(&s.site))))
+        .flat_map(|m| {
+            m.suspects
+                .iter()
+                .map(|s| (m.member.clone(), line_of(&s.site)))
+        })
         .collect();
     // Bytes per line per member, and the site holding most of each line.
     let included: Vec<(Member, Vec<SiteRow>)> = compared
         .into_iter()
-        .filter(|(_, (step, count), _)| {
-            let at = if step.flatten().is_some() { 0 } else { *count };
-            (step.flatten(), at) == common
-        })
-        .map(|(m, _, last)| (m, last))
+        .filter(|c| c.at == common)
+        .map(|c| (c.member, c.last))
         .collect();
     let mut per_line: FxHashMap<Line, (Site, u64, Vec<u64>)> = FxHashMap::default();
     for (i, (_, rows)) in included.iter().enumerate() {
@@ -446,7 +468,7 @@ fn imbalance(
                     && (b - median) as f64 > bar
                     && !leaking.contains(&(member.clone(), line.clone()))
             })
-            .map(|(&(ref member, _), &b)| MemberExcess {
+            .map(|((member, _), &b)| MemberExcess {
                 member: member.clone(),
                 bytes: b,
                 excess_bytes: b - median,
@@ -475,7 +497,10 @@ fn imbalance(
 fn median(values: &[u64]) -> u64 {
     let mut sorted = values.to_vec();
     sorted.sort_unstable();
-    sorted.get(sorted.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+    sorted
+        .get(sorted.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0)
 }
 
 /// The median of `values`, halfway between the middle two of an even count.

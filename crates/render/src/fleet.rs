@@ -91,7 +91,9 @@ pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> 
     if !fleet.imbalance.is_empty() {
         let step = fleet.imbalance[0]
             .step
-            .map_or("at the last checkpoint".to_owned(), |s| format!("at step {s}"));
+            .map_or("at the last checkpoint".to_owned(), |s| {
+                format!("at step {s}")
+            });
         writeln!(
             out,
             "\nimbalance {step} (ranks holding far more than the median rank; not growth):"
@@ -128,7 +130,10 @@ pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> 
         writeln!(
             out,
             "\none rank's full report: snapdiff fleet --rank {} PATH...",
-            first.member.rank.map_or(first.member.process.clone(), |r| r.to_string())
+            first
+                .member
+                .rank
+                .map_or(first.member.process.clone(), |r| r.to_string())
         )?;
     }
     Ok(())
@@ -208,7 +213,13 @@ fn ranks_text(members: &[&Member], devices_apart: bool) -> String {
     let shown: Vec<String> = runs
         .iter()
         .take(NAMED_RANKS)
-        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
         .collect();
     let mut text = format!(
         "rank{} {}",

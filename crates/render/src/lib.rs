@@ -21,8 +21,8 @@
 
 pub mod capture;
 pub mod compare;
-pub mod fleet;
 pub mod flamegraph;
+pub mod fleet;
 pub mod html;
 pub mod json;
 pub mod oom;

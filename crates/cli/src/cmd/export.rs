@@ -30,17 +30,26 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     let write = |mut rows| {
         let mut writer = writer.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = writer.write(&mut rows, &stacks.read()) {
-            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+            failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(e);
         }
     };
     let (unreadable, outcome) = in_pool(&args.threads, || {
         let unreadable = read_table_folders(&inputs.table_folders, None, &stacks, write);
-        (unreadable, read_processes(&inputs.snapshots, None, &stacks, write))
+        (
+            unreadable,
+            read_processes(&inputs.snapshots, None, &stacks, write),
+        )
     })?;
     if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e.into());
     }
-    writer.into_inner().unwrap_or_else(|e| e.into_inner()).finish()?;
+    writer
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .finish()?;
     for u in unreadable.iter().chain(&outcome.unreadable) {
         eprintln!("snapdiff: {}", u.error);
     }

@@ -19,10 +19,7 @@ pub(crate) struct Inputs {
 /// Whether `path` names snapshots by a pattern: it does not exist and holds
 /// `*`, `?` or `[`.
 fn is_pattern(path: &Path) -> bool {
-    !path.exists()
-        && path
-            .to_str()
-            .is_some_and(|p| p.contains(['*', '?', '[']))
+    !path.exists() && path.to_str().is_some_and(|p| p.contains(['*', '?', '[']))
 }
 
 /// The inputs `paths` name. A folder is searched recursively for files with
@@ -33,8 +30,9 @@ pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
     for path in paths {
         if is_pattern(path) {
             let text = path.to_string_lossy();
-            let matches = glob::glob(&text)
-                .map_err(|e| anyhow::anyhow!("{}: not a valid pattern: {e}", crate::output::shown(path)))?;
+            let matches = glob::glob(&text).map_err(|e| {
+                anyhow::anyhow!("{}: not a valid pattern: {e}", crate::output::shown(path))
+            })?;
             let mut found = 0;
             for entry in matches {
                 let entry = entry.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -42,7 +40,10 @@ pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
                 add(&entry, &mut inputs)?;
             }
             if found == 0 {
-                anyhow::bail!("{}: no file matches this pattern", crate::output::shown(path));
+                anyhow::bail!(
+                    "{}: no file matches this pattern",
+                    crate::output::shown(path)
+                );
             }
         } else {
             add(path, &mut inputs)?;

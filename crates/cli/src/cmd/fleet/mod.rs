@@ -30,12 +30,17 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
     let stacks = StackStore::new();
     let verdicts = Mutex::new(Vec::new());
     let (mut unreadable, files, bytes) = in_pool(&args.threads, || {
-        let unreadable = read_table_folders(&inputs.table_folders, args.rank.as_deref(), &stacks, |rows| {
-            verdicts
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(judge(rows, &stacks.read(), &options.trend));
-        });
+        let unreadable = read_table_folders(
+            &inputs.table_folders,
+            args.rank.as_deref(),
+            &stacks,
+            |rows| {
+                verdicts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(judge(rows, &stacks.read(), &options.trend));
+            },
+        );
         let outcome = read_processes(&inputs.snapshots, args.rank.as_deref(), &stacks, |rows| {
             let verdict = judge(rows, &stacks.read(), &options.trend);
             verdicts
@@ -119,7 +124,11 @@ pub(crate) fn read_table_folders(
 
 /// 2 when files could not be read (the verdict rests on part of the job),
 /// else 1 when a rank's suspected growth exceeds `max_growth`, else 0.
-fn exit_code(verdicts: &[ProcessVerdict], unreadable: &[Unreadable], max_growth: Option<u64>) -> Exit {
+fn exit_code(
+    verdicts: &[ProcessVerdict],
+    unreadable: &[Unreadable],
+    max_growth: Option<u64>,
+) -> Exit {
     if !unreadable.is_empty() {
         return Exit::Error;
     }
@@ -130,7 +139,14 @@ fn exit_code(verdicts: &[ProcessVerdict], unreadable: &[Unreadable], max_growth:
         .iter()
         .flat_map(|v| v.devices.iter().map(move |d| (v, d)))
         .filter(|(_, d)| d.trend.suspected_bytes > limit)
-        .map(|(v, d)| format!("{} device {}: {}", v.process, d.device, size(d.trend.suspected_bytes)))
+        .map(|(v, d)| {
+            format!(
+                "{} device {}: {}",
+                v.process,
+                d.device,
+                size(d.trend.suspected_bytes)
+            )
+        })
         .collect();
     if over.is_empty() {
         return Exit::Clean;

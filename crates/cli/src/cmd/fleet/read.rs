@@ -72,7 +72,10 @@ pub(crate) fn read_processes(
         done(rows);
     }
     progress.finish();
-    let mut outcome = reader.outcome.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut outcome = reader
+        .outcome
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
     outcome.unreadable.sort_by(|a, b| a.source.cmp(&b.source));
     outcome
 }

@@ -1,0 +1,281 @@
+//! `snapdiff fleet` and `export` on a generated job of 64 ranks replayed
+//! from a real PyTorch trace (see `fleet_job`).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use snapdiff_analyze::Culprit;
+use snapdiff_format::units::format_size as size;
+
+use crate::fleet_job::{Truth, make_fleet};
+use crate::util::{shared_torch, snapdiff, tempdir};
+
+const RANKS: u32 = 64;
+const STEPS: u32 = 6;
+
+/// The job, made once for all the tests here, and its folder.
+fn fleet() -> Option<&'static (Truth, PathBuf)> {
+    static FLEET: OnceLock<Option<(Truth, PathBuf)>> = OnceLock::new();
+    FLEET
+        .get_or_init(|| {
+            let source = shared_torch("cs336-medium-128-inference.pickle")?;
+            // Under the target folder, made afresh by each run: the tests
+            // share it, and no drop would remove it from a static.
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fleet-64");
+            let _ = std::fs::remove_dir_all(&dir);
+            let truth = make_fleet(&source, RANKS, STEPS, &dir);
+            Some((truth, dir))
+        })
+        .as_ref()
+}
+
+fn same_line(json: &Value, culprit: &Culprit) -> bool {
+    json["name"] == culprit.name.as_str()
+        && json["file"] == culprit.file.as_str()
+        && json["line"] == culprit.line
+}
+
+/// The fleet's JSON without what depends on where rows were read from
+/// (files and their bytes).
+fn verdict_of(mut report: Value) -> Value {
+    let fields = report.as_object_mut().unwrap();
+    fields.remove("files");
+    fields.remove("bytes");
+    report
+}
+
+fn ranks_of(members: &Value) -> Vec<u64> {
+    members
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["rank"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn every_leaking_rank_and_line_is_named_with_its_growth_and_rank0_is_imbalance() {
+    let Some((truth, dir)) = fleet() else {
+        return crate::util::skip("fleet", "../shared/fixtures/torch is not here");
+    };
+    let run = snapdiff([
+        "fleet".as_ref(),
+        dir.as_os_str(),
+        "--json".as_ref(),
+        "--top".as_ref(),
+        "0".as_ref(),
+    ]);
+    let report = run.expect_code(0).json();
+    assert_eq!(report["processes"], RANKS, "{report:#}");
+    assert_eq!(report["files"], truth.files);
+    let leaking: usize = truth.leaks.iter().map(|l| l.ranks.len()).sum();
+    assert_eq!(report["leaking"], leaking);
+    assert_eq!(
+        report["steady"],
+        RANKS as usize - leaking,
+        "no steady rank called leaking"
+    );
+    assert_eq!(report["leaks"].as_array().unwrap().len(), truth.leaks.len());
+    for leak in &truth.leaks {
+        let found = report["leaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| same_line(&l["site"]["culprit"], &leak.culprit))
+            .unwrap_or_else(|| panic!("{:?} not among {:#}", leak.culprit, report["leaks"]));
+        let expected: Vec<u64> = leak.ranks.iter().map(|&(r, _)| u64::from(r)).collect();
+        assert_eq!(ranks_of(&found["members"]), expected);
+        for (member, &(_, bytes)) in found["members"].as_array().unwrap().iter().zip(&leak.ranks) {
+            assert_eq!(member["growth_per_step"], bytes as f64, "{member:#}");
+        }
+    }
+    let imbalance = report["imbalance"].as_array().unwrap();
+    assert_eq!(imbalance.len(), 1, "{imbalance:#?}");
+    assert!(same_line(
+        &imbalance[0]["site"]["culprit"],
+        &truth.held_by_rank0
+    ));
+    assert_eq!(ranks_of(&imbalance[0]["members"]), [0]);
+    assert_eq!(imbalance[0]["median_bytes"], 0);
+    let excess = imbalance[0]["members"][0]["excess_bytes"].as_u64().unwrap();
+    assert!(
+        truth.held_bytes - excess < 512,
+        "{excess} of {}",
+        truth.held_bytes
+    );
+    // Every rank has a row: its verdict, suspects and checkpoints.
+    let members = report["members"].as_array().unwrap();
+    assert_eq!(members.len(), RANKS as usize);
+    assert!(
+        members
+            .iter()
+            .all(|m| m["checkpoints"].as_array().unwrap().len() == STEPS as usize)
+    );
+    assert_eq!(members[7]["verdict"], "leaking");
+    assert_eq!(members[1]["verdict"], "steady");
+}
+
+#[test]
+fn the_report_fits_one_screen_and_names_the_ranks_and_lines() {
+    let Some((truth, dir)) = fleet() else {
+        return crate::util::skip("fleet", "../shared/fixtures/torch is not here");
+    };
+    let text = snapdiff(["fleet".as_ref(), dir.as_os_str()])
+        .expect_code(0)
+        .stdout();
+    assert!(text.lines().count() <= 40, "{text}");
+    assert!(
+        text.starts_with("64 ranks read from 384 snapshots"),
+        "{text}"
+    );
+    assert!(text.contains(": 61 steady, 3 leaking"), "{text}");
+    let big = &truth.leaks[0];
+    let ranks: Vec<String> = big.ranks.iter().map(|r| r.0.to_string()).collect();
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("ranks {} (2 of 64)", ranks.join(", "))))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains(&format!(
+            "{}:{}",
+            big.culprit.file.rsplit('/').next().unwrap(),
+            big.culprit.line
+        )),
+        "{line}"
+    );
+    assert!(line.ends_with("a step each"), "{line}");
+    let held = format!(
+        "rank 0 holds {} more than the median (0 B) at",
+        size(truth.held_bytes)
+    );
+    assert!(text.contains(&held), "{held} in {text}");
+    // One rank's full report.
+    let rank = snapdiff([
+        "fleet".as_ref(),
+        dir.as_os_str(),
+        "--rank".as_ref(),
+        "7".as_ref(),
+    ])
+    .expect_code(0)
+    .stdout();
+    assert!(rank.contains("6 checkpoints (one per snapshot)"), "{rank}");
+    assert!(rank.contains(&format!(":{}", big.culprit.line)), "{rank}");
+}
+
+#[test]
+fn parquet_tables_give_the_same_verdict_as_the_snapshots() {
+    let Some((_, dir)) = fleet() else {
+        return crate::util::skip("fleet", "../shared/fixtures/torch is not here");
+    };
+    let direct = snapdiff([
+        "fleet".as_ref(),
+        dir.as_os_str(),
+        "--json".as_ref(),
+        "--top".as_ref(),
+        "0".as_ref(),
+    ])
+    .expect_code(0)
+    .json();
+    let out = tempdir();
+    // One table folder per machine of eight ranks, as each node would write its own.
+    for node in 0..RANKS / 8 {
+        let tables = out.path().join(format!("node{node}"));
+        snapdiff([
+            "export".as_ref(),
+            dir.join(format!("node{node}")).as_os_str(),
+            "-o".as_ref(),
+            tables.as_os_str(),
+        ])
+        .expect_code(0);
+    }
+    let from_tables = snapdiff([
+        "fleet".as_ref(),
+        out.path().as_os_str(),
+        "--json".as_ref(),
+        "--top".as_ref(),
+        "0".as_ref(),
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(verdict_of(from_tables), verdict_of(direct));
+    // Writing over them asks first.
+    let again = snapdiff([
+        "export".as_ref(),
+        dir.join("node0").as_os_str(),
+        "-o".as_ref(),
+        out.path().join("node0").as_os_str(),
+    ]);
+    assert!(again.expect_code(2).stderr().contains("pass --force"));
+    // Parquet bytes per rank, against the rank's snapshot bytes.
+    let tables: u64 = walk(out.path())
+        .iter()
+        .map(|p| p.metadata().unwrap().len())
+        .sum();
+    let snapshots: u64 = walk(dir).iter().map(|p| p.metadata().unwrap().len()).sum();
+    assert!(
+        tables * 20 < snapshots,
+        "{tables} B of tables for {snapshots} B of snapshots"
+    );
+}
+
+#[test]
+fn unreadable_files_are_named_and_the_rest_judged() {
+    let Some((_, dir)) = fleet() else {
+        return crate::util::skip("fleet", "../shared/fixtures/torch is not here");
+    };
+    let copy = tempdir();
+    for rank in [1u32, 2, 3, 7] {
+        for step in 0..STEPS {
+            let name = format!("rank{rank}-step{step}.snap");
+            std::fs::copy(dir.join("node0").join(&name), copy.path().join(&name)).unwrap();
+        }
+    }
+    // A dump cut short by a rank that was killed while writing it.
+    let cut = copy.path().join("rank3-step5.snap");
+    let bytes = std::fs::read(&cut).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let run = snapdiff(["fleet".as_ref(), copy.path().as_os_str()]);
+    let text = run.expect_code(2).stdout();
+    assert!(text.contains("4 ranks read from 23 snapshots"), "{text}");
+    assert!(
+        text.contains("1 file could not be read and is left out:"),
+        "{text}"
+    );
+    assert!(text.contains("rank3-step5.snap"), "{text}");
+    assert!(text.contains("rank 7 (1 of 4)"), "{text}");
+    assert!(run.stderr().contains("rank3-step5.snap"));
+}
+
+#[test]
+fn quoted_globs_and_missing_paths() {
+    let Some((_, dir)) = fleet() else {
+        return crate::util::skip("fleet", "../shared/fixtures/torch is not here");
+    };
+    let pattern = dir.join("node0").join("rank[0-3]-step*.snap");
+    let report = snapdiff(["fleet".as_ref(), pattern.as_os_str(), "--json".as_ref()])
+        .expect_code(0)
+        .json();
+    assert_eq!(report["processes"], 4);
+    assert_eq!(report["files"], 4 * STEPS);
+    let missing = snapdiff(["fleet", "/nonexistent/rank*.snap"]);
+    assert!(
+        missing
+            .expect_code(2)
+            .stderr()
+            .contains("no file matches this pattern")
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
