@@ -39,7 +39,10 @@ pub struct Truth {
     pub held_bytes: u64,
     /// Snapshot files written, and their bytes.
     pub files: usize,
-    #[allow(dead_code, reason = "the benchmark reports it; the tests do not")]
+    #[cfg_attr(
+        test,
+        allow(dead_code, reason = "the benchmark reports it; the tests do not")
+    )]
     pub bytes: u64,
 }
 

@@ -178,6 +178,36 @@ impl StackKeys {
         )
     }
 
+    /// The keys of the stacks of `snap`'s live blocks only, each distinct
+    /// frame tested for noise once: for reading many snapshots that carry
+    /// far more stacks than their live blocks use (a dump's stack table
+    /// holds every stack its trace ever saw). Other stacks' keys read as
+    /// [`StackKey::NONE`]: use it for live blocks only.
+    pub fn of_live_blocks(snap: &Snapshot) -> StackKeys {
+        let mut keys = vec![StackKey::NONE; snap.stacks.len()];
+        let mut noise: Vec<Option<bool>> = vec![None; snap.frames.len()];
+        let live = snap
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state.is_active());
+        for id in live.filter_map(|b| b.stack) {
+            let key = &mut keys[id as usize];
+            if *key != StackKey::NONE {
+                continue;
+            }
+            let mut h = FNV_OFFSET;
+            for &f in &snap.stacks[id as usize] {
+                let frame = &snap.frames[f as usize];
+                if !*noise[f as usize].get_or_insert_with(|| is_noise(frame)) {
+                    h = hash_frame(h, frame);
+                }
+            }
+            *key = StackKey(h);
+        }
+        StackKeys(keys)
+    }
+
     /// The key of stack `id`, or [`StackKey::NONE`] for no stack.
     pub fn key(&self, id: Option<StackId>) -> StackKey {
         id.map_or(StackKey::NONE, |id| self.0[id as usize])

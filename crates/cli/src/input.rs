@@ -34,12 +34,15 @@ pub(crate) fn read_parts(
 }
 
 /// [`read_parts`], with its progress bar.
-/// Reads `path` whatever its size without a progress bar of its own (a
-/// fleet shows one bar for all its files).
-pub(crate) fn read_quietly(
+/// Reads the state of `path` at dump time (its traces' events are not
+/// read: a fleet judges a rank by its series of dumps), whatever its size,
+/// without a progress bar of its own (a fleet shows one for all its files).
+pub(crate) fn read_state_quietly(
     path: &std::path::Path,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
-    snapdiff_format::Reader::new().read_path(path)
+    snapdiff_format::Reader::new()
+        .parts(Parts::WithoutEvents)
+        .read_path(path)
 }
 
 fn read_with_progress(

@@ -148,7 +148,7 @@ impl ProcessRows {
     /// Adds `snap`, read from `source`, as one checkpoint of each device it
     /// holds segments on; the stacks of its live sites go to `stacks`.
     pub fn add_snapshot(&mut self, source: &str, snap: &Snapshot, stacks: &StackStore) {
-        let keys = StackKeys::new(snap);
+        let keys = StackKeys::of_live_blocks(snap);
         let devices = live_sites_by_device(snap, &keys);
         let categories = Categories::new(snap);
         stacks.add_from(

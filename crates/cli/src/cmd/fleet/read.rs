@@ -100,7 +100,7 @@ impl FileReader<'_> {
         add: impl FnOnce(ProcessRows),
     ) {
         let len = std::fs::metadata(path).map_or(0, |m| m.len());
-        let result = crate::input::read_quietly(path);
+        let result = crate::input::read_state_quietly(path);
         self.progress.file_done(len);
         let mut snap = match result {
             Ok(snap) => snap,
