@@ -1,7 +1,7 @@
 //! Writes a generated job of many ranks for `snapdiff fleet`'s benchmark:
 //! `cargo run --release --example make_fleet -- SOURCE RANKS STEPS DIR`,
 //! SOURCE a real PyTorch snapshot with a trace (see `tests/fleet_job.rs`
-//! for what the ranks do). Prints what a right verdict says.
+//! for what the ranks do). Prints what a right verdict says, as JSON.
 
 #[allow(
     dead_code,
@@ -24,18 +24,8 @@ fn main() {
         std::process::exit(2);
     };
     let truth = fleet_job::make_fleet(source.as_ref(), ranks, steps, dir.as_ref());
-    println!("{} snapshots, {} bytes, in {dir}", truth.files, truth.bytes);
-    for leak in &truth.leaks {
-        let ranks: Vec<String> = leak
-            .ranks
-            .iter()
-            .map(|(r, bytes)| format!("rank {r} +{bytes} B a step"))
-            .collect();
-        println!("leak at {}: {}", leak.culprit.display(), ranks.join(", "));
-    }
     println!(
-        "rank 0 alone holds {} B at {}",
-        truth.held_bytes,
-        truth.held_by_rank0.display()
+        "{}",
+        serde_json::to_string_pretty(&truth).expect("a truth as JSON")
     );
 }

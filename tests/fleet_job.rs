@@ -21,7 +21,7 @@ use snapdiff_format::{Action, Existing, Snapshot, StackId};
 use crate::pytorch_replay::{Extra, Job, trace_of};
 
 /// A leak the job was made with.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct TruthLeak {
     /// The line that allocated the leaked block.
     pub culprit: Culprit,
@@ -30,7 +30,7 @@ pub struct TruthLeak {
 }
 
 /// What a right verdict on the generated job says.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Truth {
     /// The leaks.
     pub leaks: Vec<TruthLeak>,

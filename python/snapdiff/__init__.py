@@ -7,6 +7,8 @@ it too) and gives Python:
 - `compare(before, after)`, `trend(files)`, `peak(file)`: the command's
   reports as dataclasses (sites with their culprit line, bytes, blocks and
   series);
+- `fleet(paths, engine=None)`: one verdict for a job of many ranks, read
+  here or, with `engine="ray"`, by Ray tasks where the files are;
 - `recording(folder, every=10)`: PyTorch's memory history on, with dumps
   every N steps named as `snapdiff capture` names them (the CPU recorder
   when there is no GPU);
@@ -28,19 +30,25 @@ from snapdiff._api import (
     peak,
     trend,
 )
+from snapdiff._fleet import Fleet, FleetLeak, Imbalance, RankVerdict, fleet
 from snapdiff._recording import Recording, recording
 
 __all__ = [
     "Comparison",
     "Culprit",
     "DevicePeak",
+    "Fleet",
+    "FleetLeak",
     "Group",
+    "Imbalance",
     "Peak",
+    "RankVerdict",
     "Recording",
     "Site",
     "Suspect",
     "Trend",
     "compare",
+    "fleet",
     "peak",
     "recording",
     "trend",

@@ -110,6 +110,18 @@ def _site(report, entry):
     )
 
 
+def _suspect(report, entry):
+    return Suspect(
+        site=_site(report, entry),
+        growth_bytes=entry["growth_bytes"],
+        growth_per_step=entry.get("growth_per_step"),
+        growth_per_checkpoint=entry["growth_per_checkpoint"],
+        series=entry["series"],
+        floor=entry["floor"],
+        blocks=entry["blocks"],
+    )
+
+
 def compare(before, after):
     """What holds more memory in `after` than in `before`, by site."""
     r = run_json("compare", [before, after])
@@ -148,18 +160,7 @@ def trend(files, warmup=None):
     return Trend(
         checkpoints=r["checkpoints"],
         checkpoint_source=r["checkpoint_source"],
-        suspects=[
-            Suspect(
-                site=_site(r, s),
-                growth_bytes=s["growth_bytes"],
-                growth_per_step=s.get("growth_per_step"),
-                growth_per_checkpoint=s["growth_per_checkpoint"],
-                series=s["series"],
-                floor=s["floor"],
-                blocks=s["blocks"],
-            )
-            for s in r["suspects"]
-        ],
+        suspects=[_suspect(r, s) for s in r["suspects"]],
         suspected_bytes=r["suspected_bytes"],
         notes=r["notes"],
     )

@@ -431,6 +431,10 @@ pub(crate) struct ExportArgs {
     /// Replace tables already in DIR.
     #[arg(long, short)]
     pub(crate) force: bool,
+    /// Print what was read as one JSON object (files, bytes, and the files
+    /// that could not be read) instead of a line on stderr.
+    #[arg(long)]
+    pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) threads: ThreadArgs,
 }

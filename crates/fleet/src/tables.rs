@@ -405,7 +405,10 @@ fn option<T>(valid: bool, value: T) -> Option<T> {
 /// of their sites added to `stacks`.
 pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, TableError> {
     let stacks_path = dir.join(TABLE_FILES[2]);
+    // Tables written apart and put together (one folder per task or
+    // machine) repeat the stacks they share: each frame is taken once.
     let mut frames: FxHashMap<StackKey, Vec<(u32, Frame)>> = FxHashMap::default();
+    let mut seen: FxHashSet<(StackKey, u32)> = FxHashSet::default();
     for batch in read_batches(dir, TABLE_FILES[2], &stacks_schema())? {
         let keys = column::<StringArray>(&batch, "stack_key");
         let index = column::<UInt32Array>(&batch, "frame");
@@ -413,18 +416,19 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
         let files = column::<StringArray>(&batch, "file");
         let lines = column::<UInt32Array>(&batch, "line");
         for i in 0..batch.num_rows() {
-            frames
-                .entry(parse_key(&stacks_path, keys.value(i))?)
-                .or_default()
-                .push((
-                    index.value(i),
-                    Frame {
-                        name: functions.value(i).into(),
-                        file: files.value(i).into(),
-                        line: lines.value(i),
-                        extra: Vec::new(),
-                    },
-                ));
+            let key = parse_key(&stacks_path, keys.value(i))?;
+            if !seen.insert((key, index.value(i))) {
+                continue;
+            }
+            frames.entry(key).or_default().push((
+                index.value(i),
+                Frame {
+                    name: functions.value(i).into(),
+                    file: files.value(i).into(),
+                    line: lines.value(i),
+                    extra: Vec::new(),
+                },
+            ));
         }
     }
     for (key, mut frames) in frames {

@@ -50,17 +50,28 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
         .finish()?;
-    for u in unreadable.iter().chain(&outcome.unreadable) {
+    let mut all_unreadable = unreadable;
+    all_unreadable.extend(outcome.unreadable);
+    for u in &all_unreadable {
         eprintln!("snapdiff: {}", u.error);
     }
-    eprintln!(
-        "snapdiff: wrote {} from {} snapshot{} ({})",
-        crate::output::shown(&args.output),
-        count(outcome.files as u64),
-        if outcome.files == 1 { "" } else { "s" },
-        size(outcome.bytes)
-    );
-    Ok(if unreadable.is_empty() && outcome.unreadable.is_empty() {
+    if args.json {
+        let said = serde_json::json!({
+            "files": outcome.files,
+            "bytes": outcome.bytes,
+            "unreadable": all_unreadable,
+        });
+        println!("{said}");
+    } else {
+        eprintln!(
+            "snapdiff: wrote {} from {} snapshot{} ({})",
+            crate::output::shown(&args.output),
+            count(outcome.files as u64),
+            if outcome.files == 1 { "" } else { "s" },
+            size(outcome.bytes)
+        );
+    }
+    Ok(if all_unreadable.is_empty() {
         Exit::Clean
     } else {
         Exit::Error

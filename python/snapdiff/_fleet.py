@@ -1,0 +1,334 @@
+"""One verdict for a whole job of many ranks: `snapdiff fleet`, here or
+on a Ray cluster.
+
+Locally, `fleet(paths)` runs `snapdiff fleet --json`. With
+`engine="ray"`, the reading is done where the files are: Ray tasks run
+`snapdiff export` on batches of ranks (from shared storage, any URI
+`pyarrow.fs` opens, or each node's own disk), hand back Arrow tables, and
+the driver writes them as one Parquet folder and judges it with
+`snapdiff fleet`, the same Rust code as the local path.
+"""
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from snapdiff._api import Site, Suspect, _site, _suspect
+from snapdiff._cli import run
+
+# Ray retries a task this many times (a worker that died, or an error
+# raised in it) before its files are named in `Fleet.failed`.
+TASK_RETRIES = 2
+
+_TABLES = ("sites.parquet", "checkpoints.parquet", "stacks.parquet")
+_SNAPSHOT = re.compile(r"\.(snap|pickle|pkl|json|pt|zip)$")
+_PROCESS = re.compile(r"^(rank\d+|pid\d+)-step")
+
+
+@dataclass
+class RankVerdict:
+    """One device of one rank: its verdict and the evidence."""
+
+    process: str
+    rank: Optional[int]
+    device: int
+    verdict: str
+    suspected_bytes: int
+    suspects: List[Suspect]
+    checkpoints: List[dict]
+    notes: List[str]
+
+
+@dataclass
+class FleetLeak:
+    """A line that leaks on some ranks, with each rank's growth a step."""
+
+    site: Site
+    ranks: List[Optional[int]]
+    growth_per_step: List[Optional[float]]
+    growth_bytes: int
+
+
+@dataclass
+class Imbalance:
+    """A line where some ranks hold far more than the median rank."""
+
+    site: Site
+    step: Optional[int]
+    median_bytes: int
+    ranks: List[Optional[int]]
+    excess_bytes: List[int]
+
+
+@dataclass
+class Fleet:
+    """`snapdiff fleet`: counts, leaking lines, imbalance, and every rank."""
+
+    processes: int
+    steady: int
+    leaking: int
+    too_few_checkpoints: int
+    files: int
+    bytes: int
+    unreadable: List[dict]
+    leaks: List[FleetLeak]
+    imbalance: List[Imbalance]
+    ranks: List[RankVerdict]
+    notes: List[str]
+    # Ray tasks that failed after their retries: their files and the error.
+    failed: List[dict] = field(default_factory=list)
+
+
+def _fleet_of(r, files=None, bytes_=None, unreadable=(), failed=()):
+    return Fleet(
+        processes=r["processes"],
+        steady=r["steady"],
+        leaking=r["leaking"],
+        too_few_checkpoints=r["too_few_checkpoints"],
+        files=r["files"] if files is None else files,
+        bytes=r["bytes"] if bytes_ is None else bytes_,
+        unreadable=sorted(r["unreadable"] + list(unreadable), key=lambda u: u["source"]),
+        leaks=[
+            FleetLeak(
+                site=_site(r, l["site"]),
+                ranks=[m["rank"] for m in l["members"]],
+                growth_per_step=[m.get("growth_per_step") for m in l["members"]],
+                growth_bytes=l["growth_bytes"],
+            )
+            for l in r["leaks"]
+        ],
+        imbalance=[
+            Imbalance(
+                site=_site(r, i["site"]),
+                step=i.get("step"),
+                median_bytes=i["median_bytes"],
+                ranks=[m["rank"] for m in i["members"]],
+                excess_bytes=[m["excess_bytes"] for m in i["members"]],
+            )
+            for i in r["imbalance"]
+        ],
+        ranks=[
+            RankVerdict(
+                process=m["process"],
+                rank=m.get("rank"),
+                device=m["device"],
+                verdict=m["verdict"],
+                suspected_bytes=m["suspected_bytes"],
+                suspects=[_suspect(r, s) for s in m["suspects"]],
+                checkpoints=m["checkpoints"],
+                notes=m["notes"],
+            )
+            for m in r["members"]
+        ],
+        notes=r["notes"],
+        failed=list(failed),
+    )
+
+
+def _fleet_json(paths, warmup):
+    """`snapdiff fleet --json` on `paths`; files that could not be read
+    (exit code 2) still give a verdict."""
+    options = [] if warmup is None else ["--warmup", warmup]
+    code, out, err = run(["fleet", *options, "--json", "--top", "0", "--", *paths], check=False)
+    if code not in (0, 1, 2) or not out.strip():
+        raise RuntimeError(err.strip() or f"snapdiff exited with {code}")
+    return json.loads(out)
+
+
+def fleet(paths, engine=None, warmup=None, tables=None, tasks_per_cpu=4):
+    """One verdict for a whole job: which ranks leak, at which line and how
+    fast, and which ranks hold far more than their peers.
+
+    `paths`: snapshot files, folders (searched recursively) and site-table
+    folders; one path or a list. With `engine="ray"` (the cluster of
+    `ray.init()`), also any URI `pyarrow.fs` opens (`s3://bucket/job/`), or
+    a dict `{node_id_or_ip: [paths]}` of files on each node's own disk,
+    read there. `tables`: a folder to keep the Parquet site tables in (Ray
+    only; a temporary one otherwise).
+    """
+    if engine in (None, "local"):
+        if isinstance(paths, dict):
+            raise ValueError("paths per node need engine='ray'")
+        one = isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__")
+        return _fleet_of(_fleet_json([paths] if one else list(paths), warmup))
+    if engine != "ray":
+        raise ValueError(f"engine must be None or 'ray', not {engine!r}")
+    return _fleet_on_ray(paths, warmup, tables, tasks_per_cpu)
+
+
+def _list_snapshots(path):
+    """The snapshot files under `path` (a file, a folder searched
+    recursively, or a URI), as (filesystem URI prefix, path) pairs."""
+    import pyarrow.fs as pafs
+
+    text = os.fspath(path)
+    if "://" in text:
+        fs, root = pafs.FileSystem.from_uri(text)
+        scheme = text.split("://", 1)[0]
+        prefix = f"{scheme}://"
+    else:
+        fs, root, prefix = pafs.LocalFileSystem(), os.path.abspath(text), ""
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{text}: no such file or folder")
+    if info.type == pafs.FileType.File:
+        return [(prefix, root)]
+    found = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return sorted(
+        (prefix, f.path)
+        for f in found
+        if f.type == pafs.FileType.File and _SNAPSHOT.search(f.path)
+    )
+
+
+def _list_all(paths):
+    """The snapshot files under each of `paths` (see `_list_snapshots`)."""
+    return sorted(f for p in paths for f in _list_snapshots(p))
+
+
+def _batches(files, count):
+    """`files` in about `count` batches, each rank's files in one batch
+    (ranks told by their names; other files by their folder)."""
+    by_process = {}
+    for prefix, path in files:
+        name = os.path.basename(path)
+        m = _PROCESS.match(name)
+        key = (os.path.dirname(path), m.group(1)) if m else (os.path.dirname(path), "")
+        by_process.setdefault(key, []).append((prefix, path))
+    groups = [by_process[k] for k in sorted(by_process)]
+    size = max(1, -(-len(groups) // max(1, count)))
+    return [sum(groups[i : i + size], []) for i in range(0, len(groups), size)]
+
+
+def _export(files):
+    """A Ray task: `snapdiff export` of `files`; returns the three tables
+    as Arrow tables, and what export said (files, bytes, unreadable)."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    work = tempfile.mkdtemp(prefix="snapdiff-fleet-")
+    try:
+        local = []
+        for prefix, path in files:
+            if not prefix:
+                local.append(path)
+                continue
+            # A file on remote storage: copied here with its folder's name
+            # kept (and its manifest), so that ranks are told as at home.
+            fs, _ = pafs.FileSystem.from_uri(prefix + path)
+            folder = os.path.join(work, "in", os.path.dirname(path).lstrip("/"))
+            os.makedirs(folder, exist_ok=True)
+            for name in (os.path.basename(path), "manifest.jsonl"):
+                source = os.path.dirname(path) + "/" + name
+                target = os.path.join(folder, name)
+                if os.path.exists(target):
+                    continue
+                if name != os.path.basename(path) and (
+                    fs.get_file_info(source).type != pafs.FileType.File
+                ):
+                    continue
+                with fs.open_input_stream(source) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            local.append(os.path.join(folder, os.path.basename(path)))
+        out = os.path.join(work, "tables")
+        code, stdout, stderr = run(["export", "--json", "-o", out, "--", *local], check=False)
+        if code not in (0, 2) or not stdout.strip():
+            raise RuntimeError(stderr.strip() or f"snapdiff export exited with {code}")
+        said = json.loads(stdout)
+        tables = {name: pq.read_table(os.path.join(out, name)) for name in _TABLES}
+        return tables, said
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _last_line(error):
+    """A Ray error in one line: the task's own exception, last."""
+    lines = [l for l in str(error).strip().splitlines() if l.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+def _node_ids(ray, keys):
+    """Ray node ids for `keys`, each a node id or a node's IP address."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    ids = {}
+    for key in keys:
+        match = [n["NodeID"] for n in alive if key in (n["NodeID"], n.get("NodeManagerAddress"))]
+        if not match:
+            raise ValueError(f"{key}: no live Ray node has this id or address")
+        ids[key] = match[0]
+    return ids
+
+
+def _fleet_on_ray(paths, warmup, tables, tasks_per_cpu):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        ray.init()
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    export = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=True)(_export)
+    listing = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=True)(_list_all)
+
+    # (files of the batch, scheduling options) for every task.
+    work = []
+    failed = []
+    if isinstance(paths, dict):
+        nodes = _node_ids(ray, paths)
+        for key, node_paths in paths.items():
+            on_node = {
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[key], soft=False)
+            }
+            if isinstance(node_paths, (str, bytes)) or hasattr(node_paths, "__fspath__"):
+                node_paths = [node_paths]
+            node_paths = [os.fspath(p) for p in node_paths]
+            try:
+                found = ray.get(listing.options(**on_node).remote(node_paths))
+            except ray.exceptions.RayError as e:
+                failed.append({"files": node_paths, "error": _last_line(e)})
+                continue
+            work += [(b, on_node) for b in _batches(found, cpus * tasks_per_cpu // len(paths) or 1)]
+    else:
+        if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
+            paths = [paths]
+        found = _list_all(paths)
+        work = [(b, {}) for b in _batches(found, cpus * tasks_per_cpu)]
+    if not work:
+        said = "; ".join(f["error"] for f in failed) or ", ".join(map(str, paths))
+        raise FileNotFoundError("no snapshot files: " + said)
+
+    pending = {export.options(**opts).remote(batch): batch for batch, opts in work}
+    parts = {name: [] for name in _TABLES}
+    files = bytes_ = 0
+    unreadable = []
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        batch = pending.pop(done[0])
+        try:
+            got, said = ray.get(done[0])
+        except ray.exceptions.RayError as e:
+            failed.append({"files": [p + f for p, f in batch], "error": _last_line(e)})
+            continue
+        for name in _TABLES:
+            parts[name].append(got[name])
+        files += said["files"]
+        bytes_ += said["bytes"]
+        unreadable += said["unreadable"]
+    if not parts["sites.parquet"]:
+        raise RuntimeError("every Ray task failed: " + "; ".join(f["error"] for f in failed))
+
+    folder = tables or tempfile.mkdtemp(prefix="snapdiff-tables-")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for name, pieces in parts.items():
+            pq.write_table(pa.concat_tables(pieces), os.path.join(folder, name), compression="zstd")
+        r = _fleet_json([folder], warmup)
+    finally:
+        if tables is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    return _fleet_of(r, files=files, bytes_=bytes_, unreadable=unreadable, failed=failed)

@@ -1,0 +1,165 @@
+"""`snapdiff.fleet` on a generated job of 64 ranks replayed from a real
+PyTorch trace (`bench/make_fleet.rs`): locally, on a real local Ray
+cluster, and the site tables read back with DuckDB, running the queries
+the user guide shows."""
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import snapdiff
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT.parent / "shared" / "fixtures" / "torch" / "cs336-medium-128-inference.pickle"
+RANKS, STEPS = 64, 6
+
+
+def need(module, why):
+    """Imports `module`; skips without it, or fails where CI requires it."""
+    if os.environ.get("SNAPDIFF_REQUIRE_RAY"):
+        return __import__(module)
+    return pytest.importorskip(module, reason=why)
+
+
+@pytest.fixture(scope="session")
+def job(tmp_path_factory):
+    """The job's folder and what a right verdict says (make_fleet's JSON)."""
+    if not SOURCE.exists():
+        if os.environ.get("SNAPDIFF_REQUIRE_SHARED"):
+            pytest.fail(f"{SOURCE} is missing")
+        pytest.skip("../shared/fixtures/torch is not here")
+    folder = tmp_path_factory.mktemp("job")
+    made = subprocess.run(
+        ["cargo", "run", "--quiet", "--example", "make_fleet", "--",
+         str(SOURCE), str(RANKS), str(STEPS), str(folder)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    return folder, json.loads(made.stdout)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A real Ray cluster on this machine, two CPUs."""
+    ray = need("ray", "pip install 'snapdiff[ray]'")
+    need("pyarrow", "pip install 'snapdiff[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def same_line(culprit, truth):
+    return (culprit.name, culprit.file, culprit.line) == (
+        truth["name"], truth["file"], truth["line"])
+
+
+def test_the_verdict_names_every_leaking_rank_and_line_and_rank0s_imbalance(job):
+    folder, truth = job
+    result = snapdiff.fleet(folder)
+    assert (result.processes, result.files) == (RANKS, truth["files"])
+    leaking = sum(len(leak["ranks"]) for leak in truth["leaks"])
+    assert (result.leaking, result.steady) == (leaking, RANKS - leaking)
+    assert len(result.leaks) == len(truth["leaks"])
+    for expected in truth["leaks"]:
+        [found] = [l for l in result.leaks if same_line(l.site.culprit, expected["culprit"])]
+        assert found.ranks == [r for r, _ in expected["ranks"]]
+        assert found.growth_per_step == [float(b) for _, b in expected["ranks"]]
+    [held] = result.imbalance
+    assert same_line(held.site.culprit, truth["held_by_rank0"])
+    assert held.ranks == [0] and held.excess_bytes == [truth["held_bytes"]]
+    assert [r.rank for r in result.ranks] == list(range(RANKS))
+
+
+def test_ray_gives_the_same_verdict_rank_by_rank_and_site_by_site(job, cluster):
+    folder, _ = job
+    here = snapdiff.fleet(folder)
+    on_ray = snapdiff.fleet(folder, engine="ray")
+    assert on_ray.failed == []
+    assert on_ray.ranks == here.ranks
+    assert on_ray.leaks == here.leaks
+    assert on_ray.imbalance == here.imbalance
+    assert (on_ray.files, on_ray.bytes, on_ray.unreadable) == (here.files, here.bytes, here.unreadable)
+
+
+def without_sources(ranks):
+    """Rank verdicts without their files' paths (copied elsewhere)."""
+    for r in ranks:
+        r.checkpoints = [{k: v for k, v in c.items() if k != "source"} for c in r.checkpoints]
+    return ranks
+
+
+def test_ray_reads_files_where_they_are_and_from_uris(job, cluster):
+    folder, _ = job
+    here = snapdiff.fleet(folder)
+    node = cluster.get_runtime_context().get_node_id()
+    ip = cluster.util.get_node_ip_address()
+    # Files on a node's own disk, read there (by node id, and by address).
+    per_node = snapdiff.fleet(
+        {node: [folder / f"node{n}" for n in range(4)],
+         ip: [folder / f"node{n}" for n in range(4, 8)]},
+        engine="ray",
+    )
+    assert per_node.ranks == here.ranks and per_node.leaks == here.leaks
+    # A URI pyarrow.fs opens: the tasks copy the files, then read them.
+    from_uri = snapdiff.fleet(f"file://{folder}", engine="ray")
+    assert without_sources(from_uri.ranks) == without_sources(here.ranks)
+    assert from_uri.imbalance == here.imbalance
+
+
+def test_ray_names_unreadable_files_and_failed_tasks_and_judges_the_rest(job, cluster, tmp_path):
+    folder, _ = job
+    for rank in range(8):
+        for step in range(STEPS):
+            name = f"rank{rank}-step{step}.snap"
+            (tmp_path / name).write_bytes((folder / "node0" / name).read_bytes())
+    (tmp_path / "rank3-step5.snap").write_bytes(b"\x00" * 100)
+    node = cluster.get_runtime_context().get_node_id()
+    ip = cluster.util.get_node_ip_address()
+    result = snapdiff.fleet({node: [tmp_path], ip: ["/nonexistent/dumps"]}, engine="ray")
+    assert result.processes == 8 and result.files == 8 * STEPS - 1
+    assert [u["source"] for u in result.unreadable] == [str(tmp_path / "rank3-step5.snap")]
+    assert len(result.failed) == 1
+    assert result.failed[0]["files"] == ["/nonexistent/dumps"]
+    assert "no such file or folder" in result.failed[0]["error"]
+    assert [l.ranks for l in result.leaks] == [[7]]
+
+
+def guide_queries():
+    """The SQL blocks of the user guide, by the name on their first line."""
+    text = (ROOT / "docs" / "user-guide.md").read_text()
+    blocks = re.findall(r"```sql\n(.*?)```", text, re.S)
+    return {re.match(r"-- query: (.*)", b).group(1): b for b in blocks}
+
+
+def test_the_guides_duckdb_queries_answer_as_the_json_does(job, tmp_path, monkeypatch):
+    duckdb = need("duckdb", "pip install duckdb")
+    folder, _ = job
+    tables = tmp_path / "tables"
+    subprocess.run([snapdiff._cli.binary(), "export", str(folder), "-o", str(tables)], check=True)
+    report = snapdiff._cli.run_json("fleet", [tables])
+    queries = guide_queries()
+    assert sorted(queries) == ["memory per rank per step", "ranks at one line", "top growth"]
+    monkeypatch.chdir(tables)
+    db = duckdb.connect()
+
+    top = db.sql(queries["top growth"]).fetchall()
+    expected = sorted(
+        ((l["site"]["culprit"]["name"], l["site"]["culprit"]["file"], l["site"]["culprit"]["line"],
+          len(l["members"]), l["growth_bytes"]) for l in report["leaks"]),
+        key=lambda row: -row[4],
+    )
+    assert top == expected
+
+    [held] = report["imbalance"]
+    assert held["site"]["culprit"]["line"] == 430
+    rows = db.sql(queries["ranks at one line"]).fetchall()
+    assert rows[0] == (0, held["median_bytes"] + held["members"][0]["excess_bytes"])
+
+    per_step = db.sql(queries["memory per rank per step"]).fetchall()
+    assert per_step == [
+        (m["rank"], m["device"], c["step"], c["allocated_bytes"], c["reserved_bytes"])
+        for m in report["members"] for c in m["checkpoints"]
+    ]
