@@ -127,7 +127,6 @@ impl FileReader<'_> {
             add(rows);
         }
         drop(snap);
-        crate::input::return_freed_memory();
         let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
         outcome.files += 1;
         outcome.bytes += len;
