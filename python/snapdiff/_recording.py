@@ -29,6 +29,7 @@ class _Settings:
         self.interval = None
         self.requests = None
         self.stack_root = None
+        self.owners = False
 
 
 class Recording:
@@ -78,6 +79,36 @@ class Recording:
                 capture.torch.cuda.memory._record_memory_history(enabled=None)
             except Exception:
                 pass
+
+    def owners(self, blocks=None):
+        """What keeps the live tensors alive now, grouped: a list of dicts
+        `{"owner", "kind", "container", "blocks", "bytes", "example"}`,
+        most bytes first (see `snapdiff.hook.snapdiff_owners`). `blocks`:
+        (address, size) pairs to ask about; default every live block."""
+        from snapdiff.hook import snapdiff_owners
+
+        capture = self._capture
+        if blocks is None:
+            snapshot = capture.cpu.snapshot() if capture.cpu is not None else (
+                capture.torch.cuda.memory._snapshot())
+            blocks = [
+                (b["address"], b["size"])
+                for segment in snapshot["segments"]
+                for b in segment["blocks"]
+                if b["state"] == "active_allocated"
+            ]
+        sizes = dict(blocks)
+        found = snapdiff_owners.find(capture.torch, blocks)
+        groups = {}
+        for address, owner in found.get("blocks", {}).items():
+            g = groups.setdefault(owner["group"], {
+                "owner": owner["group"], "kind": owner["kind"],
+                "container": owner.get("container"), "blocks": 0, "bytes": 0,
+                "example": owner["owner"],
+            })
+            g["blocks"] += 1
+            g["bytes"] += sizes.get(int(address), 0)
+        return sorted(groups.values(), key=lambda g: -g["bytes"])
 
     def files(self):
         """The snapshots written so far, in step order."""

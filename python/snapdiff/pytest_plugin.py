@@ -93,6 +93,9 @@ class Steps:
         try:
             for i in range(self.warmup + self.steps):
                 yield i
+                # The objects are alive now: the last dump says who holds
+                # its live blocks, for the failure message.
+                recording._capture.settings.owners = i == self.warmup + self.steps - 1
                 recording.step()
                 self.taken += 1
         finally:

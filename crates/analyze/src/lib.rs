@@ -50,6 +50,7 @@ pub use crate::error::TraceError;
 pub use crate::frame_class::{FrameClass, classify, is_generated_file};
 pub use crate::group::{
     DeviceSites, Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
+    suspect_blocks,
 };
 pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
@@ -65,7 +66,7 @@ pub use crate::summary::{
 };
 pub use crate::timeline::{Timeline, timeline};
 pub use crate::trend::{
-    Checkpoint, CheckpointSource, DEFAULT_WARMUP, NamedSnapshot, OrderKey, SiteSeries,
+    Checkpoint, CheckpointSource, DEFAULT_WARMUP, HeldBy, NamedSnapshot, OrderKey, SiteSeries,
     SnapshotOrder, Suspect, Trend, TrendOptions, snapshot_order, trend_named, trend_of_series,
     trend_of_snapshot_series, trend_snapshots, trend_trace, without_exit_dumps,
 };

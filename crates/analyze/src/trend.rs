@@ -50,6 +50,7 @@ fn merge_suspects(into: &mut Suspect, other: Suspect) {
         }
     }
     into.before_recording |= other.before_recording;
+    into.held_by.extend(other.held_by);
 }
 
 /// Checkpoints at the start treated as warm-up by default.
@@ -152,6 +153,37 @@ pub struct Suspect {
     pub floor: Vec<u64>,
     /// Whether some of its blocks were allocated before recording began.
     pub before_recording: bool,
+    /// What kept its blocks alive when the last snapshot was taken, when
+    /// the process said (`capture --owners`): most bytes first. Left out of
+    /// JSON when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<HeldBy>,
+}
+
+/// What keeps some of a suspect's blocks alive: one owner, as the process
+/// named it when it dumped.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HeldBy {
+    /// The owner: a container (`train.history`), a variable
+    /// (`evaluate (train.py:88): total_loss`), `the autograd graph of ...`,
+    /// or `a reference cycle`.
+    pub owner: String,
+    /// `global`, `local`, `autograd` (saved for backward by the graph of a
+    /// live value) or `cycle` (no root reaches it: freed at the next
+    /// garbage collection, a delay, not a leak).
+    pub kind: String,
+    /// The container's type (`list`, `dict`, `lru_cache`), when the blocks
+    /// are its elements.
+    pub container: Option<String>,
+    /// One full path, e.g. `train.history[39]`.
+    pub example: String,
+    /// The suspect's blocks it holds, and their bytes.
+    pub blocks: u64,
+    /// Their requested bytes.
+    pub bytes: u64,
+    /// How many more of the suspect's blocks it held a step, from the end
+    /// of warm-up to the last checkpoint, when both said.
+    pub blocks_per_step: Option<f64>,
 }
 
 /// The result of a trend analysis: the suspects, sites whose live memory
@@ -319,6 +351,7 @@ pub fn trend_of_series(
             series: bytes,
             blocks: totals.iter().map(|t| t.blocks).collect(),
             before_recording: series.before_recording.contains(&key),
+            held_by: Vec::new(),
         });
     }
     if !options.rules.rows_by_stack() {

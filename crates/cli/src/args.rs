@@ -85,6 +85,12 @@ pub(crate) struct CaptureArgs {
     /// Record no stacks (cheaper; reports then cannot name lines).
     #[arg(long)]
     pub(crate) no_stacks: bool,
+    /// After each dump of a PyTorch job, find what keeps its live tensors
+    /// alive (a global, a local, the autograd graph) and write it beside
+    /// the dump; reports show it as "held by" under each suspect. Costs up
+    /// to SNAPDIFF_OWNERS_BUDGET seconds a dump (default 1).
+    #[arg(long)]
+    pub(crate) owners: bool,
     /// Do not print the trend report afterwards.
     #[arg(long)]
     pub(crate) no_report: bool,

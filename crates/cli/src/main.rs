@@ -10,6 +10,7 @@ mod exit;
 mod input;
 mod manifest;
 mod output;
+mod owners;
 mod pictures;
 mod processes;
 

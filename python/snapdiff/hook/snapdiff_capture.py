@@ -61,6 +61,9 @@ class Settings:
         self.stack_root = None
         self.entries = int(environ.get("SNAPDIFF_TRACE_ENTRIES") or 100000)
         self.stacks = environ.get("SNAPDIFF_STACKS", "1") != "0"
+        # Whether each dump is followed by the owners of its live blocks
+        # (`capture --owners`; see snapdiff_owners).
+        self.owners = environ.get("SNAPDIFF_OWNERS") == "1"
         self.interval = None
         text = environ.get("SNAPDIFF_INTERVAL") or ""
         if text:
@@ -325,20 +328,52 @@ class Capture:
             folder = self.settings.dir
             temporary = os.path.join(folder, f".{stem}.{self.pid}.tmp")
             try:
-                self.write(temporary)
+                snapshot = self.write(temporary)
                 name = place(temporary, folder, stem)
             except Exception as e:
                 remove(temporary)
                 self.failed(f"{stem}.pickle", e)
                 self.note({"file": None, "error": str(e)}, rank, reason)
                 return
-            self.note({"file": name}, rank, reason)
+            entry = {"file": name}
+            if snapshot is not None and getattr(self.settings, "owners", False):
+                entry["owners"] = self.write_owners(snapshot, name)
+            self.note(entry, rank, reason)
+
+    def write_owners(self, snapshot, name):
+        """Writes the owners of the dump's live blocks beside it
+        (`NAME.owners.json`) and returns that file's name; None when it
+        could not be written (said once, as failed dumps are)."""
+        try:
+            try:  # in the snapdiff package
+                from . import snapdiff_owners
+            except ImportError:  # capture's start-up hook
+                import snapdiff_owners
+            blocks = [
+                (b["address"], b["size"])
+                for segment in snapshot.get("segments", ())
+                for b in segment.get("blocks", ())
+                if b.get("state") == "active_allocated"
+            ]
+            owners = snapdiff_owners.find(self.torch, blocks)
+            owners_name = name.rsplit(".", 1)[0] + ".owners.json"
+            path = os.path.join(self.settings.dir, owners_name)
+            temporary = os.path.join(self.settings.dir, f".{owners_name}.{self.pid}.tmp")
+            with open(temporary, "w") as f:
+                json.dump(owners, f)
+            os.replace(temporary, path)
+            return owners_name
+        except Exception as e:
+            self.failed(f"owners of {name}", e)
+            return None
 
     def write(self, path):
+        """Writes the dump to `path`; returns the snapshot written, or None
+        when PyTorch wrote it itself (no owners wanted)."""
         root = self.settings.stack_root
-        if self.cpu is None and root is None:
+        if self.cpu is None and root is None and not getattr(self.settings, "owners", False):
             self.torch.cuda.memory._dump_snapshot(path)
-            return
+            return None
         if self.cpu is not None:
             snapshot = self.cpu.snapshot()
         else:
@@ -347,6 +382,7 @@ class Capture:
             cut_stacks(snapshot, *root)
         with open(path, "wb") as f:
             pickle.dump(snapshot, f, protocol=4)
+        return snapshot
 
     def who(self):
         """`rank{R}` under torchrun or a rank set in RANK, else `pid{PID}`.

@@ -23,8 +23,10 @@ import sys
 import time
 
 BUDGET_S = 1.0
-# The search's own frames, and snapdiff's, are not roots.
-_OURS = (os.path.dirname(os.path.abspath(__file__)), os.path.join("snapdiff", ""))
+# The search's own frames, and snapdiff's (the package around the hook,
+# when it is installed), are not roots.
+_HOOK = os.path.dirname(os.path.abspath(__file__))
+_OURS = (_HOOK, os.path.join(os.path.dirname(_HOOK), ""))
 # Objects whose references lead to no step's data, or only back to a
 # module (already a root): not followed. Functions are followed into
 # their closures and defaults only.
@@ -138,7 +140,7 @@ class _Search:
                 frames.append(frame)
                 frame = frame.f_back
         for frame in frames:
-            if id(frame) in self.skip or frame.f_code.co_filename.startswith(_OURS[0]):
+            if id(frame) in self.skip or frame.f_code.co_filename.startswith(_OURS):
                 continue
             if frame.f_code.co_name == "<module>":
                 continue  # a module's body: its locals are its globals
@@ -243,7 +245,7 @@ class _Search:
     def describe(self, cid):
         """The path from a root to object `cid`, in words."""
         hops = []
-        graph_root = None
+        graph_root = graph_group = None
         node = cid
         while node in self.parent:
             pid, how = self.parent[node]
@@ -259,6 +261,11 @@ class _Search:
             if how is not None and how[0] in ("graph", "saved"):
                 if graph_root is None:
                     graph_root = "".join(parts)
+                    # Graphs of a container's elements are one owner.
+                    if container:
+                        graph_group = f"{group} (a {container})"
+                    else:
+                        graph_group = graph_root
                 continue
             if graph_root is not None:
                 continue
@@ -272,7 +279,7 @@ class _Search:
         if graph_root is not None:
             return {
                 "owner": f"the autograd graph of {graph_root}",
-                "group": f"the autograd graph of {graph_root}",
+                "group": f"the autograd graph of {graph_group}",
                 "container": None,
                 "kind": "autograd",
                 "via_graph": graph_root,

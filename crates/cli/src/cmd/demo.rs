@@ -60,6 +60,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         interval: None,
         max_entries: None,
         no_stacks: false,
+        owners: false,
         no_report: false,
         max_growth: None,
         report,

@@ -1,10 +1,11 @@
 //! `snapdiff trend FILE...`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use snapdiff_analyze::{
-    NamedSnapshot, Trend, TrendOptions, trend_named, trend_trace, without_exit_dumps,
+    NamedSnapshot, OrderKey, Trend, TrendOptions, snapshot_order, trend_named, trend_trace,
+    without_exit_dumps,
 };
 use snapdiff_format::Snapshot;
 
@@ -283,17 +284,33 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Tren
         .filter(|_| *kept.next().unwrap_or(&true))
         .collect();
     let first = read[0].path.clone();
-    let snaps: Vec<_> = read.into_iter().map(|r| r.snapshot).collect();
+    let paths: Vec<&Path> = read.iter().map(|r| r.path.as_path()).collect();
+    let snaps: Vec<_> = read.iter().map(|r| &r.snapshot).collect();
     let mut trend = if snaps.len() == 1 {
-        trend_trace(&snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
+        trend_trace(snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
     } else {
         let named: Vec<NamedSnapshot<'_>> = names
             .iter()
             .zip(&snaps)
             .map(|(name, snapshot)| NamedSnapshot { name, snapshot })
             .collect();
-        trend_named(&named, options)
+        let keys: Vec<OrderKey<'_>> = named
+            .iter()
+            .map(|n| OrderKey {
+                step: n.snapshot.meta.step,
+                time_us: n.snapshot.meta.created_us,
+                name: n.name,
+            })
+            .collect();
+        let mut trend = trend_named(&named, options);
+        let (order, _) = snapshot_order(&keys);
+        let in_order = |i: &usize| (paths[*i], snaps[*i]);
+        let (ordered_paths, ordered_snaps): (Vec<&Path>, Vec<&Snapshot>) =
+            order.iter().map(in_order).unzip();
+        crate::owners::add_held_by(&mut trend, &ordered_paths, &ordered_snaps, options);
+        trend
     };
+    let snaps: Vec<Snapshot> = read.into_iter().map(|r| r.snapshot).collect();
     trend.notes.extend(exit_note);
     crate::input::release(snaps);
     Ok(trend)

@@ -19,7 +19,7 @@ use crate::manifest;
 
 /// The Python start-up hook, put on the command's PYTHONPATH: records
 /// PyTorch's memory history once torch is imported (see the files' own notes).
-const PYTHON_HOOK: [(&str, &str); 3] = [
+const PYTHON_HOOK: [(&str, &str); 4] = [
     (
         "sitecustomize.py",
         include_str!("../../../../../python/snapdiff/hook/sitecustomize.py"),
@@ -31,6 +31,10 @@ const PYTHON_HOOK: [(&str, &str); 3] = [
     (
         "snapdiff_cpu_recorder.py",
         include_str!("../../../../../python/snapdiff/hook/snapdiff_cpu_recorder.py"),
+    ),
+    (
+        "snapdiff_owners.py",
+        include_str!("../../../../../python/snapdiff/hook/snapdiff_owners.py"),
     ),
 ];
 
@@ -96,6 +100,9 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     }
     if args.no_stacks {
         cmd.env(ENV_STACKS, "0");
+    }
+    if args.owners {
+        cmd.env("SNAPDIFF_OWNERS", "1");
     }
     let mut python_path = OsString::from(hook.path());
     if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {

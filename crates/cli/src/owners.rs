@@ -1,0 +1,128 @@
+//! What `capture --owners` (and the pytest plugin) wrote beside a dump:
+//! who kept each live block alive, by block address (written by
+//! `python/snapdiff/hook/snapdiff_owners.py`). Reports show it as "held
+//! by" under each suspect.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use snapdiff_analyze::{HeldBy, Site, Trend, TrendOptions, suspect_blocks};
+use snapdiff_format::Snapshot;
+
+/// An owners file: the owner of each block, keyed by its address.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Owners {
+    #[serde(default)]
+    blocks: HashMap<String, Owner>,
+}
+
+/// One block's owner.
+#[derive(Debug, Deserialize)]
+struct Owner {
+    owner: String,
+    group: String,
+    container: Option<String>,
+    kind: String,
+}
+
+/// Owners files are small (a line per live block); a larger one is not read.
+const MAX_BYTES: u64 = 256 << 20;
+
+/// The owners file beside snapshot `path` (`NAME.owners.json` for
+/// `NAME.pickle`), if there is one that reads.
+pub(crate) fn beside(path: &Path) -> Option<Owners> {
+    let owners: PathBuf = path.with_extension("owners.json");
+    if std::fs::metadata(&owners).ok()?.len() > MAX_BYTES {
+        return None;
+    }
+    serde_json::from_slice(&std::fs::read(owners).ok()?).ok()
+}
+
+/// Fills in each suspect's `held_by` from the owners files beside the last
+/// snapshot and the one at the end of warm-up, when there are: `paths` and
+/// `snaps` are the trend's checkpoints, in its order.
+pub(crate) fn add_held_by(
+    trend: &mut Trend,
+    paths: &[&Path],
+    snaps: &[&Snapshot],
+    options: &TrendOptions,
+) {
+    let (Some(&last_path), Some(&last_snap)) = (paths.last(), snaps.last()) else {
+        return;
+    };
+    if trend.suspects.is_empty() {
+        return;
+    }
+    let Some(last) = beside(last_path) else {
+        return;
+    };
+    let sites: Vec<&Site> = trend.suspects.iter().map(|s| &s.site).collect();
+    let last_blocks = suspect_blocks(last_snap, &sites, &options.rules);
+    let warm = trend.warmup.min(paths.len() - 1);
+    let first = beside(paths[warm])
+        .map(|owners| (owners, suspect_blocks(snaps[warm], &sites, &options.rules)));
+    let steps = match (
+        trend.points.get(warm).and_then(|p| p.step),
+        trend.points.last().and_then(|p| p.step),
+    ) {
+        (Some(a), Some(b)) if b > a => Some(b - a),
+        _ => None,
+    };
+    for (i, suspect) in trend.suspects.iter_mut().enumerate() {
+        let before = first
+            .as_ref()
+            .map(|(owners, blocks)| (owners, &blocks[i][..]));
+        suspect.held_by = held_by(&last_blocks[i], &last, before, steps);
+    }
+}
+
+/// The owners of `blocks` (address, bytes), grouped, most bytes first; with
+/// the owners at the end of warm-up and the steps since, how many blocks
+/// each group gained a step.
+fn held_by(
+    blocks: &[(u64, u64)],
+    owners: &Owners,
+    before: Option<(&Owners, &[(u64, u64)])>,
+    steps: Option<u64>,
+) -> Vec<HeldBy> {
+    let mut groups: Vec<HeldBy> = Vec::new();
+    for &(address, bytes) in blocks {
+        let Some(o) = owners.blocks.get(&address.to_string()) else {
+            continue;
+        };
+        let at = match groups.iter().position(|g| g.owner == o.group) {
+            Some(at) => at,
+            None => {
+                groups.push(HeldBy {
+                    owner: o.group.clone(),
+                    kind: o.kind.clone(),
+                    container: o.container.clone(),
+                    example: o.owner.clone(),
+                    blocks: 0,
+                    bytes: 0,
+                    blocks_per_step: None,
+                });
+                groups.len() - 1
+            }
+        };
+        groups[at].blocks += 1;
+        groups[at].bytes += bytes;
+    }
+    if let (Some((earlier, earlier_blocks)), Some(steps)) = (before, steps) {
+        for g in &mut groups {
+            let then = earlier_blocks
+                .iter()
+                .filter(|(a, _)| {
+                    earlier
+                        .blocks
+                        .get(&a.to_string())
+                        .is_some_and(|o| o.group == g.owner)
+                })
+                .count() as f64;
+            g.blocks_per_step = Some((g.blocks as f64 - then) / steps as f64);
+        }
+    }
+    groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.owner.cmp(&b.owner)));
+    groups
+}
