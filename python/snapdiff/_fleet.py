@@ -182,6 +182,7 @@ def _list_snapshots(path):
         (prefix, f.path)
         for f in found
         if f.type == pafs.FileType.File and _SNAPSHOT.search(f.path)
+        and not f.path.endswith(".owners.json")
     )
 
 

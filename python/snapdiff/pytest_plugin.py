@@ -93,9 +93,11 @@ class Steps:
         try:
             for i in range(self.warmup + self.steps):
                 yield i
-                # The objects are alive now: the last dump says who holds
-                # its live blocks, for the failure message.
-                recording._capture.settings.owners = i == self.warmup + self.steps - 1
+                # The objects are alive now: the dumps at the end of
+                # warm-up and at the last step say who holds their live
+                # blocks (and who gained some since), for the failure message.
+                recording._capture.settings.owners = i in (
+                    self.warmup, self.warmup + self.steps - 1)
                 recording.step()
                 self.taken += 1
         finally:

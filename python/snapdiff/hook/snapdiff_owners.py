@@ -19,14 +19,37 @@ default), saying so in its result.
 import bisect
 import gc
 import os
+import site
 import sys
+import sysconfig
 import time
 
 BUDGET_S = 1.0
 # The search's own frames, and snapdiff's (the package around the hook,
 # when it is installed), are not roots.
 _HOOK = os.path.dirname(os.path.abspath(__file__))
-_OURS = (_HOOK, os.path.join(os.path.dirname(_HOOK), ""))
+_PACKAGE = os.path.dirname(_HOOK)
+_OURS = (os.path.join(_HOOK, ""),) + (
+    (os.path.join(_PACKAGE, ""),) if os.path.basename(_PACKAGE) == "snapdiff" else ()
+)
+
+
+def _library_folders():
+    """Where installed packages and the standard library live: their frames
+    (torch's optimizer wrapper, pytest's runner) are not roots; the user's
+    own frames and every module's globals are."""
+    folders = set()
+    try:
+        folders.update(site.getsitepackages())
+        folders.add(site.getusersitepackages())
+    except Exception:
+        pass
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            folders.add(sysconfig.get_path(key))
+        except Exception:
+            pass
+    return tuple(os.path.join(f, "") for f in folders if f)
 # Objects whose references lead to no step's data, or only back to a
 # module (already a root): not followed. Functions are followed into
 # their closures and defaults only.
@@ -40,6 +63,21 @@ _LEAVES = (
     type(object.__init__),
 )
 _FUNCTION = type(lambda: 0)
+# Unreached tensors whose referrers are looked for (each look scans every
+# object): the rest are not named.
+_MOST_CHECKED = 64
+_CYCLE = {
+    "owner": "a reference cycle",
+    "group": "a reference cycle",
+    "container": None,
+    "kind": "cycle",
+}
+_NATIVE = {
+    "owner": "C++ code (no Python object refers to it)",
+    "group": "C++ code (no Python object refers to it)",
+    "container": None,
+    "kind": "native",
+}
 
 
 def budget():
@@ -100,6 +138,7 @@ class _Search:
         Tensor = self.torch.Tensor
         everything = gc.get_objects()
         targets = {}
+        tensors = {}
         for o in everything:
             # type(), not isinstance(): an object's __class__ may be a
             # property that warns or raises.
@@ -107,20 +146,23 @@ class _Search:
                 block = self.block_of(o)
                 if block is not None:
                     targets[id(o)] = block
+                    tensors[id(o)] = o
         objects = len(everything)
         del everything
         found = {}
         complete = self.walk(targets, found)
-        # Tensors no root reaches: only a reference cycle keeps them.
+        # Tensors no root reaches: held by a reference cycle (another
+        # Python object refers to them), else from outside Python (C++
+        # code: a graph's saved tensor whose Python object PyTorch keeps).
         if complete:
+            checked = 0
             for tid, block in targets.items():
-                if block not in found and tid not in self.parent:
-                    found[block] = {
-                        "owner": "a reference cycle",
-                        "group": "a reference cycle",
-                        "container": None,
-                        "kind": "cycle",
-                    }
+                if block in found or tid in self.parent or checked >= _MOST_CHECKED:
+                    continue
+                checked += 1
+                referrers = [r for r in gc.get_referrers(tensors[tid]) if r is not tensors]
+                found[block] = _CYCLE if referrers else _NATIVE
+        tensors.clear()
         result = {
             "complete": complete,
             "seconds": round(time.perf_counter() - self.started, 4),
@@ -139,8 +181,10 @@ class _Search:
             while frame is not None:
                 frames.append(frame)
                 frame = frame.f_back
+        library = _library_folders()
         for frame in frames:
-            if id(frame) in self.skip or frame.f_code.co_filename.startswith(_OURS):
+            file = frame.f_code.co_filename
+            if id(frame) in self.skip or file.startswith(_OURS) or file.startswith(library):
                 continue
             if frame.f_code.co_name == "<module>":
                 continue  # a module's body: its locals are its globals
@@ -219,8 +263,12 @@ class _Search:
             if rid in left:
                 left.discard(rid)
                 found.setdefault(targets[rid], self.describe(rid))
+        # Blocks no Python tensor lies in may still be a graph's saved
+        # tensors (which get a Python object only when asked for): the
+        # search goes on while some are unowned.
+        unowned = len(self.starts) - len(found)
         steps = 0
-        while queue and left:
+        while queue and (left or unowned > 0):
             steps += 1
             if steps % 2048 == 0 and time.perf_counter() > self.deadline:
                 return False
@@ -234,11 +282,15 @@ class _Search:
                     continue
                 self.objects[cid] = child
                 self.parent[cid] = (pid, how)
+                block = None
                 if cid in left:
                     left.discard(cid)
                     block = targets[cid]
-                    if block not in found:
-                        found[block] = self.describe(cid)
+                elif how is not None and how[0] == "saved":
+                    block = self.block_of(child)
+                if block is not None and block not in found:
+                    found[block] = self.describe(cid)
+                    unowned -= 1
                 queue.append(cid)
         return True
 

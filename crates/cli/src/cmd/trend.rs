@@ -49,6 +49,19 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
 /// File names snapdiff reads as snapshots when given a folder.
 pub(crate) const SNAPSHOT_EXTENSIONS: [&str; 6] = ["snap", "pickle", "pkl", "json", "pt", "zip"];
 
+/// Whether a file found in a folder is read as a snapshot: by its
+/// extension, owners files (`NAME.owners.json`, beside a dump) excepted.
+pub(crate) fn is_snapshot_name(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| SNAPSHOT_EXTENSIONS.contains(&e))
+        && !name.ends_with(".owners.json")
+}
+
 /// `files`, with each folder among them replaced by the snapshot files in
 /// it (by their extension; `manifest.jsonl` and others are passed over).
 fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -61,12 +74,7 @@ fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
         let mut found: Vec<PathBuf> = std::fs::read_dir(path)
             .map_err(|e| anyhow::anyhow!("{}: cannot read the folder: {e}", path.display()))?
             .filter_map(|entry| Some(entry.ok()?.path()))
-            .filter(|p| {
-                p.is_file()
-                    && p.extension()
-                        .and_then(|e| e.to_str())
-                        .is_some_and(|e| SNAPSHOT_EXTENSIONS.contains(&e))
-            })
+            .filter(|p| p.is_file() && is_snapshot_name(p))
             .collect();
         if found.is_empty() {
             anyhow::bail!(

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use snapdiff_fleet::is_table_folder;
 
-use crate::cmd::trend::SNAPSHOT_EXTENSIONS;
+use crate::cmd::trend::{SNAPSHOT_EXTENSIONS, is_snapshot_name};
 
 /// What the paths given name.
 #[derive(Debug, Default)]
@@ -88,11 +88,7 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
             }
             continue;
         }
-        let is_snapshot = p
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| SNAPSHOT_EXTENSIONS.contains(&e));
-        if is_snapshot {
+        if is_snapshot_name(p) {
             inputs.snapshots.push(p.to_path_buf());
         }
     }

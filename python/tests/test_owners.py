@@ -1,0 +1,211 @@
+""""Held by": what keeps leaked memory alive, found in the process that
+holds it, on real PyTorch (CPU tensors, through the CPU recorder). Each
+kind of owner is a leak of its own: through the pytest plugin's failure
+message, and through `snapdiff capture --owners` and `trend --json`. The
+same code without the leak names no owner."""
+
+import gc
+import json
+import re
+import subprocess
+import sys
+import weakref
+
+import pytest
+
+import snapdiff
+from snapdiff._cli import binary
+
+# Each case: (name, module-level setup, one step's code with the leak,
+# the same step without it, a pattern the first owner must match).
+CASES = [
+    (
+        "retained_graph",
+        "",
+        "total = total + model(batch).square().mean()  # eval without no_grad",
+        "total = total + model(batch).square().mean().item()",
+        r"^the autograd graph of .*: total$",
+    ),
+    (
+        "module_list",
+        "history = []",
+        "history.append(model(batch).detach() * 1)",
+        "history[:] = [model(batch).detach() * 1]",
+        r"^{mod}\.history \(a list\)$",
+    ),
+    (
+        "metrics_dict",
+        "metrics = {}",
+        "metrics[f'loss{step}'] = model(batch).detach() * 1",
+        "metrics['loss'] = model(batch).detach() * 1",
+        r"^{mod}\.metrics \(a dict\)$",
+    ),
+    (
+        "hook_closure",
+        "def make_hook(keep):\n    acts = []\n    def hook(mod, inp, out):\n"
+        "        acts.append(out.detach() * 1)  # LEAK hook_closure\n"
+        "        if not keep:\n            acts.clear()\n    return hook\n"
+        "model.register_forward_hook(make_hook(LEAK))",
+        "model(batch)",
+        "model(batch)",
+        r"closure `acts` \(a list\)$",
+    ),
+    (
+        "lru_cache",
+        "import functools\n@functools.lru_cache(maxsize=None)\ndef features(n):\n    return torch.ones(2048) * n  # LEAK lru_cache",
+        "features(step)",
+        "features(step % 2)",
+        r"features \(lru_cache\)",
+    ),
+    (
+        "reassigned_attribute",
+        "class State:\n    def __init__(self):\n        self.last = None\n        self.previous = []\nstate = State()",
+        "state.previous.append(state.last); state.last = model(batch).detach() * 1",
+        "state.last = model(batch).detach() * 1",
+        r"^{mod}\.state\.previous \(a list\)$",
+    ),
+    (
+        "optimizer_params",
+        "",
+        "optimizer.add_param_group({'params': [torch.nn.Parameter(torch.ones(2048))]})",
+        "model(batch)",
+        r"^{mod}\.optimizer\.param_groups",
+    ),
+    (
+        "reference_cycle",
+        "import gc\ngc.disable()",
+        "cycle = [torch.ones(2048)]; cycle.append(cycle); del cycle",
+        "cycle = [torch.ones(2048)]; del cycle",
+        r"^a reference cycle$",
+    ),
+]
+
+HEADER = """
+import pytest
+import torch
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+batch = torch.randn(32, 64)
+"""
+
+
+def module(case, leak):
+    name, setup, leaking, clean, _ = case
+    step = leaking if leak else clean
+    return HEADER + f"LEAK = {leak}\n" + setup + f"""
+
+@pytest.mark.snapdiff(max_growth="1 KiB", warmup=1, steps=5)
+def test_{name}(snapdiff_steps):
+    total = 0
+    for step in snapdiff_steps:
+        {step}
+"""
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_the_plugin_names_the_owner_first_and_nothing_without_the_leak(pytester, case):
+    name, _, _, _, pattern = case
+    pytester.makepyfile(**{f"test_{name}_leaks": module(case, True)})
+    pytester.makepyfile(**{f"test_{name}_clean": module(case, False)})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1, passed=1)
+    held = re.search(r"held by \(what kept them alive[^\n]*\n +1  (.*?): \d+ blocks?", out)
+    assert held, out
+    expected = pattern.format(mod=re.escape(f"test_{name}_leaks"))
+    assert re.search(expected, held.group(1)), f"{held.group(1)!r} !~ {expected!r}\n{out}"
+    assert f"FAILED test_{name}_leaks.py::test_{name}" in out, out
+
+
+SCRIPT = HEADER.replace("import pytest\n", "") + "LEAK = True\n" + "\n".join(c[1] for c in CASES) + """
+
+def train(steps):
+    total = 0
+    for step in range(steps):
+        loss = model(batch).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+""" + "".join(f"        {c[2]}  # LEAK {c[0]}\n" for c in CASES) + """
+train(8)
+"""
+
+
+def test_capture_owners_and_trend_name_each_leaks_owner(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    dumps = tmp_path / "dumps"
+    subprocess.run(
+        [binary(), "capture", "--owners", "--no-report", "-o", dumps, "--every", "1", "--",
+         sys.executable, script],
+        check=True, capture_output=True,
+    )
+    entries = [json.loads(l) for l in (dumps / "manifest.jsonl").read_text().splitlines()]
+    assert all(e["owners"] == e["file"].replace(".pickle", ".owners.json") for e in entries)
+    report = json.loads(subprocess.run(
+        [binary(), "trend", dumps, "--json", "--top", "0"], check=True, capture_output=True, text=True,
+    ).stdout)
+    lines = script.read_text().splitlines()
+    owners = {}
+    for s in report["suspects"]:
+        m = re.search(r"# LEAK (\w+)", lines[s["culprit"]["line"] - 1])
+        if m and s.get("held_by"):
+            first = s["held_by"][0]
+            container = f" (a {first['container']})" if first.get("container") else ""
+            owners[m.group(1)] = first["owner"] + container
+    for name, _, _, _, pattern in CASES:
+        assert name in owners, f"{name}: no suspect with an owner in {owners}\n{report}"
+        assert re.search(pattern.format(mod="train"), owners[name]), (name, owners[name])
+
+
+def test_a_graph_whose_backward_ran_keeps_no_tensor(pytester):
+    """`total_loss += loss` after `loss.backward()`: backward frees the
+    saved tensors; the graph keeps only its nodes (host objects), so no
+    device memory grows and the test passes."""
+    pytester.makepyfile(test_backward=HEADER + """
+@pytest.mark.snapdiff(max_growth="1 KiB", warmup=1, steps=5)
+def test_backward_each_step(snapdiff_steps):
+    total_loss = 0
+    for _ in snapdiff_steps:
+        loss = model(batch).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total_loss += loss
+""")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_the_search_keeps_nothing_alive_and_restores_the_collector():
+    torch = pytest.importorskip("torch")
+    from snapdiff.hook import snapdiff_owners
+
+    held = [torch.ones(1024)]
+    ref = weakref.ref(held[0])
+    block = (held[0].untyped_storage().data_ptr(), 4096)
+    gc.enable()
+    found = snapdiff_owners.find(torch, [block])
+    assert gc.isenabled()
+    assert found["complete"]
+    [owner] = found["blocks"].values()
+    assert owner["owner"].endswith(": held[0]"), owner
+    held.clear()
+    assert ref() is None, "the search kept the tensor alive"
+    gc.disable()
+    snapdiff_owners.find(torch, [block])
+    assert not gc.isenabled()
+    gc.enable()
+
+
+def test_the_search_stops_at_its_budget_and_says_so():
+    torch = pytest.importorskip("torch")
+    from snapdiff.hook import snapdiff_owners
+
+    cycle = [torch.ones(16)]
+    cycle.append(cycle)
+    block = (cycle[0].untyped_storage().data_ptr(), 64)
+    del cycle
+    found = snapdiff_owners.find(torch, [block], seconds=1e-6)
+    assert found["complete"] is False and found["blocks"] == {}
+    gc.collect()
