@@ -217,7 +217,7 @@ pub(crate) fn culprit_line(site: &Site) -> (CulpritKind, String, String, u32) {
 }
 
 /// Describes the site `key` of `snap`, whose blocks have stack `stack`:
-/// what [`SiteNamer::site`] gives, for a few sites of a large snapshot
+/// what reports show for it, for a few sites of a large snapshot
 /// (only the stack's own frames are looked at).
 pub fn describe_site(
     snap: &Snapshot,

@@ -278,7 +278,9 @@ class _Search:
             is_node = how_reached is not None and how_reached[0] == "graph"
             for child, how in self.children(parent, is_node):
                 cid = id(child)
-                if cid in self.objects:
+                # Objects the collector does not track (numbers, strings,
+                # containers of only those) hold no tensor.
+                if cid in self.objects or not gc.is_tracked(child):
                     continue
                 self.objects[cid] = child
                 self.parent[cid] = (pid, how)
@@ -291,7 +293,13 @@ class _Search:
                 if block is not None and block not in found:
                     found[block] = self.describe(cid)
                     unowned -= 1
-                queue.append(cid)
+                if how is not None and how[0] == "graph":
+                    # A graph is followed before the rest of the heap: its
+                    # nodes are few, and a long one would else be reached
+                    # only after everything shallower.
+                    queue.appendleft(cid)
+                else:
+                    queue.append(cid)
         return True
 
     def describe(self, cid):
