@@ -641,3 +641,89 @@ fn every_prefix_of_a_pickle_is_an_error_not_a_panic() {
         let _ = read_bytes(&bad);
     }
 }
+
+/// Every real fixture compressed by CPython (gzip, xz, bzip2) and by zstd
+/// reads, by its bytes whatever its name, to the same report as the file.
+#[test]
+fn compressed_snapshots_read_as_the_file_inside() {
+    let Some(files) = crate::util::shared_torch_fixtures() else {
+        return crate::util::skip("compressed", "../shared/fixtures/torch is not here");
+    };
+    let dir = tempdir();
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let plain = snapdiff(["summary".as_ref(), "--json".as_ref(), file.as_os_str()])
+            .expect_code(0)
+            .stdout();
+        let gz = dir.path().join(format!("{name}.gz"));
+        let xz = dir.path().join(format!("{name}.xz"));
+        // A name that says nothing of the compression: the bytes do.
+        let bz2 = dir.path().join(format!("{name}-bzip2"));
+        crate::util::python_script(
+            "import sys, gzip, lzma, bz2\n\
+             data = open(sys.argv[1], 'rb').read()\n\
+             open(sys.argv[2], 'wb').write(gzip.compress(data))\n\
+             open(sys.argv[3], 'wb').write(lzma.compress(data))\n\
+             open(sys.argv[4], 'wb').write(bz2.compress(data))",
+            &[
+                file.as_os_str(),
+                gz.as_os_str(),
+                xz.as_os_str(),
+                bz2.as_os_str(),
+            ],
+        );
+        let zst = dir.path().join(format!("{name}.zst"));
+        std::fs::write(
+            &zst,
+            zstd::encode_all(&std::fs::read(&file).unwrap()[..], 3).unwrap(),
+        )
+        .unwrap();
+        for compressed in [&gz, &xz, &bz2, &zst] {
+            let report = snapdiff([
+                "summary".as_ref(),
+                "--json".as_ref(),
+                compressed.as_os_str(),
+            ])
+            .expect_code(0)
+            .stdout();
+            assert_eq!(report, plain, "{}", compressed.display());
+        }
+    }
+}
+
+#[test]
+fn compressed_files_that_are_cut_bombs_or_not_snapshots_are_refused_in_one_line() {
+    let dir = tempdir();
+    let case = |name: &str, script: &str, expected: &str| {
+        let path = dir.path().join(name);
+        crate::util::python_script(script, &[path.as_os_str()]);
+        let run = snapdiff(["summary".as_ref(), path.as_os_str()]);
+        let err = run.expect_code(2).stderr();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(name) && err.contains(expected),
+            "{name}: {err}"
+        );
+    };
+    case(
+        "cut.gz",
+        "import sys, gzip, os; open(sys.argv[1], 'wb').write(gzip.compress(b'\\x80\\x04' + os.urandom(100000))[:5000])",
+        "not a whole gzip stream",
+    );
+    // A pickle's header, then 128 MiB of zeros: gzip shrinks it 1000 times.
+    case(
+        "bomb.gz",
+        "import sys, gzip; open(sys.argv[1], 'wb').write(gzip.compress(b'\\x80\\x04' + bytes(128 << 20)))",
+        "refused as a bomb",
+    );
+    case(
+        "text.xz",
+        "import sys, lzma; open(sys.argv[1], 'wb').write(lzma.compress(b'hello, world' * 10))",
+        "xz content is not a snapshot",
+    );
+    case(
+        "twice.bz2",
+        "import sys, bz2, gzip; open(sys.argv[1], 'wb').write(bz2.compress(gzip.compress(b'\\x80\\x04.')))",
+        "compressed again",
+    );
+}

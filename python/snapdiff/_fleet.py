@@ -25,7 +25,7 @@ from snapdiff._cli import run
 TASK_RETRIES = 2
 
 _TABLES = ("sites.parquet", "checkpoints.parquet", "stacks.parquet")
-_SNAPSHOT = re.compile(r"\.(snap|pickle|pkl|json|pt|zip)$")
+_SNAPSHOT = re.compile(r"\.(snap|pickle|pkl|json|pt|zip|gz|zst|xz|bz2)$")
 _PROCESS = re.compile(r"^(rank\d+|pid\d+)-step")
 
 

@@ -506,6 +506,11 @@ pub fn trend_of_snapshot_series(
 /// Returns whether each is kept, and a note when some are not.
 pub fn without_exit_dumps(names: &[&str]) -> (Vec<bool>, Option<String>) {
     let is_exit = |name: &str| {
+        // `NAME-exit.pickle`, or compressed, `NAME-exit.pickle.gz`.
+        let name = [".gz", ".zst", ".xz", ".bz2"]
+            .iter()
+            .find_map(|ext| name.strip_suffix(ext))
+            .unwrap_or(name);
         let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
         stem.ends_with("-exit")
     };

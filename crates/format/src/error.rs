@@ -25,6 +25,9 @@ pub enum ErrorKind {
     NewerVersion,
     /// The file is larger or deeper than the reader's limits.
     TooLarge,
+    /// A compressed file whose stream is broken, or that expands past the
+    /// bound (a decompression bomb).
+    Corrupt,
 }
 
 /// A failure to read or write a snapshot file.
@@ -74,6 +77,13 @@ impl Error {
         if self.inner.path.is_none() {
             self.inner.path = Some(path.to_path_buf());
         }
+        self
+    }
+
+    /// Says that the problem is in the content of a compressed file
+    /// (`in the gzip content: ...`).
+    pub(crate) fn inside(mut self, compression: &str) -> Error {
+        self.inner.message = format!("in the {compression} content: {}", self.inner.message);
         self
     }
 

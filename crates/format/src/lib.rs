@@ -26,6 +26,7 @@
 
 mod codes;
 mod columns;
+mod compressed;
 mod error;
 mod events;
 mod intern;
@@ -39,6 +40,7 @@ pub mod visible;
 
 use std::path::Path;
 
+pub use crate::compressed::Compression;
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::events::{EventIter, Events, Indexed};
 pub use crate::model::{
@@ -121,6 +123,11 @@ fn read_bytes_parts_with(
     parts: Parts,
     progress: Option<read::Progress>,
 ) -> Result<Snapshot> {
+    if let Some(how) = compressed::Compression::detect(data) {
+        let inside =
+            compressed::decompress(data, how, |head| FileKind::detect(head).is_some(), progress)?;
+        return read_bytes_parts_with(&inside, parts, None).map_err(|e| e.inside(how.name()));
+    }
     let mut snap = match FileKind::detect(data) {
         Some(FileKind::Snap) => return snap::read_snap_parts(data, parts, progress),
         _ => read_bytes_whole(data, progress)?,

@@ -47,7 +47,9 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
 }
 
 /// File names snapdiff reads as snapshots when given a folder.
-pub(crate) const SNAPSHOT_EXTENSIONS: [&str; 6] = ["snap", "pickle", "pkl", "json", "pt", "zip"];
+pub(crate) const SNAPSHOT_EXTENSIONS: [&str; 10] = [
+    "snap", "pickle", "pkl", "json", "pt", "zip", "gz", "zst", "xz", "bz2",
+];
 
 /// Whether a file found in a folder is read as a snapshot: by its
 /// extension, owners files (`NAME.owners.json`, beside a dump) excepted.
