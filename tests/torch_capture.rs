@@ -1013,3 +1013,33 @@ print(json.dumps({
         "blocks carry their stacks: {torch}"
     );
 }
+
+#[test]
+fn a_run_that_dumped_nothing_is_told_why() {
+    let dir = tempdir();
+    let said = |name: &str, command: &[&str]| {
+        let out = dir.path().join(name);
+        let mut args = vec!["capture", "-o", out.to_str().unwrap(), "--"];
+        args.extend(command);
+        let run = snapdiff(&args);
+        let text = run.stdout() + &run.stderr();
+        text.lines()
+            .find(|l| l.starts_with("no snapshot was written"))
+            .unwrap_or_else(|| panic!("{text}"))
+            .to_owned()
+    };
+    assert!(said("none", &["true"]).ends_with(
+        "no Python process imported torch under capture, and no Rust program allocated \
+         through snapdiff-runtime's Allocator::new (which dumps at exit)"
+    ));
+    assert!(
+        said("python", &["python3", "-c", "print(1)"])
+            .ends_with("never imported torch (capture records PyTorch's memory)")
+    );
+    if torch_ready() {
+        assert!(
+            said("torch", &["python3", "-c", "import torch"])
+                .ends_with("torch was imported but made no tensor")
+        );
+    }
+}

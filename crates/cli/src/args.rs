@@ -182,7 +182,8 @@ pub(crate) struct StepsArgs {
 /// styles: it opens from disk, offline.
 #[derive(Debug, Args)]
 pub(crate) struct ReportPageArgs {
-    /// Snapshot files (a trace, several snapshots, or BEFORE AFTER).
+    /// Snapshot files (a trace, several snapshots, or BEFORE AFTER), or a
+    /// folder of them (as for trend).
     #[arg(required = true, value_name = "FILE")]
     pub(crate) files: Vec<PathBuf>,
     /// File to write (e.g. report.html).

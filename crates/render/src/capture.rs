@@ -29,6 +29,8 @@ pub struct Dumps<'a> {
     pub abandoned: usize,
     /// Dumps that could not be written.
     pub lost: &'a [LostDump],
+    /// When no snapshot was written, why, as the job's processes said.
+    pub nothing_because: Option<&'a str>,
 }
 
 /// Snapshots listed before the rest are said in a count.
@@ -41,8 +43,10 @@ pub fn write_dumps(dumps: &Dumps<'_>, out: &mut dyn Write) -> io::Result<()> {
     match dumps.snapshots.len() {
         0 => writeln!(
             out,
-            "no snapshot was written to {folder}: does the program allocate through \
-             snapdiff-runtime's Allocator::new, or use PyTorch with CUDA?",
+            "no snapshot was written to {folder}: {}",
+            dumps.nothing_because.unwrap_or(
+                "no process imported torch or allocated through snapdiff-runtime's Allocator::new"
+            )
         )?,
         n => {
             writeln!(out, "{n} snapshot{} in {folder}:", plural(n))?;

@@ -55,9 +55,32 @@ class _WhenTorchIsImported(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _write_status():
+    """At exit, one line for `snapdiff capture` on what this process's
+    capture came to (it says why, when nothing was dumped)."""
+    path = os.environ.get("SNAPDIFF_STATUS")
+    if not path:
+        return
+    try:
+        import json
+
+        capture = sys.modules.get("snapdiff_capture")
+        if capture is not None:
+            line = capture.status()
+        else:
+            line = {"pid": os.getpid(), "torch": "torch" in sys.modules}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+    except Exception:
+        pass
+
+
 def _install():
     if not os.environ.get("SNAPDIFF_DIR"):
         return
+    import atexit
+
+    atexit.register(_write_status)
     if "torch" in sys.modules:
         _start(sys.modules["torch"])
     elif importlib.util.find_spec("torch") is None:

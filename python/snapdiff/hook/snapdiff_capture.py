@@ -105,6 +105,7 @@ class Capture:
         self.stopping = threading.Event()
         self.failures = 0
         self.last_failure = None
+        self.dumps = 0  # dumps written
         self.previous_handlers = {}
 
     # -- installing ----------------------------------------------------------
@@ -335,6 +336,7 @@ class Capture:
                 self.failed(f"{stem}.pickle", e)
                 self.note({"file": None, "error": str(e)}, rank, reason)
                 return
+            self.dumps += 1
             entry = {"file": name}
             if snapshot is not None and getattr(self.settings, "owners", False):
                 entry["owners"] = self.write_owners(snapshot, name)
@@ -522,6 +524,26 @@ def remove(path):
         pass
 
 
+# The captures started in this process, for the status line capture reads
+# when nothing was dumped (see `status`).
+CAPTURES = []
+
+
+def status():
+    """What this process's capture came to, for `snapdiff capture` to say
+    why nothing was dumped: whether torch was imported, recording began,
+    tensors were seen (the CPU recorder), and a child waited for a step."""
+    return {
+        "pid": os.getpid(),
+        "torch": "torch" in sys.modules,
+        "recording": any(c.recording for c in CAPTURES),
+        "waiting": any(c.waiting_for_step and not c.recording for c in CAPTURES),
+        "cuda": any(c.cpu is None for c in CAPTURES),
+        "tensors": sum((c.cpu.storages_seen if c.cpu is not None else 0) for c in CAPTURES),
+        "dumps": sum(c.dumps for c in CAPTURES),
+    }
+
+
 def start(torch):
     """Called once torch is imported."""
     try:
@@ -529,4 +551,6 @@ def start(torch):
     except ValueError as e:
         warn(f"{e}; the script runs without capture")
         return
-    Capture(torch, settings, deferred=spawned_child()).install()
+    capture = Capture(torch, settings, deferred=spawned_child())
+    CAPTURES.append(capture)
+    capture.install()

@@ -21,7 +21,8 @@ const TABLE_ROWS: usize = 25;
 
 /// The top-level entry point for `snapdiff report`.
 pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
-    let files = &args.files;
+    // A folder stands for the snapshots in it, as for `trend`.
+    let files = &crate::cmd::trend::snapshots_in(&args.files)?;
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     // Two files are a comparison; three and more have a trend (one file's
     // is taken below, from the snapshot read there).

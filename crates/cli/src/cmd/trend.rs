@@ -66,7 +66,7 @@ pub(crate) fn is_snapshot_name(path: &Path) -> bool {
 
 /// `files`, with each folder among them replaced by the snapshot files in
 /// it (by their extension; `manifest.jsonl` and others are passed over).
-fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for path in files {
         if !path.is_dir() {

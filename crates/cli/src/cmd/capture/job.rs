@@ -48,6 +48,8 @@ pub(crate) struct Captured {
     pub(crate) failed: Vec<LostDump>,
     /// Half-written dumps of killed processes, removed.
     pub(crate) abandoned: usize,
+    /// When it wrote no snapshot, why, as far as its processes said.
+    pub(crate) nothing_because: Option<String>,
 }
 
 /// The signals caught by [`catch_signals`], until [`capture`] serves them.
@@ -87,7 +89,8 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     let mut cmd = Command::new(program);
     cmd.args(rest)
         .env(ENV_DIR, &dir)
-        .env(ENV_REQUESTS, &requests);
+        .env(ENV_REQUESTS, &requests)
+        .env("SNAPDIFF_STATUS", hook.path().join("status"));
     if let Some(n) = args.every {
         cmd.env(ENV_EVERY_STEPS, n.to_string());
     }
@@ -159,12 +162,60 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
             error: entry.error.unwrap_or_default(),
         })
         .collect();
+    let nothing_because = snapshots
+        .is_empty()
+        .then(|| why_nothing(&hook.path().join("status")));
     Ok(Captured {
         exit,
         snapshots,
         failed,
         abandoned,
+        nothing_because,
     })
+}
+
+/// What one Python process's capture came to (the hook's status line).
+#[derive(Debug, Default, serde::Deserialize)]
+struct PythonStatus {
+    #[serde(default)]
+    torch: bool,
+    #[serde(default)]
+    recording: bool,
+    #[serde(default)]
+    waiting: bool,
+    #[serde(default)]
+    cuda: bool,
+    #[serde(default)]
+    tensors: u64,
+}
+
+/// Why a run left no snapshot, from the status lines its Python processes
+/// wrote at exit (none: no Python process ran the hook).
+fn why_nothing(status: &Path) -> String {
+    let lines: Vec<PythonStatus> = std::fs::read_to_string(status)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let with_torch: Vec<&PythonStatus> = lines.iter().filter(|s| s.torch).collect();
+    if lines.is_empty() {
+        "no Python process imported torch under capture, and no Rust program allocated \
+         through snapdiff-runtime's Allocator::new (which dumps at exit)"
+            .to_owned()
+    } else if with_torch.is_empty() {
+        "Python ran but never imported torch (capture records PyTorch's memory)".to_owned()
+    } else if with_torch.iter().all(|s| s.waiting) {
+        "torch was imported in child processes that never stepped an optimizer (capture waits \
+         for a step there, to pass over DataLoader workers)"
+            .to_owned()
+    } else if with_torch.iter().all(|s| s.cuda && !s.recording) {
+        "torch was imported but never used its CUDA device, so recording never began".to_owned()
+    } else if with_torch.iter().all(|s| !s.cuda && s.tensors == 0) {
+        "torch was imported but made no tensor".to_owned()
+    } else {
+        "torch was recording, but every dump failed or the process was killed before its first"
+            .to_owned()
+    }
 }
 
 /// Creates `dir` if needed and checks that a file can be written in it, so

@@ -140,6 +140,7 @@ pub(crate) fn report_files(
             .collect(),
         abandoned: captured.abandoned,
         lost: &captured.failed,
+        nothing_because: captured.nothing_because.as_deref(),
     };
     snapdiff_render::capture::write_dumps(&dumps, out)?;
     Ok(())
