@@ -12,6 +12,9 @@ it too) and gives Python:
 - `recording(folder, every=10)`: PyTorch's memory history on, with dumps
   every N steps named as `snapdiff capture` names them (the CPU recorder
   when there is no GPU);
+- `snapdiff.integrations.transformers.SnapdiffCallback` and
+  `snapdiff.integrations.lightning.SnapdiffCallback` for loops a framework
+  runs;
 - a pytest plugin: `@pytest.mark.snapdiff(max_leak="1 MiB", warmup=2,
   steps=10)` and the `snapdiff_steps` fixture fail a test whose steps keep
   memory.
