@@ -15,6 +15,8 @@ it too) and gives Python:
 - `snapdiff.integrations.transformers.SnapdiffCallback` and
   `snapdiff.integrations.lightning.SnapdiffCallback` for loops a framework
   runs;
+- in notebooks, results shown as the offline report, and `%load_ext
+  snapdiff` for the `%%snapdiff` cell magic;
 - a pytest plugin: `@pytest.mark.snapdiff(max_leak="1 MiB", warmup=2,
   steps=10)` and the `snapdiff_steps` fixture fail a test whose steps keep
   memory.
@@ -35,6 +37,14 @@ from snapdiff._api import (
 )
 from snapdiff._fleet import Fleet, FleetLeak, Imbalance, RankVerdict, fleet
 from snapdiff._recording import Recording, recording
+
+def load_ipython_extension(ipython):
+    """`%load_ext snapdiff`: the `%%snapdiff` cell magic and `%snapdiff
+    report FILE...` (see `snapdiff._notebook`)."""
+    from snapdiff._notebook import load
+
+    load(ipython)
+
 
 __all__ = [
     "Comparison",

@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import os
+
 from snapdiff._cli import run_json
 
 
@@ -41,8 +43,18 @@ class Group:
     delta_bytes: int
 
 
+class _AsReport:
+    """Shown in a notebook as the offline report of its files (see
+    `snapdiff._notebook`)."""
+
+    def _repr_html_(self):
+        from snapdiff._notebook import report_html, text_of
+
+        return report_html(self.files, text_of(self._command, self.files))
+
+
 @dataclass
-class Comparison:
+class Comparison(_AsReport):
     """`snapdiff compare`."""
 
     leaked_bytes: int
@@ -52,6 +64,8 @@ class Comparison:
     reserved_after: int
     groups: List[Group]
     notes: List[str]
+    files: List[str] = field(default_factory=list, repr=False, compare=False)
+    _command = "compare"
 
 
 @dataclass
@@ -68,7 +82,7 @@ class Suspect:
 
 
 @dataclass
-class Trend:
+class Trend(_AsReport):
     """`snapdiff trend`."""
 
     checkpoints: int
@@ -76,6 +90,8 @@ class Trend:
     suspects: List[Suspect]
     suspected_bytes: int
     notes: List[str] = field(default_factory=list)
+    files: List[str] = field(default_factory=list, repr=False, compare=False)
+    _command = "trend"
 
 
 @dataclass
@@ -91,11 +107,13 @@ class DevicePeak:
 
 
 @dataclass
-class Peak:
+class Peak(_AsReport):
     """`snapdiff peak`."""
 
     devices: List[DevicePeak]
     notes: List[str]
+    files: List[str] = field(default_factory=list, repr=False, compare=False)
+    _command = "peak"
 
 
 def _site(report, entry):
@@ -144,6 +162,7 @@ def compare(before, after):
             for g in r["groups"]
         ],
         notes=r["notes"],
+        files=[os.fspath(before), os.fspath(after)],
     )
 
 
@@ -163,6 +182,7 @@ def trend(files, warmup=None):
         suspects=[_suspect(r, s) for s in r["suspects"]],
         suspected_bytes=r["suspected_bytes"],
         notes=r["notes"],
+        files=[os.fspath(f) for f in ([files] if one else files)],
     )
 
 
@@ -182,4 +202,5 @@ def peak(file):
             for d in r["devices"]
         ],
         notes=r["notes"],
+        files=[os.fspath(file)],
     )

@@ -82,6 +82,31 @@ class Fleet:
     # Ray tasks that failed after their retries: their files and the error.
     failed: List[dict] = field(default_factory=list)
 
+    def _repr_html_(self):
+        """The verdict as a notebook shows it: counts, leaking lines and
+        imbalance, every text escaped."""
+        import html
+
+        e = html.escape
+        rows = "".join(
+            f"<tr><td>{e(', '.join(map(str, l.ranks)))}</td><td>{e(str(l.site.culprit))}</td>"
+            f"<td>{e(str(l.growth_per_step))}</td></tr>"
+            for l in self.leaks
+        )
+        imbalance = "".join(
+            f"<tr><td>{e(', '.join(map(str, i.ranks)))}</td><td>{e(str(i.site.culprit))}</td>"
+            f"<td>{e(str(i.excess_bytes))}</td></tr>"
+            for i in self.imbalance
+        )
+        return (
+            f"<div class='snapdiff'><p>{self.processes} ranks: {self.steady} steady, "
+            f"{self.leaking} leaking</p>"
+            "<table><tr><th>ranks</th><th>leaking line</th><th>bytes a step</th></tr>"
+            f"{rows}</table>"
+            "<table><tr><th>ranks</th><th>imbalanced line</th><th>bytes over the median</th></tr>"
+            f"{imbalance}</table></div>"
+        )
+
 
 def _fleet_of(r, files=None, bytes_=None, unreadable=(), failed=()):
     return Fleet(
