@@ -157,6 +157,15 @@ def test_capture_owners_and_trend_name_each_leaks_owner(tmp_path):
     for name, _, _, _, pattern in CASES:
         assert name in owners, f"{name}: no suspect with an owner in {owners}\n{report}"
         assert re.search(pattern.format(mod="train"), owners[name]), (name, owners[name])
+    # compare says it too, for the sites that grew between two dumps.
+    step = lambda p: int(re.search(r"-step(\d+)", p.name).group(1))
+    dumped = sorted((p for p in dumps.glob("*.pickle") if "exit" not in p.name), key=step)
+    cmp = json.loads(subprocess.run(
+        [binary(), "compare", dumped[1], dumped[-1], "--json", "--top", "0"],
+        check=True, capture_output=True, text=True,
+    ).stdout)
+    held = [h["owner"] for g in cmp["groups"] for h in g.get("held_by", [])]
+    assert "train.history" in held and "train.metrics" in held, held
 
 
 def test_a_graph_whose_backward_ran_keeps_no_tensor(pytester):

@@ -53,7 +53,7 @@ pub enum Change {
 }
 
 /// One site whose live bytes changed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GroupDiff {
     /// The site.
     #[serde(flatten)]
@@ -76,6 +76,10 @@ pub struct GroupDiff {
     pub allocated_after: u64,
     /// Blocks live in both snapshots (per [`Matching`]; 0 for `site_only`).
     pub blocks_kept: u64,
+    /// What kept its blocks alive in AFTER, when the process said
+    /// (`capture --owners`); left out of JSON when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<crate::trend::HeldBy>,
 }
 
 /// The comparison of two snapshots.
@@ -121,6 +125,7 @@ fn merge_diffs(into: &mut GroupDiff, other: GroupDiff) {
     into.allocated_before += other.allocated_before;
     into.allocated_after += other.allocated_after;
     into.blocks_kept += other.blocks_kept;
+    into.held_by.extend(other.held_by);
     into.change = match (into.blocks_before, into.blocks_after) {
         (0, _) => Change::New,
         (_, 0) => Change::Freed,
@@ -242,6 +247,7 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
             allocated_before: a.allocated,
             allocated_after: b.allocated,
             blocks_kept: kept.get(&key).copied().unwrap_or(0),
+            held_by: Vec::new(),
         });
     }
     // Counted per stack, before rows are merged: a stack that shrinks does

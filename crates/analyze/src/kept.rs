@@ -83,6 +83,7 @@ pub fn kept_since(
             allocated_before: before,
             allocated_after: after,
             blocks_kept: 0,
+            held_by: Vec::new(),
         });
     }
     let mut rows = if rules.rows_by_stack() {

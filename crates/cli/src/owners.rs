@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use snapdiff_analyze::{HeldBy, Site, Trend, TrendOptions, suspect_blocks};
+use snapdiff_analyze::{
+    Comparison, CulpritRules, HeldBy, Site, Trend, TrendOptions, suspect_blocks,
+};
 use snapdiff_format::Snapshot;
 
 /// An owners file: the owner of each block, keyed by its address.
@@ -74,6 +76,36 @@ pub(crate) fn add_held_by(
             .as_ref()
             .map(|(owners, blocks)| (owners, &blocks[i][..]));
         suspect.held_by = held_by(&last_blocks[i], &last, before, steps);
+    }
+}
+
+/// Fills in `held_by` of the comparison's sites that grew, from the owners
+/// file beside AFTER, and beside BEFORE for how many blocks each gained a
+/// step (when both record their step).
+pub(crate) fn add_held_by_to_comparison(
+    cmp: &mut Comparison,
+    before: (&Path, &Snapshot),
+    after: (&Path, &Snapshot),
+    rules: &CulpritRules,
+) {
+    let Some(owners_after) = beside(after.0) else {
+        return;
+    };
+    let grown: Vec<usize> = (0..cmp.groups.len())
+        .filter(|&i| cmp.groups[i].delta_bytes > 0)
+        .collect();
+    let sites: Vec<&Site> = grown.iter().map(|&i| &cmp.groups[i].site).collect();
+    let blocks_after = suspect_blocks(after.1, &sites, rules);
+    let earlier = beside(before.0).map(|owners| (owners, suspect_blocks(before.1, &sites, rules)));
+    let steps = match (before.1.meta.step, after.1.meta.step) {
+        (Some(a), Some(b)) if b > a => Some(b - a),
+        _ => None,
+    };
+    for (k, &i) in grown.iter().enumerate() {
+        let then = earlier
+            .as_ref()
+            .map(|(owners, blocks)| (owners, &blocks[k][..]));
+        cmp.groups[i].held_by = held_by(&blocks_after[k], &owners_after, then, steps);
     }
 }
 

@@ -123,6 +123,8 @@ pub fn write_sites(
         &t,
     )?;
     paths_note(out, &base)?;
+    let owners: Vec<&[snapdiff_analyze::HeldBy]> = shown.iter().map(|g| &g.held_by[..]).collect();
+    crate::held_by::write_held_by(&owners, "a step", out)?;
     if groups.len() > shown.len() {
         writeln!(
             out,

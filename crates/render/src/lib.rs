@@ -23,6 +23,7 @@ pub mod capture;
 pub mod compare;
 pub mod flamegraph;
 pub mod fleet;
+mod held_by;
 pub mod html;
 pub mod json;
 pub mod oom;

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::{CheckpointSource, CulpritKind, Suspect, Trend};
+use snapdiff_analyze::{CheckpointSource, CulpritKind, HeldBy, Suspect, Trend};
 
 use crate::TextOptions;
 use crate::text::{add_rows, grew, write_table};
@@ -121,7 +121,8 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
         align_right(&mut t, &[0, 2, 3, 4]);
         write_table(out, "sites that keep growing:", &t)?;
         paths_note(out, &base)?;
-        write_held_by(shown, out)?;
+        let owners: Vec<&[HeldBy]> = shown.iter().map(|s| &s.held_by[..]).collect();
+        crate::held_by::write_held_by(&owners, "a step", out)?;
         write_evidence(trend, shown, out)?;
     }
     for note in &trend.notes {
@@ -139,78 +140,6 @@ pub fn one_rank_note(growing: &[&str]) -> String {
         growing.join(", "),
         if growing.len() == 1 { "shows" } else { "show" }
     )
-}
-
-/// Owners shown under each suspect; the rest are in `--json`.
-const OWNERS_SHOWN: usize = 3;
-
-/// What kept each suspect's blocks alive, when the process said (`capture
-/// --owners`, the pytest plugin): the owner, its blocks and bytes, how many
-/// more it held a step, and what an autograd graph or a cycle means.
-fn write_held_by(shown: &[Suspect], out: &mut dyn Write) -> io::Result<()> {
-    if shown.iter().all(|s| s.held_by.is_empty()) {
-        return Ok(());
-    }
-    writeln!(
-        out,
-        "\nheld by (what kept them alive when the last snapshot was taken):"
-    )?;
-    for (n, s) in shown.iter().enumerate() {
-        for (k, h) in s.held_by.iter().take(OWNERS_SHOWN).enumerate() {
-            let number = if k == 0 {
-                (n + 1).to_string()
-            } else {
-                String::new()
-            };
-            let owner = snapdiff_format::visible::escaped(&h.owner);
-            let what = match &h.container {
-                Some(c) => format!("{owner} (a {c})"),
-                None => owner.into_owned(),
-            };
-            let rate = match h.blocks_per_step {
-                Some(r) if r > 0.0 => format!(", +{} a step", trim(r)),
-                _ => String::new(),
-            };
-            writeln!(
-                out,
-                "{number:>3}  {what}: {} block{}, {}{rate}",
-                h.blocks,
-                if h.blocks == 1 { "" } else { "s" },
-                size(h.bytes)
-            )?;
-            if h.example != h.owner {
-                writeln!(
-                    out,
-                    "       e.g. {}",
-                    snapdiff_format::visible::escaped(&h.example)
-                )?;
-            }
-            match h.kind.as_str() {
-                "autograd" => writeln!(
-                    out,
-                    "       saved for backward by that value's autograd graph: a value kept across \
-                     steps keeps its graph, and the graph every step's saved tensors \
-                     (keep .item() or .detach(), or evaluate under torch.no_grad())"
-                )?,
-                "cycle" => writeln!(
-                    out,
-                    "       only a reference cycle holds them: freed at the next garbage \
-                     collection (a delay, not a leak)"
-                )?,
-                _ => {}
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A count a step, without a needless fraction.
-fn trim(rate: f64) -> String {
-    if (rate - rate.round()).abs() < 0.005 {
-        format!("{}", rate.round() as i64)
-    } else {
-        format!("{rate:.2}")
-    }
 }
 
 /// At most this many checkpoints are shown as a suspect's evidence.

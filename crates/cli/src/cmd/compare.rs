@@ -45,6 +45,12 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
              holds more than the other is not growth of one job"
         ));
     }
+    crate::owners::add_held_by_to_comparison(
+        &mut cmp,
+        (&args.before, &before),
+        (&args.after, &after),
+        &options.rules,
+    );
     crate::input::release([before, after]);
     let exit = match args.max_growth {
         Some(limit) if cmp.leaked_bytes > limit => {
