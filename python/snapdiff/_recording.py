@@ -35,7 +35,7 @@ class _Settings:
 class Recording:
     """A recording in progress; see `recording`."""
 
-    def __init__(self, folder, every=10, max_entries=100000, stacks=True):
+    def __init__(self, folder, every=10, max_entries=100000, stacks=True, owners=False):
         import torch
 
         os.makedirs(folder, exist_ok=True)
@@ -44,6 +44,8 @@ class Recording:
         self._capture = capture.Capture(
             torch, _Settings(folder, every, max_entries, stacks), deferred=False
         )
+        # Each dump followed by its owners file, as `capture --owners` does.
+        self._capture.settings.owners = bool(owners)
 
     def start(self):
         self._capture.start_recording()
@@ -129,7 +131,7 @@ def _natural(name):
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-def recording(folder, every=10, max_entries=100000, stacks=True):
+def recording(folder, every=10, max_entries=100000, stacks=True, owners=False):
     """Records PyTorch's memory in `folder` while the `with` block runs::
 
         with snapdiff.recording("snapshots", every=10) as rec:
@@ -138,6 +140,8 @@ def recording(folder, every=10, max_entries=100000, stacks=True):
                 rec.step()
 
     then `snapdiff trend snapshots` (or `snapdiff.trend("snapshots")`).
-    Without a CUDA device, CPU tensors are recorded instead.
+    Without a CUDA device, CPU tensors are recorded instead. With
+    `owners=True` each dump is followed by what keeps its tensors alive,
+    which `snapdiff trend` shows as "held by" (`rec.owners()` asks now).
     """
-    return Recording(folder, every, max_entries, stacks)
+    return Recording(folder, every, max_entries, stacks, owners)

@@ -6,6 +6,7 @@ same code without the leak names no owner."""
 
 import gc
 import json
+import os
 import re
 import subprocess
 import sys
@@ -218,3 +219,36 @@ def test_the_search_stops_at_its_budget_and_says_so():
     found = snapdiff_owners.find(torch, [block], seconds=1e-6)
     assert found["complete"] is False and found["blocks"] == {}
     gc.collect()
+
+
+def test_a_recording_with_owners_says_held_by_in_trend_and_its_report(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(64, 64)
+    batch = torch.randn(16, 64)
+    history = []
+    with snapdiff.recording(tmp_path / "rec", every=1, owners=True) as rec:
+        for _ in range(6):
+            history.append(model(batch).detach() * 1)
+            rec.step()
+        now = rec.owners()
+    assert now[0]["owner"].endswith(": history") and now[0]["blocks"] >= 6, now
+    report = json.loads(subprocess.run(
+        [binary(), "trend", tmp_path / "rec", "--json"], check=True, capture_output=True, text=True,
+    ).stdout)
+    [suspect] = report["suspects"]
+    assert suspect["held_by"][0]["owner"].endswith(": history")
+    assert suspect["held_by"][0]["blocks_per_step"] == 1
+    page = tmp_path / "report.html"
+    subprocess.run([binary(), "report", tmp_path / "rec", "-o", page], check=True)
+    # The page, opened in a real browser, says it.
+    import shutil
+    browser = shutil.which("chromium")
+    if browser is None:
+        if os.environ.get("SNAPDIFF_REQUIRE_CHROMIUM"):
+            pytest.fail("chromium is missing")
+        pytest.skip("apt-get install chromium")
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", f"file://{page}"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    assert re.search(r'<li class="held-by">1: held by .*: history \(a list\): \d+ blocks', dom), dom[-3000:]

@@ -15,6 +15,10 @@ use snapdiff_format::Snapshot;
 /// An owners file: the owner of each block, keyed by its address.
 #[derive(Debug, Deserialize)]
 pub(crate) struct Owners {
+    /// Whether the search ended before its time budget: only then is a
+    /// block without an owner known to have none.
+    #[serde(default)]
+    complete: bool,
     #[serde(default)]
     blocks: HashMap<String, Owner>,
 }
@@ -119,9 +123,17 @@ fn held_by(
     steps: Option<u64>,
 ) -> Vec<HeldBy> {
     let mut groups: Vec<HeldBy> = Vec::new();
+    let unowned = Owner {
+        owner: "no live tensor (the allocator's cache, or C++ code)".to_owned(),
+        group: "no live tensor (the allocator's cache, or C++ code)".to_owned(),
+        container: None,
+        kind: "unowned".to_owned(),
+    };
     for &(address, bytes) in blocks {
-        let Some(o) = owners.blocks.get(&address.to_string()) else {
-            continue;
+        let o = match owners.blocks.get(&address.to_string()) {
+            Some(o) => o,
+            None if owners.complete => &unowned,
+            None => continue,
         };
         let at = match groups.iter().position(|g| g.owner == o.group) {
             Some(at) => at,
@@ -145,11 +157,9 @@ fn held_by(
         for g in &mut groups {
             let then = earlier_blocks
                 .iter()
-                .filter(|(a, _)| {
-                    earlier
-                        .blocks
-                        .get(&a.to_string())
-                        .is_some_and(|o| o.group == g.owner)
+                .filter(|(a, _)| match earlier.blocks.get(&a.to_string()) {
+                    Some(o) => o.group == g.owner,
+                    None => earlier.complete && g.kind == "unowned",
                 })
                 .count() as f64;
             g.blocks_per_step = Some((g.blocks as f64 - then) / steps as f64);

@@ -59,6 +59,11 @@ pub(crate) fn write_held_by(rows: &[&[HeldBy]], per: &str, out: &mut dyn Write) 
                      steps keeps its graph, and the graph every step's saved tensors \
                      (keep .item() or .detach(), or evaluate under torch.no_grad())"
                 )?,
+                "unowned" => writeln!(
+                    out,
+                    "       no live tensor lies in them: the allocator keeps them cached, or C++ \
+                     code holds them (not owned by the program's objects)"
+                )?,
                 "cycle" => writeln!(
                     out,
                     "       only a reference cycle holds them: freed at the next garbage \

@@ -91,6 +91,16 @@ function verdict(section) {
       return r;
     });
     section.append(table([["", true], ["culprit", false], ["growth", true], ["per step", true], ["live bytes (hover: floor and blocks)", false]], rows));
+    // What kept them alive, when the job said (capture --owners).
+    const held = t.suspects.flatMap((s, i) => (s.held_by || []).slice(0, 3).map(h => {
+      const rate = h.blocks_per_step > 0 ? `, +${+h.blocks_per_step.toFixed(2)} a step` : "";
+      const what = h.container ? `${h.owner} (a ${h.container})` : h.owner;
+      return el("li", { class: "held-by" }, `${i + 1}: held by ${what}: ${h.blocks} block${h.blocks === 1 ? "" : "s"}, ${size(h.bytes)}${rate}`);
+    }));
+    if (held.length) {
+      section.append(el("h3", {}, "Held by (what kept them alive when the last snapshot was taken)"));
+      section.append(el("ul", { id: "held-by" }, ...held));
+    }
   }
   for (const n of t.notes) section.append(el("p", { class: "note" }, "Note: " + n));
 }
