@@ -39,7 +39,8 @@ def main():
     kinds = Counter(o["kind"] for o in best["blocks"].values())
     print(
         f"{best['objects']:,} objects, {best['tensors']:,} tensors, {len(blocks):,} blocks: "
-        f"{best['seconds']:.2f} s (complete: {best['complete']}); owners by kind: {dict(kinds)}"
+        f"{best['seconds']:.2f} s (complete: {best['complete']}, {best['visited']:,} objects "
+        f"visited); owners by kind: {dict(kinds)}"
     )
 
 

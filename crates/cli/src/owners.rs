@@ -8,8 +8,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use snapdiff_analyze::{
-    Comparison, CulpritRules, HeldBy, Site, Trend, TrendOptions, suspect_blocks,
+    Comparison, CulpritRules, HeldBy, Site, StackKeys, Trend, TrendOptions, requested,
+    suspect_blocks,
 };
+use snapdiff_fleet::SiteOwners;
 use snapdiff_format::Snapshot;
 
 /// An owners file: the owner of each block, keyed by its address.
@@ -43,6 +45,41 @@ pub(crate) fn beside(path: &Path) -> Option<Owners> {
         return None;
     }
     serde_json::from_slice(&std::fs::read(owners).ok()?).ok()
+}
+
+/// What kept each site's live blocks of `snap` alive, from the owners file
+/// beside `path`, for a fleet (which keeps sites, not snapshots).
+pub(crate) fn by_site(path: &Path, snap: &Snapshot) -> Option<SiteOwners> {
+    let owners = beside(path)?;
+    let keys = StackKeys::of_live_blocks(snap);
+    let mut sites = SiteOwners::default();
+    for b in snap.segments.iter().flat_map(|s| &s.blocks) {
+        if !b.state.is_active() {
+            continue;
+        }
+        let Some(o) = owners.blocks.get(&b.address.to_string()) else {
+            continue;
+        };
+        let held = sites.entry(keys.key(b.stack)).or_default();
+        let at = match held.iter().position(|h| h.owner == o.group) {
+            Some(at) => at,
+            None => {
+                held.push(HeldBy {
+                    owner: o.group.clone(),
+                    kind: o.kind.clone(),
+                    container: o.container.clone(),
+                    example: o.owner.clone(),
+                    blocks: 0,
+                    bytes: 0,
+                    blocks_per_step: None,
+                });
+                held.len() - 1
+            }
+        };
+        held[at].blocks += 1;
+        held[at].bytes += requested(b);
+    }
+    Some(sites)
 }
 
 /// Fills in each suspect's `held_by` from the owners files beside the last

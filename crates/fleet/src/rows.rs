@@ -1,9 +1,10 @@
 //! The site tables of one process: what its snapshots come to once read.
 
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_analyze::{
-    Categories, OrderKey, SiteTotals, SnapshotOrder, StackKey, StackKeys, live_sites_by_device,
-    snapshot_order,
+    Categories, HeldBy, OrderKey, SiteTotals, SnapshotOrder, StackKey, StackKeys,
+    live_sites_by_device, snapshot_order,
 };
 use snapdiff_format::Snapshot;
 
@@ -59,7 +60,14 @@ pub struct DeviceRows {
     pub checkpoints: Vec<CheckpointRow>,
     /// The sites live at each checkpoint, by key (parallel to `checkpoints`).
     pub sites: Vec<Vec<SiteRow>>,
+    /// What kept each site's blocks alive at each checkpoint, when the job
+    /// said (`capture --owners`; parallel to `checkpoints`). Not stored in
+    /// the Parquet tables.
+    pub owners: Vec<Option<SiteOwners>>,
 }
+
+/// The owners of each site's live blocks at one checkpoint.
+pub type SiteOwners = FxHashMap<StackKey, Vec<HeldBy>>;
 
 impl DeviceRows {
     /// Sorts the checkpoints as `trend` orders snapshots (by step, else
@@ -78,6 +86,8 @@ impl DeviceRows {
         let (order, by) = snapshot_order(&keys);
         let mut checkpoints = std::mem::take(&mut self.checkpoints);
         let mut sites = std::mem::take(&mut self.sites);
+        let mut owners = std::mem::take(&mut self.owners);
+        owners.resize(checkpoints.len(), None);
         self.checkpoints = order
             .iter()
             .map(|&i| std::mem::replace(&mut checkpoints[i], empty_checkpoint()))
@@ -86,6 +96,7 @@ impl DeviceRows {
             .iter()
             .map(|&i| std::mem::take(&mut sites[i]))
             .collect();
+        self.owners = order.iter().map(|&i| owners[i].take()).collect();
         by
     }
 }
@@ -146,8 +157,15 @@ impl ProcessRows {
     }
 
     /// Adds `snap`, read from `source`, as one checkpoint of each device it
-    /// holds segments on; the stacks of its live sites go to `stacks`.
-    pub fn add_snapshot(&mut self, source: &str, snap: &Snapshot, stacks: &StackStore) {
+    /// holds segments on; the stacks of its live sites go to `stacks`, and
+    /// `owners` (what kept its sites' blocks alive, when known) beside them.
+    pub fn add_snapshot(
+        &mut self,
+        source: &str,
+        snap: &Snapshot,
+        stacks: &StackStore,
+        owners: Option<&SiteOwners>,
+    ) {
         let keys = StackKeys::of_live_blocks(snap);
         let devices = live_sites_by_device(snap, &keys);
         let categories = Categories::new(snap);
@@ -182,9 +200,16 @@ impl ProcessRows {
                 .map(|(key, totals)| SiteRow { key, totals })
                 .collect();
             rows.sort_unstable_by_key(|r| r.key);
+            let on_device = owners.map(|all| {
+                rows.iter()
+                    .filter_map(|r| Some((r.key, all.get(&r.key)?.clone())))
+                    .collect::<SiteOwners>()
+            });
             let device = self.device_mut(sites.device);
+            device.owners.resize(device.checkpoints.len(), None);
             device.checkpoints.push(checkpoint);
             device.sites.push(rows);
+            device.owners.push(on_device);
         }
     }
 
@@ -200,8 +225,12 @@ impl ProcessRows {
     pub fn append(&mut self, other: ProcessRows) {
         for device in other.devices {
             let into = self.device_mut(device.device);
+            let mut owners = device.owners;
+            owners.resize(device.checkpoints.len(), None);
+            into.owners.resize(into.checkpoints.len(), None);
             into.checkpoints.extend(device.checkpoints);
             into.sites.extend(device.sites);
+            into.owners.extend(owners);
         }
     }
 

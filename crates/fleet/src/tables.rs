@@ -481,6 +481,7 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
                 device_memory: option(memory.is_valid(i), memory.value(i)),
             });
             device.sites.push(Vec::new());
+            device.owners.push(None);
         }
     }
 

@@ -3,11 +3,11 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_analyze::{
-    Checkpoint, CulpritKind, CulpritRules, Site, SiteSeries, StackKey, Suspect, Trend,
+    Checkpoint, CulpritKind, CulpritRules, HeldBy, Site, SiteSeries, StackKey, Suspect, Trend,
     TrendOptions, describe_site, trend_of_snapshot_series, without_exit_dumps,
 };
 
-use crate::rows::{CheckpointRow, ProcessRows, SiteRow, rank_of};
+use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteOwners, SiteRow, rank_of};
 use crate::stacks::Stacks;
 
 /// How a fleet is judged.
@@ -51,10 +51,13 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
             let names: Vec<&str> = device.checkpoints.iter().map(|c| c.file_name()).collect();
             let (keep, exit_note) = without_exit_dumps(&names);
             let mut judged = device.clone();
+            judged.owners.resize(judged.checkpoints.len(), None);
             let mut kept = keep.iter();
             judged.checkpoints.retain(|_| *kept.next().unwrap_or(&true));
             let mut kept = keep.iter();
             judged.sites.retain(|_| *kept.next().unwrap_or(&true));
+            let mut kept = keep.iter();
+            judged.owners.retain(|_| *kept.next().unwrap_or(&true));
             let by = judged.put_in_order();
             device.put_in_order();
             let last_checkpoint = judged.checkpoints.last();
@@ -85,6 +88,7 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
             };
             let mut trend = trend_of_snapshot_series(series, by, options);
             trend.notes.extend(exit_note);
+            add_held_by(&mut trend, &judged, stacks, &options.rules);
             DeviceVerdict {
                 device: device.device,
                 trend,
@@ -96,6 +100,81 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
     ProcessVerdict {
         process: rows.process,
         devices,
+    }
+}
+
+/// Fills in each suspect's `held_by` from the owners at the last checkpoint
+/// of `rows` (and at the end of warm-up, for how many blocks each owner
+/// gained a step), for the sites whose culprit line is the suspect's.
+fn add_held_by(trend: &mut Trend, rows: &DeviceRows, stacks: &Stacks, rules: &CulpritRules) {
+    let Some(Some(last)) = rows.owners.last() else {
+        return;
+    };
+    let warm = trend.warmup.min(rows.owners.len().saturating_sub(1));
+    let steps = match (
+        trend.points.get(warm).and_then(|p| p.step),
+        trend.points.last().and_then(|p| p.step),
+    ) {
+        (Some(a), Some(b)) if b > a => Some(b - a),
+        _ => None,
+    };
+    let mut lines: FxHashMap<StackKey, Line> = FxHashMap::default();
+    let mut line_of_key = |key: StackKey| {
+        lines
+            .entry(key)
+            .or_insert_with(|| {
+                line_of(&describe_site(
+                    stacks.snapshot(),
+                    key,
+                    stacks.stack(key),
+                    rules,
+                ))
+            })
+            .clone()
+    };
+    // The owners of a line's sites, added up by owner.
+    let mut owners_of = |owners: &SiteOwners, line: &Line| -> Vec<HeldBy> {
+        let mut merged: Vec<HeldBy> = Vec::new();
+        for (&key, held) in owners {
+            if line_of_key(key) != *line {
+                continue;
+            }
+            for h in held {
+                match merged.iter_mut().find(|m| m.owner == h.owner) {
+                    Some(m) => {
+                        m.blocks += h.blocks;
+                        m.bytes += h.bytes;
+                    }
+                    None => merged.push(h.clone()),
+                }
+            }
+        }
+        merged
+    };
+    for suspect in &mut trend.suspects {
+        let line = line_of(&suspect.site);
+        let mut held = owners_of(last, &line);
+        if let (Some(Some(earlier)), Some(steps)) = (rows.owners.get(warm), steps) {
+            let then = owners_of(earlier, &line);
+            for h in &mut held {
+                let before = then
+                    .iter()
+                    .find(|t| t.owner == h.owner)
+                    .map_or(0, |t| t.blocks);
+                h.blocks_per_step = Some((h.blocks as f64 - before as f64) / steps as f64);
+            }
+            if held
+                .iter()
+                .any(|h| h.blocks_per_step.is_some_and(|r| r > 0.0))
+            {
+                held.retain(|h| h.blocks_per_step.is_some_and(|r| r > 0.0));
+            }
+        }
+        held.sort_by(|a, b| {
+            let rate = |h: &HeldBy| h.blocks_per_step.unwrap_or(0.0);
+            rate(b).total_cmp(&rate(a)).then(b.bytes.cmp(&a.bytes))
+        });
+        suspect.held_by = held;
     }
 }
 
@@ -163,6 +242,10 @@ pub struct FleetLeak {
     pub members: Vec<MemberGrowth>,
     /// Their growth, added up.
     pub growth_bytes: u64,
+    /// What kept the blocks alive on the rank that grew most there, when
+    /// its job said (`capture --owners`); left out of JSON when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<HeldBy>,
 }
 
 /// How far one member holds above its peers at a site.
@@ -348,6 +431,7 @@ fn merged_leaks(members: &[MemberRow]) -> Vec<FleetLeak> {
                     site: s.site.clone(),
                     members: Vec::new(),
                     growth_bytes: 0,
+                    held_by: s.held_by.clone(),
                 });
                 leaks.len() - 1
             });

@@ -79,6 +79,21 @@ pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> 
                 growth_text(&leak.members),
             );
             writeln!(out, "{}", grew(line, options.color))?;
+            if let Some(h) = leak.held_by.first() {
+                let what = match &h.container {
+                    Some(c) => format!("{} (a {c})", h.owner),
+                    None => h.owner.clone(),
+                };
+                let rate = match h.blocks_per_step {
+                    Some(r) if r > 0.0 => format!(", +{r:.0} blocks a step"),
+                    _ => String::new(),
+                };
+                writeln!(
+                    out,
+                    "      held by {}{rate}",
+                    snapdiff_format::visible::escaped(&what)
+                )?;
+            }
         }
         if fleet.leaks.len() > SHOWN {
             writeln!(

@@ -168,6 +168,7 @@ class _Search:
             "seconds": round(time.perf_counter() - self.started, 4),
             "objects": objects,
             "tensors": len(targets),
+            "visited": len(self.objects),
             "blocks": {str(b): o for b, o in found.items()},
         }
         self.objects.clear()
@@ -263,12 +264,13 @@ class _Search:
             if rid in left:
                 left.discard(rid)
                 found.setdefault(targets[rid], self.describe(rid))
-        # Blocks no Python tensor lies in may still be a graph's saved
-        # tensors (which get a Python object only when asked for): the
-        # search goes on while some are unowned.
+        # The search goes on while some block has no owner: blocks no
+        # Python tensor lies in may still be a graph's saved tensors (which
+        # get a Python object only when asked for). It stops once every
+        # block has one, whatever other tensors share them (views).
         unowned = len(self.starts) - len(found)
         steps = 0
-        while queue and (left or unowned > 0):
+        while queue and unowned > 0:
             steps += 1
             if steps % 2048 == 0 and time.perf_counter() > self.deadline:
                 return False

@@ -123,7 +123,8 @@ impl FileReader<'_> {
         );
         if wanted(&process, only) {
             let mut rows = ProcessRows::new(process);
-            rows.add_snapshot(&path.to_string_lossy(), &snap, self.stacks);
+            let owners = crate::owners::by_site(path, &snap);
+            rows.add_snapshot(&path.to_string_lossy(), &snap, self.stacks, owners.as_ref());
             add(rows);
         }
         drop(snap);
