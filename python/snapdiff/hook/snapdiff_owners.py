@@ -1,5 +1,5 @@
 """Who keeps a block of memory alive: the live tensors whose storage lies
-in it, and the shortest path of references from a root of the program (a
+in it, and a short path of references from a root of the program (a
 module's global, a live frame's local) to each, written as the user would
 write it (`train.history[13]`, `evaluate (train.py:88): total_loss`).
 
@@ -257,24 +257,38 @@ class _Search:
     def walk(self, targets, found):
         from collections import deque
 
-        queue = deque()
-        self.add_roots(queue)
+        # Objects to expand, in tiers by their size (a tier per power of
+        # two of a container's length): small containers (a model's state,
+        # a cache of a few thousand tensors) are looked into before a
+        # dataset of a million records, so that the search ends, once every
+        # block has an owner, without walking everything. Within a tier it
+        # is breadth-first; paths are short, not always the shortest.
+        tiers = [deque() for _ in range(64)]
+        roots = deque()
+        self.add_roots(roots)
         left = set(targets)
-        for rid in queue:
+        for rid in roots:
             if rid in left:
                 left.discard(rid)
                 found.setdefault(targets[rid], self.describe(rid))
+        for rid in roots:
+            tiers[_tier(self.objects[rid])].append(rid)
         # The search goes on while some block has no owner: blocks no
         # Python tensor lies in may still be a graph's saved tensors (which
         # get a Python object only when asked for). It stops once every
         # block has one, whatever other tensors share them (views).
         unowned = len(self.starts) - len(found)
         steps = 0
-        while queue and unowned > 0:
+        lowest = 0
+        while unowned > 0:
+            while lowest < len(tiers) and not tiers[lowest]:
+                lowest += 1
+            if lowest == len(tiers):
+                break
             steps += 1
             if steps % 2048 == 0 and time.perf_counter() > self.deadline:
                 return False
-            pid = queue.popleft()
+            pid = tiers[lowest].popleft()
             parent = self.objects[pid]
             how_reached = self.parent.get(pid, (None, None))[1]
             is_node = how_reached is not None and how_reached[0] == "graph"
@@ -299,9 +313,12 @@ class _Search:
                     # A graph is followed before the rest of the heap: its
                     # nodes are few, and a long one would else be reached
                     # only after everything shallower.
-                    queue.appendleft(cid)
+                    tiers[0].appendleft(cid)
+                    lowest = 0
                 else:
-                    queue.append(cid)
+                    tier = _tier(child)
+                    tiers[tier].append(cid)
+                    lowest = min(lowest, tier)
         return True
 
     def describe(self, cid):
@@ -353,6 +370,17 @@ class _Search:
             "container": container,
             "kind": kind,
         }
+
+
+_SIZED = (list, tuple, dict, set, frozenset)
+
+
+def _tier(obj):
+    """The tier an object is expanded in: by its length, for the built-in
+    containers; 1 for anything else."""
+    if type(obj) in _SIZED:
+        return min(len(obj).bit_length(), 63)
+    return 1
 
 
 def _hop(parent, child, previous, objects):
