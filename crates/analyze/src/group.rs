@@ -226,18 +226,27 @@ pub fn describe_site(
     rules: &CulpritRules,
 ) -> Site {
     let ids: &[FrameId] = stack.map_or(&[], |s| &snap.stacks[s as usize]);
-    let frames: Vec<(&snapdiff_format::Frame, FrameRole)> = ids
-        .iter()
-        .map(|&f| {
+    site_of_frames(
+        key,
+        ids.iter().map(|&f| {
             let frame = &snap.frames[f as usize];
             (frame, rules.role(frame))
-        })
-        .collect();
+        }),
+        rules,
+    )
+}
+
+/// The site `key` whose stack is `frames` (innermost first, each with its
+/// role): its culprit, and its frames without noise.
+fn site_of_frames<'a>(
+    key: StackKey,
+    frames: impl Iterator<Item = (&'a snapdiff_format::Frame, FrameRole)> + Clone,
+    rules: &CulpritRules,
+) -> Site {
     Site {
         key,
-        culprit: rules.culprit_of(frames.iter().map(|&(f, r)| (f, r))),
+        culprit: rules.culprit_of(frames.clone()),
         frames: frames
-            .iter()
             .filter(|(_, role)| !role.noise)
             .map(|(f, _)| SiteFrame {
                 name: f.name.to_string(),
@@ -321,18 +330,6 @@ impl<'a> SiteNamer<'a> {
         let frames = ids
             .iter()
             .map(|&f| (&self.snap.frames[f as usize], self.roles[f as usize]));
-        Site {
-            key,
-            culprit: self.rules.culprit_of(frames.clone()),
-            frames: frames
-                .filter(|(_, role)| !role.noise)
-                .map(|(f, _)| SiteFrame {
-                    name: f.name.to_string(),
-                    file: f.file.to_string(),
-                    line: f.line,
-                })
-                .collect(),
-            stacks: 1,
-        }
+        site_of_frames(key, frames, self.rules)
     }
 }

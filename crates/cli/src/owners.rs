@@ -47,6 +47,28 @@ pub(crate) fn beside(path: &Path) -> Option<Owners> {
     serde_json::from_slice(&std::fs::read(owners).ok()?).ok()
 }
 
+/// Counts one block of `bytes` held by owner `o` in `groups` (one entry per
+/// owner group).
+fn add_block(groups: &mut Vec<HeldBy>, o: &Owner, bytes: u64) {
+    let at = match groups.iter().position(|g| g.owner == o.group) {
+        Some(at) => at,
+        None => {
+            groups.push(HeldBy {
+                owner: o.group.clone(),
+                kind: o.kind.clone(),
+                container: o.container.clone(),
+                example: o.owner.clone(),
+                blocks: 0,
+                bytes: 0,
+                blocks_per_step: None,
+            });
+            groups.len() - 1
+        }
+    };
+    groups[at].blocks += 1;
+    groups[at].bytes += bytes;
+}
+
 /// What kept each site's live blocks of `snap` alive, from the owners file
 /// beside `path`, for a fleet (which keeps sites, not snapshots).
 pub(crate) fn by_site(path: &Path, snap: &Snapshot) -> Option<SiteOwners> {
@@ -60,24 +82,7 @@ pub(crate) fn by_site(path: &Path, snap: &Snapshot) -> Option<SiteOwners> {
         let Some(o) = owners.blocks.get(&b.address.to_string()) else {
             continue;
         };
-        let held = sites.entry(keys.key(b.stack)).or_default();
-        let at = match held.iter().position(|h| h.owner == o.group) {
-            Some(at) => at,
-            None => {
-                held.push(HeldBy {
-                    owner: o.group.clone(),
-                    kind: o.kind.clone(),
-                    container: o.container.clone(),
-                    example: o.owner.clone(),
-                    blocks: 0,
-                    bytes: 0,
-                    blocks_per_step: None,
-                });
-                held.len() - 1
-            }
-        };
-        held[at].blocks += 1;
-        held[at].bytes += requested(b);
+        add_block(sites.entry(keys.key(b.stack)).or_default(), o, requested(b));
     }
     Some(sites)
 }
@@ -172,23 +177,7 @@ fn held_by(
             None if owners.complete => &unowned,
             None => continue,
         };
-        let at = match groups.iter().position(|g| g.owner == o.group) {
-            Some(at) => at,
-            None => {
-                groups.push(HeldBy {
-                    owner: o.group.clone(),
-                    kind: o.kind.clone(),
-                    container: o.container.clone(),
-                    example: o.owner.clone(),
-                    blocks: 0,
-                    bytes: 0,
-                    blocks_per_step: None,
-                });
-                groups.len() - 1
-            }
-        };
-        groups[at].blocks += 1;
-        groups[at].bytes += bytes;
+        add_block(&mut groups, o, bytes);
     }
     if let (Some((earlier, earlier_blocks)), Some(steps)) = (before, steps) {
         for g in &mut groups {
