@@ -40,6 +40,22 @@ pub struct ProcessVerdict {
     pub devices: Vec<DeviceVerdict>,
 }
 
+impl ProcessVerdict {
+    /// Drops what only the rank's own report and JSON row show (its
+    /// checkpoints, the trend's points but the last, its notes), keeping
+    /// what the job's verdict needs (suspects, the last checkpoint's
+    /// sites): a text verdict of many ranks then holds a few hundred bytes
+    /// a rank.
+    pub fn keep_for_verdict(&mut self) {
+        for d in &mut self.devices {
+            d.checkpoints = Vec::new();
+            let last = d.trend.points.pop();
+            d.trend.points = last.into_iter().collect();
+            d.trend.notes = Vec::new();
+        }
+    }
+}
+
 /// Judges the rows of one process as `trend` judges its snapshots: each
 /// device on its own, its checkpoints in snapshot order, exit dumps left
 /// out among enough others, sites named from `stacks`.

@@ -29,25 +29,24 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
     let inputs = find(&args.paths)?;
     let stacks = StackStore::new();
     let verdicts = Mutex::new(Vec::new());
+    // The text verdict of the job needs less of each rank than its JSON
+    // row or its own report: what it does not need is dropped as each rank
+    // is judged, so that memory barely grows with the number of ranks.
+    let slim = !args.report.json && args.rank.is_none();
+    let keep = |rows| {
+        let mut verdict = judge(rows, &stacks.read(), &options.trend);
+        if slim {
+            verdict.keep_for_verdict();
+        }
+        verdicts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(verdict);
+    };
     let (mut unreadable, files, bytes) = in_pool(&args.threads, || {
-        let unreadable = read_table_folders(
-            &inputs.table_folders,
-            args.rank.as_deref(),
-            &stacks,
-            |rows| {
-                verdicts
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(judge(rows, &stacks.read(), &options.trend));
-            },
-        );
-        let outcome = read_processes(&inputs.snapshots, args.rank.as_deref(), &stacks, |rows| {
-            let verdict = judge(rows, &stacks.read(), &options.trend);
-            verdicts
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(verdict);
-        });
+        let unreadable =
+            read_table_folders(&inputs.table_folders, args.rank.as_deref(), &stacks, keep);
+        let outcome = read_processes(&inputs.snapshots, args.rank.as_deref(), &stacks, keep);
         let mut all = unreadable;
         all.extend(outcome.unreadable);
         (all, outcome.files, outcome.bytes)
