@@ -174,7 +174,7 @@ def test_capture_owners_and_trend_name_each_leaks_owner(tmp_path):
     held = {h["owner"] for leak in fleet["leaks"] for h in leak.get("held_by", [])}
     assert {"train.history", "train.metrics"} <= held, held
     text = subprocess.run([binary(), "fleet", dumps], check=True, capture_output=True, text=True).stdout
-    assert "held by train.history (a list), +1 blocks a step" in text, text
+    assert "held by train.history (a list), +1 block a step" in text, text
 
 
 def test_a_graph_whose_backward_ran_keeps_no_tensor(pytester):

@@ -85,7 +85,10 @@ pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> 
                     None => h.owner.clone(),
                 };
                 let rate = match h.blocks_per_step {
-                    Some(r) if r > 0.0 => format!(", +{r:.0} blocks a step"),
+                    Some(r) if r > 0.0 => format!(
+                        ", +{r:.0} block{} a step",
+                        if r.round() == 1.0 { "" } else { "s" }
+                    ),
                     _ => String::new(),
                 };
                 writeln!(
