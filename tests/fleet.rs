@@ -20,10 +20,21 @@ fn fleet() -> Option<&'static (Truth, PathBuf)> {
     FLEET
         .get_or_init(|| {
             let source = shared_torch("cs336-medium-128-inference.pickle")?;
-            // Under the target folder, made afresh by each run: the tests
-            // share it, and no drop would remove it from a static.
-            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fleet-64");
-            let _ = std::fs::remove_dir_all(&dir);
+            // Under the target folder, one per test process (nextest runs
+            // each test in its own, at the same time), since no drop would
+            // remove it from a static; the folders of processes that have
+            // ended are removed first.
+            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+            for old in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+                let name = old.file_name().to_string_lossy().into_owned();
+                let ended = name
+                    .strip_prefix("fleet-64-")
+                    .is_some_and(|pid| !Path::new("/proc").join(pid).exists());
+                if ended || name == "fleet-64" {
+                    let _ = std::fs::remove_dir_all(old.path());
+                }
+            }
+            let dir = tmp.join(format!("fleet-64-{}", std::process::id()));
             let truth = make_fleet(&source, RANKS, STEPS, &dir);
             Some((truth, dir))
         })

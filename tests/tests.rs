@@ -8,6 +8,9 @@ mod util;
 // Reading every kind of file; fidelity against CPython; bad input.
 mod format;
 
+// The newest snapshot layout: pinned host memory, labels, pools, XPU.
+mod newest_format;
+
 // Hostile and odd input: memory bombs, shared records, escapes, races.
 mod hostile;
 

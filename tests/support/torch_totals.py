@@ -49,13 +49,17 @@ def main(path):
     data = load(path)
     if isinstance(data, list):
         data = {"segments": data, "device_traces": []}
-    blocks = [b for s in data["segments"] for b in s["blocks"]]
+    # Pinned host memory (newest PyTorch) is a device of its own, after the
+    # others: its segments follow theirs, its one list of events their traces.
+    segments = data["segments"] + data.get("host_segments", [])
+    blocks = [b for s in segments for b in s["blocks"]]
     active = [b for b in blocks if b["state"] != "inactive"]
-    events = [e for t in data.get("device_traces", []) for e in t]
+    traces = data.get("device_traces", []) + ([data["host_traces"]] if data.get("host_traces") else [])
+    events = [e for t in traces for e in t]
     print(json.dumps({
-        "segments": len(data["segments"]),
+        "segments": len(segments),
         "blocks": len(blocks),
-        "reserved_bytes": sum(s["total_size"] for s in data["segments"]),
+        "reserved_bytes": sum(s["total_size"] for s in segments),
         "allocated_bytes": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
         "active_bytes": sum(b["size"] for b in active),
         "requested_bytes": sum(b.get("requested_size", b["size"]) for b in active),

@@ -177,12 +177,15 @@ fn cuts_by(
             if times.is_empty() {
                 return None;
             }
-            // Each cut falls before the first event at or after its time;
-            // every event must have a time.
+            // Each cut falls before the first event at or after its time. An
+            // event without a time (the key is optional) takes the time of
+            // the event before it.
             let mut cuts = Vec::with_capacity(times.len() + 1);
             let mut pending = times.iter().peekable();
+            let mut last_time = i64::MIN;
             for (i, e) in events.indexed() {
-                let time = e.time_us?;
+                let time = e.time_us.unwrap_or(last_time);
+                last_time = time;
                 while pending.next_if(|&&t| t <= time).is_some() {
                     cuts.push(i);
                 }

@@ -1,5 +1,6 @@
 //! Why an analysis of a snapshot's trace cannot be made.
 
+use snapdiff_format::DeviceName;
 use thiserror::Error;
 
 /// Why an analysis of a snapshot's trace cannot be made: the trace lacks
@@ -19,7 +20,7 @@ pub enum TraceError {
     )]
     NoPointToShow,
     /// A way of cutting a trace was asked for that finds nothing in it.
-    #[error("device {device}'s trace has no {what} to cut at")]
+    #[error("{}'s trace has no {what} to cut at", DeviceName(*device))]
     NothingToCutAt {
         /// The device's ordinal.
         device: u32,
@@ -28,15 +29,16 @@ pub enum TraceError {
     },
     /// A step was asked for in a trace that shows none.
     #[error(
-        "device {device}'s trace shows no steps (no step or snapshot markers, annotations or \
-         repeating iterations)"
+        "{}'s trace shows no steps (no step or snapshot markers, annotations or \
+         repeating iterations)",
+        DeviceName(*device)
     )]
     NoSteps {
         /// The device's ordinal.
         device: u32,
     },
     /// A step was asked for that the trace does not have.
-    #[error("device {device}'s trace has no step {step} (its steps are {first} to {last})")]
+    #[error("{}'s trace has no step {step} (its steps are {first} to {last})", DeviceName(*device))]
     NoSuchStep {
         /// The device's ordinal.
         device: u32,

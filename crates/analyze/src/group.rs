@@ -6,6 +6,7 @@ use serde::Serialize;
 use snapdiff_format::{Block, FrameId, Snapshot, StackId};
 
 use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole};
+use crate::recorded::{Recorded, recorded_by_stack};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Blocks and bytes of one group.
@@ -170,6 +171,11 @@ pub struct Site {
     /// largest one's. Left out of JSON when 1.
     #[serde(skip_serializing_if = "is_one")]
     pub stacks: u32,
+    /// What PyTorch recorded with the site's allocations besides their
+    /// stack (labels, compiled regions, user metadata). Left out of JSON
+    /// when empty.
+    #[serde(skip_serializing_if = "Recorded::is_empty")]
+    pub recorded: Recorded,
 }
 
 fn is_one(n: &u32) -> bool {
@@ -185,6 +191,7 @@ impl Site {
             std::mem::swap(self, &mut other);
         }
         self.stacks = stacks;
+        self.recorded.merge(&other.recorded);
     }
 }
 
@@ -255,6 +262,7 @@ fn site_of_frames<'a>(
             })
             .collect(),
         stacks: 1,
+        recorded: Recorded::default(),
     }
 }
 
@@ -300,13 +308,19 @@ pub(crate) struct SiteNamer<'a> {
     snap: &'a Snapshot,
     rules: &'a CulpritRules,
     roles: Vec<FrameRole>,
+    recorded: FxHashMap<StackId, Recorded>,
 }
 
 impl<'a> SiteNamer<'a> {
     /// A namer for the sites of `snap`, choosing culprits by `rules`.
     pub(crate) fn new(snap: &'a Snapshot, rules: &'a CulpritRules) -> SiteNamer<'a> {
         let roles = snap.frames.par_iter().map(|f| rules.role(f)).collect();
-        SiteNamer { snap, rules, roles }
+        SiteNamer {
+            snap,
+            rules,
+            roles,
+            recorded: recorded_by_stack(snap),
+        }
     }
 
     /// The rules culprits are chosen by.
@@ -330,6 +344,10 @@ impl<'a> SiteNamer<'a> {
         let frames = ids
             .iter()
             .map(|&f| (&self.snap.frames[f as usize], self.roles[f as usize]));
-        site_of_frames(key, frames, self.rules)
+        let mut site = site_of_frames(key, frames, self.rules);
+        if let Some(recorded) = stack.and_then(|s| self.recorded.get(&s)) {
+            site.recorded = recorded.clone();
+        }
+        site
     }
 }

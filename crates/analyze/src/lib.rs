@@ -36,6 +36,7 @@ mod kept;
 mod oom;
 mod peak;
 mod profile;
+mod recorded;
 mod replay;
 mod stack_key;
 mod steps;
@@ -55,9 +56,11 @@ pub use crate::group::{
 pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
 pub use crate::peak::{
-    CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, peak,
+    CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, PoolBytes,
+    peak,
 };
 pub use crate::profile::{LiveMoment, SiteBytes, live_by_site};
+pub use crate::recorded::Recorded;
 pub use crate::replay::{Replayed, replay};
 pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::steps::{DeviceSteps, Retained, Step, StepDetail, Steps, StepsOptions, steps};

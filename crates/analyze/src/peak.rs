@@ -7,6 +7,8 @@
 //! through the segment events, so the allocator's cache at that moment
 //! (reserved minus allocated) is shown too.
 
+use std::collections::BTreeMap;
+
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_format::{Action, DeviceTrace, Snapshot};
@@ -59,10 +61,26 @@ pub struct DevicePeak {
     pub categories: Vec<CategoryTotal>,
     /// Live bytes by site, largest first.
     pub sites: Vec<PeakSite>,
+    /// Live bytes by memory pool, the shared pool first, when the trace
+    /// allocates in a private pool (CUDA graphs, `torch.cuda.MemPool`,
+    /// vLLM's KV cache); empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolBytes>,
     /// What the sites that keep growing (as `trend` finds them) gained
     /// after warm-up, and held at the peak: how much of the peak a leak
     /// explains. `None` when no site keeps growing.
     pub growth: Option<PeakGrowth>,
+}
+
+/// Live memory of one pool at the peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PoolBytes {
+    /// The pool's id; `(0, 0)` is the shared pool.
+    pub pool_id: (i64, i64),
+    /// Live blocks.
+    pub blocks: u64,
+    /// Live bytes (requested).
+    pub bytes: u64,
 }
 
 /// The part of a peak that sites that keep growing explain.
@@ -181,8 +199,66 @@ fn device_peak(
         highest_reserved: reserved.map(|r| r.highest),
         categories,
         sites,
+        pools: pools_at(snap, trace, event_index),
         growth: None,
     }
+}
+
+/// Live bytes by pool after `index` events of `trace`; empty unless some
+/// of them are in a private pool. An event's pool is its `pool_id` (newest
+/// PyTorch), else that of the device's segment holding its address.
+fn pools_at(snap: &Snapshot, trace: &DeviceTrace, index: usize) -> Vec<PoolBytes> {
+    let mut private: Vec<(u64, u64, (i64, i64))> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == trace.device && s.pool_id != (0, 0))
+        .map(|s| (s.address, s.address + s.total_size, s.pool_id))
+        .collect();
+    private.sort_unstable();
+    let has_pool_ids = trace
+        .events
+        .iter()
+        .any(|e| e.details.as_ref().is_some_and(|d| d.pool_id.is_some()));
+    if private.is_empty() && !has_pool_ids {
+        return Vec::new();
+    }
+    let segment_pool = |address: u64| {
+        let i = private.partition_point(|&(start, _, _)| start <= address);
+        i.checked_sub(1)
+            .map(|i| private[i])
+            .filter(|&(_, end, _)| address < end)
+            .map_or((0, 0), |(_, _, pool)| pool)
+    };
+    let mut live: FxHashMap<u64, (u64, (i64, i64))> = FxHashMap::default();
+    for e in trace.events.iter().take(index) {
+        match e.action {
+            Action::Alloc => {
+                let pool = e.details.as_ref().and_then(|d| d.pool_id);
+                live.insert(
+                    e.address,
+                    (e.size, pool.unwrap_or_else(|| segment_pool(e.address))),
+                );
+            }
+            Action::FreeCompleted => {
+                live.remove(&e.address);
+            }
+            _ => {}
+        }
+    }
+    let mut by_pool: BTreeMap<(i64, i64), PoolBytes> = BTreeMap::new();
+    for (size, pool_id) in live.into_values() {
+        let p = by_pool.entry(pool_id).or_insert(PoolBytes {
+            pool_id,
+            blocks: 0,
+            bytes: 0,
+        });
+        p.blocks += 1;
+        p.bytes += size;
+    }
+    if by_pool.keys().all(|&p| p == (0, 0)) {
+        return Vec::new();
+    }
+    by_pool.into_values().collect()
 }
 
 /// What was live at the first cut of `at`, by category and by site,

@@ -11,6 +11,7 @@
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
+use snapdiff_format::DeviceName;
 use snapdiff_format::{Action, Snapshot};
 
 use crate::category::Categories;
@@ -131,9 +132,9 @@ pub fn steps(snap: &Snapshot, options: &StepsOptions) -> Steps {
         }
         let Some(cuts) = step_cuts(snap, &keys, t, usize::MAX).filter(|c| c.at.len() >= 2) else {
             notes.push(format!(
-                "device {}: no steps found (no step or snapshot markers, annotations or \
+                "{}: no steps found (no step or snapshot markers, annotations or \
                  repeating iterations): one pass",
-                trace.device
+                DeviceName(trace.device)
             ));
             continue;
         };
@@ -198,7 +199,7 @@ pub fn steps(snap: &Snapshot, options: &StepsOptions) -> Steps {
             })
         });
         if let (Some(wanted), None) = (options.detail, &detail) {
-            notes.push(format!("device {}: no step {wanted}", trace.device));
+            notes.push(format!("{}: no step {wanted}", DeviceName(trace.device)));
         }
         devices.push(DeviceSteps {
             device: trace.device,

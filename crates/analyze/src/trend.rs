@@ -21,6 +21,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
+use snapdiff_format::DeviceName;
 use snapdiff_format::{Action, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
@@ -721,10 +722,10 @@ fn trend_of_device(
     let mut trend = trend_of_series(series, source, options);
     if freed_unseen > 0 {
         trend.notes.push(format!(
-            "device {}'s trace frees {freed_unseen} block{} it never saw allocated: recording \
+            "{}'s trace frees {freed_unseen} block{} it never saw allocated: recording \
              began mid-run, or the trace's ring buffer (max_entries) wrapped; only the recorded \
              window is judged, and blocks from before it are labelled, never counted as growth",
-            trace.device,
+            DeviceName(trace.device),
             if freed_unseen == 1 { "" } else { "s" }
         ));
     }

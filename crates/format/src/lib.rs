@@ -44,9 +44,9 @@ pub use crate::compressed::Compression;
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::events::{EventIter, Events, Indexed};
 pub use crate::model::{
-    Action, Annotation, Block, BlockState, CompactString, DeviceInfo, DeviceTrace, EventDetails,
-    Frame, FrameId, HistoryEntry, Meta, Pool, Segment, Snapshot, StackId, StrId, Totals,
-    TraceEvent,
+    Action, Annotation, Block, BlockState, CompactString, DeviceInfo, DeviceName, DeviceTrace,
+    EventDetails, Frame, FrameId, HistoryEntry, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot,
+    StackId, StrId, Totals, TraceEvent,
 };
 pub use crate::pickle::write_torch_pickle;
 pub use crate::read::{Reader, read_path};

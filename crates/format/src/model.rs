@@ -83,6 +83,24 @@ impl Meta {
     pub const PRODUCER_TORCH: &'static str = "torch";
 }
 
+/// The device ordinal of PyTorch's pinned host memory (`host_segments` and
+/// `host_traces`), read as a device of its own; reports name it with
+/// [`DeviceName`].
+pub const PINNED_HOST_DEVICE: u32 = u32::MAX;
+
+/// How reports name a device: `device 0`, or `pinned host memory`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceName(pub u32);
+
+impl std::fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            PINNED_HOST_DEVICE => f.write_str("pinned host memory"),
+            ordinal => write!(f, "device {ordinal}"),
+        }
+    }
+}
+
 /// One device of the snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceInfo {
@@ -606,7 +624,7 @@ impl Snapshot {
         }
         for trace in &self.traces {
             for (ei, ev) in trace.events.indexed() {
-                let what = || format!("device {} trace event {ei}", trace.device);
+                let what = || format!("{} trace event {ei}", DeviceName(trace.device));
                 check_stack(ev.stack, &what)?;
                 for s in [ev.compile_context, ev.user_metadata].into_iter().flatten() {
                     if s as usize >= strings {

@@ -1,5 +1,6 @@
 //! A whole job's verdict as text: one screen for any number of ranks.
 
+use snapdiff_format::DeviceName;
 use std::io::{self, Write};
 
 use snapdiff_fleet::{Fleet, Member, MemberGrowth};
@@ -205,7 +206,7 @@ fn ranks_text(members: &[&Member], devices_apart: bool) -> String {
             .map(|m| {
                 let who = m.rank.map_or(m.process.clone(), |r| format!("rank {r}"));
                 if devices_apart {
-                    format!("{who} device {}", m.device)
+                    format!("{who} {}", DeviceName(m.device))
                 } else {
                     who
                 }

@@ -1,6 +1,7 @@
 //! An out-of-memory error as text: `snapdiff oom`, and `capture` after a
 //! job died of one.
 
+use snapdiff_format::DeviceName;
 use std::io::{self, Write};
 
 use snapdiff_analyze::{DeviceOom, Oom};
@@ -23,8 +24,8 @@ pub fn write_text(oom: &Oom, options: &TextOptions, out: &mut dyn Write) -> io::
 fn write_device(o: &DeviceOom, options: &TextOptions, out: &mut dyn Write) -> io::Result<()> {
     writeln!(
         out,
-        "device {}: out of memory asking for {} on stream {}, after event {} of {}{}",
-        o.device,
+        "{}: out of memory asking for {} on stream {}, after event {} of {}{}",
+        DeviceName(o.device),
         size(o.requested_bytes),
         o.stream,
         o.event_index,

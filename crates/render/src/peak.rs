@@ -1,6 +1,7 @@
 //! The peak as text: `snapdiff peak`, and what was live at a moment for
 //! `oom` and `steps`.
 
+use snapdiff_format::DeviceName;
 use std::io::{self, Write};
 
 use snapdiff_analyze::{Category, CategoryTotal, DevicePeak, Peak, PeakSite};
@@ -32,8 +33,8 @@ pub fn write_text(
 fn write_device(p: &DevicePeak, options: &TextOptions, out: &mut dyn Write) -> io::Result<()> {
     writeln!(
         out,
-        "device {}: peak of {} allocated after event {} of {}",
-        p.device,
+        "{}: peak of {} allocated after event {} of {}",
+        DeviceName(p.device),
         size(p.allocated_bytes),
         p.event_index,
         p.events
@@ -54,6 +55,17 @@ fn write_device(p: &DevicePeak, options: &TextOptions, out: &mut dyn Write) -> i
             )?,
             _ => writeln!(out)?,
         }
+    }
+    if !p.pools.is_empty() {
+        let pools: Vec<String> = p
+            .pools
+            .iter()
+            .map(|pool| match pool.pool_id {
+                (0, 0) => format!("shared pool {}", size(pool.bytes)),
+                (a, b) => format!("private pool ({a}, {b}) {}", size(pool.bytes)),
+            })
+            .collect();
+        writeln!(out, "  live by pool: {}", pools.join(", "))?;
     }
     if let Some(g) = p.growth {
         writeln!(

@@ -1,5 +1,6 @@
 //! Steps as text: `snapdiff steps`.
 
+use snapdiff_format::DeviceName;
 use std::io::{self, Write};
 
 use snapdiff_analyze::{DeviceSteps, Step, Steps};
@@ -30,8 +31,8 @@ pub fn write_text(
 fn write_device(d: &DeviceSteps, options: &TextOptions, out: &mut dyn Write) -> io::Result<()> {
     writeln!(
         out,
-        "device {}: {} step{} ({})",
-        d.device,
+        "{}: {} step{} ({})",
+        DeviceName(d.device),
         d.steps.len(),
         if d.steps.len() == 1 { "" } else { "s" },
         source_label(d.source)

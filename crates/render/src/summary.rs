@@ -1,5 +1,6 @@
 //! A snapshot's summary as text: `snapdiff summary`.
 
+use snapdiff_format::PINNED_HOST_DEVICE;
 use std::io::{self, Write};
 
 use snapdiff_analyze::Summary;
@@ -69,7 +70,10 @@ pub fn write_text(
         ]);
         for p in &summary.pools {
             pools.add_row(vec![
-                p.device.to_string(),
+                match p.device {
+                    PINNED_HOST_DEVICE => "pinned host".to_owned(),
+                    ordinal => ordinal.to_string(),
+                },
                 match p.private_pool {
                     Some((a, b)) => format!("{}, private ({a}, {b})", p.pool),
                     None => p.pool.to_owned(),

@@ -41,7 +41,7 @@ use std::borrow::Cow;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::Events;
-use crate::model::{Annotation, DeviceTrace, Meta, Pool, Segment, Snapshot};
+use crate::model::{Annotation, DeviceTrace, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot};
 use heap::{
     Container, Failure, Heap, Val, at, bool_of, entries, here, i64_of, index, items, key_text,
     pair_of, str_of, u32_of, u64_of,
@@ -96,7 +96,7 @@ pub(crate) fn read(
         Val::Obj(_) if items(&heap, top).is_ok() => {
             // `torch.cuda.memory_snapshot()` returns only the segment list.
             snap.segments =
-                segments(&mut lower, &heap, top).map_err(|f| malformed("segments", f))?;
+                segments(&mut lower, &heap, top, false).map_err(|f| malformed("segments", f))?;
         }
         Val::Obj(_) if entries(&heap, top).is_ok() => {
             let top_entries = entries(&heap, top).expect("checked");
@@ -110,8 +110,8 @@ pub(crate) fn read(
                 let key = key_text(&heap, k);
                 match key.as_str() {
                     "segments" => {
-                        snap.segments =
-                            segments(&mut lower, &heap, v).map_err(|f| malformed("segments", f))?
+                        snap.segments = segments(&mut lower, &heap, v, false)
+                            .map_err(|f| malformed("segments", f))?
                     }
                     "device_traces" => {
                         snap.traces = traces(&mut lower, &heap, v)
@@ -121,6 +121,31 @@ pub(crate) fn read(
                         snap.annotations = annotations(&mut lower, &heap, v)
                             .map_err(|f| malformed("external_annotations", f))?
                     }
+                    // The pinned host allocator's, in the layout of the
+                    // device's (PR #182407 built it after the CUDA
+                    // allocator): a device of its own. A layout this reader
+                    // cannot follow is kept as it is, never an error.
+                    "host_segments" => match segments(&mut lower, &heap, v, true) {
+                        Ok(host) => snap.segments.extend(host),
+                        Err(_) => snap.extra.push((
+                            key,
+                            lower
+                                .value(&heap, v, 1)
+                                .map_err(|f| malformed("host_segments", f))?,
+                        )),
+                    },
+                    "host_traces" => match host_events(&mut lower, &heap, v) {
+                        Ok(events) => snap.traces.push(DeviceTrace {
+                            device: PINNED_HOST_DEVICE,
+                            events,
+                        }),
+                        Err(_) => snap.extra.push((
+                            key,
+                            lower
+                                .value(&heap, v, 1)
+                                .map_err(|f| malformed("host_traces", f))?,
+                        )),
+                    },
                     "allocator_settings" => {
                         let value = lower
                             .value(&heap, v, 1)
@@ -140,17 +165,21 @@ pub(crate) fn read(
     Ok(snap)
 }
 
-fn segments(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<Segment>, Failure> {
+/// The segments in `v`; those of the pinned host allocator when `host`.
+fn segments(lower: &mut Lowerer, heap: &Heap, v: Val, host: bool) -> Result<Vec<Segment>, Failure> {
     let list = items(heap, v).map_err(here)?;
     let mut out = Vec::with_capacity(list.len());
     for (i, &s) in list.iter().enumerate() {
-        out.push(segment(lower, heap, s).map_err(|f| index(i, f))?);
+        out.push(segment(lower, heap, s, host).map_err(|f| index(i, f))?);
     }
     Ok(out)
 }
 
-fn segment(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Segment, Failure> {
+fn segment(lower: &mut Lowerer, heap: &Heap, v: Val, host: bool) -> Result<Segment, Failure> {
     let mut seg = Segment::default();
+    if host {
+        seg.device = PINNED_HOST_DEVICE;
+    }
     let mut pool = None;
     let (mut has_address, mut has_total) = (false, false);
     let mut block_vals: &[Val] = &[];
@@ -159,6 +188,8 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Segment, Failure>
         let field = key.as_str();
         let wrap = |f: Failure| at(field, f);
         match field {
+            // The host allocator's segments are one device, whatever they say.
+            "device" if host => {}
             "device" => seg.device = u32_of(heap, v).map_err(wrap)?,
             "address" => {
                 seg.address = u64_of(heap, v).map_err(wrap)?;
@@ -245,6 +276,20 @@ fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, 
     }
     out.reverse();
     Ok(out)
+}
+
+/// The pinned host allocator's events: one list of trace entries, or (read
+/// the same) one list per device of which the first with events is taken.
+fn host_events(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Events, Failure> {
+    let is_run = |l: Val| matches!(l, Val::Obj(id) if matches!(heap.containers[id as usize], Container::Events { .. }));
+    if is_run(v) {
+        return device_events(lower, heap, v);
+    }
+    let lists = items(heap, v).map_err(here)?;
+    match lists.iter().find(|&&l| is_run(l)) {
+        Some(&first) => device_events(lower, heap, first),
+        None => device_events(lower, heap, v),
+    }
 }
 
 /// One device's events. As the machine leaves them (a run of lowered events,

@@ -15,7 +15,9 @@ use std::io::Write;
 use rustc_hash::FxHashMap;
 
 use crate::events::Events;
-use crate::model::{Action, BlockState, Frame, Pool, Segment, Snapshot, StackId, TraceEvent};
+use crate::model::{
+    Action, BlockState, Frame, PINNED_HOST_DEVICE, Pool, Segment, Snapshot, StackId, TraceEvent,
+};
 use crate::value::Value;
 use crate::{Error, Result};
 
@@ -236,19 +238,24 @@ impl<'a, W: Write> Writer<'a, W> {
     fn snapshot(&mut self) -> Io {
         let snap = self.snap;
         self.out.write_all(&[PROTO, 4])?;
+        // Pinned host memory goes back under its own keys.
+        let host = |device: u32| device == PINNED_HOST_DEVICE;
+        let (host_segments, segments): (Vec<&'a Segment>, Vec<&'a Segment>) =
+            snap.segments.iter().partition(|s| host(s.device));
         // One trace per device up to the last that has one (PyTorch writes
         // one per device allocator, empty when history is off).
         let devices = snap
             .traces
             .iter()
             .map(|t| t.device)
+            .filter(|&d| !host(d))
             .max()
             .map_or(0, |d| d as usize + 1);
         self.op(EMPTY_DICT)?;
         self.memoize()?;
         self.op(MARK)?;
         self.str("segments")?;
-        self.list(snap.segments.len(), |w, i| w.segment(&snap.segments[i]))?;
+        self.list(segments.len(), |w, i| w.segment(segments[i]))?;
         self.str("device_traces")?;
         self.list(devices, |w, d| {
             let none = Events::new();
@@ -257,11 +264,16 @@ impl<'a, W: Write> Writer<'a, W> {
                 .iter()
                 .find(|t| t.device as usize == d)
                 .map_or(&none, |t| &t.events);
-            let mut each = events.iter();
-            w.list(events.len(), |w, _| {
-                w.event(&each.next().expect("one event per item of the list"))
-            })
+            w.events(events)
         })?;
+        if !host_segments.is_empty() {
+            self.str("host_segments")?;
+            self.list(host_segments.len(), |w, i| w.segment(host_segments[i]))?;
+        }
+        if let Some(trace) = snap.traces.iter().find(|t| host(t.device)) {
+            self.str("host_traces")?;
+            self.events(&trace.events)?;
+        }
         self.str("external_annotations")?;
         self.list(snap.annotations.len(), |w, i| {
             let a = &snap.annotations[i];
@@ -299,6 +311,14 @@ impl<'a, W: Write> Writer<'a, W> {
         self.op(SETITEMS)?;
         self.op(STOP)?;
         self.out.flush()
+    }
+
+    /// One device's trace: a list of event dicts.
+    fn events(&mut self, events: &Events) -> Io {
+        let mut each = events.iter();
+        self.list(events.len(), |w, _| {
+            w.event(&each.next().expect("one event per item of the list"))
+        })
     }
 
     fn segment(&mut self, s: &'a Segment) -> Io {

@@ -25,11 +25,20 @@ function svg(tag, attrs = {}) {
   return e;
 }
 
+// PyTorch's pinned host memory is read as a device of its own, numbered
+// u32::MAX (PINNED_HOST_DEVICE in the format crate).
+function deviceName(d) {
+  return d === 4294967295 ? "pinned host memory" : `device ${d}`;
+}
+
 function culprit(site) {
   const c = site.culprit;
   if (c.kind === "no_stack") return "(no stack recorded)";
   const where = c.file && c.file !== "??" ? `  ${c.file}${c.line ? ":" + c.line : ""}` : "";
-  return `${c.name}${where}`;
+  const r = site.recorded || {};
+  const recorded = [["label", r.labels], ["compiled region", r.compiled_regions], ["metadata", r.metadata]]
+    .flatMap(([what, values]) => (values || []).map(v => `${what} ${JSON.stringify(v)}`));
+  return `${c.name}${where}${recorded.length ? "  (" + recorded.join(", ") + ")" : ""}`;
 }
 
 function stackText(site) {
@@ -110,7 +119,7 @@ const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#edc948", "#b07aa1", "#76b7b2"
 function timeline(section) {
   const tl = data.timeline;
   if (!tl) return;
-  section.append(el("h2", {}, `Live memory over the trace (device ${tl.device})`));
+  section.append(el("h2", {}, `Live memory over the trace (${deviceName(tl.device)})`));
   const W = 1000, H = 300, n = tl.allocated.length;
   const max = Math.max(...tl.allocated, 1);
   const x = i => (n > 1 ? (i / (n - 1)) * (W - 70) : 0) + 60;
@@ -155,7 +164,7 @@ function timeline(section) {
 function peak(section) {
   const p = data.peak;
   if (!p) return;
-  section.append(el("h2", {}, `At the peak: ${size(p.allocated_bytes)} allocated (device ${p.device}, after event ${p.event_index})`));
+  section.append(el("h2", {}, `At the peak: ${size(p.allocated_bytes)} allocated (${deviceName(p.device)}, after event ${p.event_index})`));
   section.append(table([["what", false], ["blocks", true], ["bytes", true]], p.categories.map(c =>
     el("tr", {}, cell(c.category.replaceAll("_", " ")), cell(String(c.blocks), { class: "num" }), cell(size(c.bytes), { class: "num" })))));
   section.append(table([["culprit", false], ["what", false], ["blocks", true], ["bytes", true]], p.sites.map(s => {

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use snapdiff_analyze::{Culprit, CulpritKind, Site, SiteFrame};
+use snapdiff_analyze::{Culprit, CulpritKind, Recorded, Site, SiteFrame};
 use snapdiff_format::visible;
 
 use super::human::count;
@@ -70,12 +70,36 @@ pub fn site_cell(site: &Site, frames: usize, base: &str) -> String {
         cell.push_str("\n  in compiled code ");
         cell.push_str(&frame_text(generated, base));
     }
+    if let Some(recorded) = recorded_text(&site.recorded) {
+        cell.push_str("\n  ");
+        cell.push_str(&recorded);
+    }
     let below = culprit_at.map_or(0, |i| i + 1);
     for f in site.frames.iter().skip(below).take(frames) {
         cell.push_str("\n  from ");
         cell.push_str(&frame_text(f, base));
     }
     cell
+}
+
+/// What PyTorch recorded with a site's allocations, as one line
+/// (`label "kv_cache", compiled region "Torch-Compiled Region: 0/1"`);
+/// `None` when nothing was. The texts come from the file, so they are
+/// quoted and escaped.
+fn recorded_text(recorded: &Recorded) -> Option<String> {
+    let parts: Vec<String> = [
+        ("label", &recorded.labels),
+        ("compiled region", &recorded.compiled_regions),
+        ("metadata", &recorded.metadata),
+    ]
+    .into_iter()
+    .flat_map(|(what, values)| {
+        values
+            .iter()
+            .map(move |v| format!("{what} {}", visible::quoted(v)))
+    })
+    .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 /// A frame as `function file:line`, its path shown from `base`.
@@ -156,6 +180,7 @@ mod tests {
             },
             frames,
             stacks: 1,
+            recorded: Default::default(),
         };
         let a = site(1, vec![frame("f", 1), frame("g", 10), frame("main", 5)]);
         let b = site(2, vec![frame("f", 1), frame("h", 20), frame("main", 5)]);

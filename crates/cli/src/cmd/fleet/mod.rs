@@ -3,6 +3,7 @@
 mod inputs;
 mod read;
 
+use snapdiff_format::DeviceName;
 use std::io::Write;
 use std::sync::Mutex;
 
@@ -140,9 +141,9 @@ fn exit_code(
         .filter(|(_, d)| d.trend.suspected_bytes > limit)
         .map(|(v, d)| {
             format!(
-                "{} device {}: {}",
+                "{} {}: {}",
                 v.process,
-                d.device,
+                DeviceName(d.device),
                 size(d.trend.suspected_bytes)
             )
         })
@@ -180,7 +181,7 @@ fn print_rank(verdicts: &[ProcessVerdict], args: &FleetArgs) -> anyhow::Result<(
     for v in verdicts {
         for d in &v.devices {
             if v.devices.len() > 1 || verdicts.len() > 1 {
-                writeln!(out, "{} device {}:", v.process, d.device)?;
+                writeln!(out, "{} {}:", v.process, DeviceName(d.device))?;
             }
             snapdiff_render::trend::write_text(&d.trend, &args.report.text(), &mut out)?;
         }

@@ -1,0 +1,172 @@
+//! The newest PyTorch snapshot layout, read completely: every key optional,
+//! unknown actions counted and skipped, pinned host memory as a device of its
+//! own, `annotate` labels, compiled regions and user metadata shown with
+//! their sites, private pools by pool, and XPU files read as CUDA files.
+//! The files are written by CPython's pickler (`fixtures/make_torch_format.py`,
+//! `newest_snapshot`, which names the PyTorch source each key follows).
+
+use snapdiff_format::{PINNED_HOST_DEVICE, read_path};
+
+use crate::util::{fixture, shared_torch_fixtures, snapdiff};
+
+const MIB: u64 = 1 << 20;
+
+fn newest(name: &str) -> std::path::PathBuf {
+    fixture("torch-format").join(name)
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    snapdiff(args).expect_code(0).json()
+}
+
+#[test]
+fn pinned_host_memory_is_a_device_of_its_own_named_so_in_reports() {
+    let path = newest("newest-step6.pickle");
+    let snap = read_path(&path).unwrap();
+    let host: Vec<_> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == PINNED_HOST_DEVICE)
+        .collect();
+    assert_eq!(host.len(), 1, "one pinned host segment");
+    assert_eq!(host[0].total_size, 4 * MIB);
+    let host_trace = snap
+        .traces
+        .iter()
+        .find(|t| t.device == PINNED_HOST_DEVICE)
+        .expect("host_traces read as the pinned host device's trace");
+    assert_eq!(host_trace.events.len(), 2);
+    // Device 0 keeps only its own segments and events.
+    assert_eq!(snap.segments.iter().filter(|s| s.device == 0).count(), 2);
+    assert_eq!(snap.traces[0].events.len(), 30);
+
+    let p = path.to_str().unwrap();
+    let summary = snapdiff(["summary", p]).expect_code(0).stdout();
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.contains("pinned host") && l.contains("4.00 MiB")),
+        "summary names the pinned host device:\n{summary}"
+    );
+    assert!(!summary.contains("4294967295"), "{summary}");
+    let peak = snapdiff(["peak", p]).expect_code(0).stdout();
+    assert!(
+        peak.contains("pinned host memory: peak of 2.00 MiB allocated after event 2 of 2"),
+        "{peak}"
+    );
+    assert!(peak.contains("device 0: peak of 40.0 MiB"), "{peak}");
+}
+
+#[test]
+fn unknown_actions_are_counted_and_keys_may_be_missing() {
+    let p = newest("newest-step6.pickle");
+    let p = p.to_str().unwrap();
+    let summary = json(&["summary", "--json", p]);
+    assert_eq!(summary["actions"]["future_action"], 1);
+    assert_eq!(summary["actions"]["annotate"], 1);
+    // One alloc has neither `stream` nor `time_us`, yet the trace still cuts
+    // at the external annotations and the leak is found, a step at a time.
+    let trend = json(&["trend", "--json", p]);
+    assert_eq!(trend["checkpoint_source"], "annotations", "{trend:#}");
+    let suspects = trend["suspects"].as_array().unwrap();
+    assert_eq!(suspects.len(), 1, "{trend:#}");
+    assert_eq!(suspects[0]["culprit"]["line"], 31);
+    assert_eq!(suspects[0]["growth_bytes"], 5 * MIB);
+}
+
+#[test]
+fn labels_compiled_regions_and_metadata_are_shown_with_their_sites() {
+    let p = newest("newest-step6.pickle");
+    let p = p.to_str().unwrap();
+    let trend = json(&["trend", "--json", p]);
+    let recorded = &trend["suspects"][0]["recorded"];
+    assert_eq!(
+        recorded["compiled_regions"],
+        serde_json::json!(["Torch-Compiled Region: 0/1"])
+    );
+    assert_eq!(recorded["metadata"], serde_json::json!(["phase=train"]));
+    let text = snapdiff(["trend", p]).expect_code(0).stdout();
+    assert!(
+        text.contains(r#"compiled region "Torch-Compiled Region: 0/1", metadata "phase=train""#),
+        "{text}"
+    );
+    // The KV cache's block was labelled after it was allocated.
+    let summary = json(&["summary", "--json", p]);
+    let kv = summary["top_sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["culprit"]["name"] == "allocate_kv_cache")
+        .expect("the KV cache's site");
+    assert_eq!(kv["recorded"]["labels"], serde_json::json!(["kv_cache"]));
+    let text = snapdiff(["summary", p]).expect_code(0).stdout();
+    assert!(text.contains(r#"label "kv_cache""#), "{text}");
+    // Sites with nothing recorded say nothing.
+    let weights = summary["top_sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["culprit"]["name"] == "build_model")
+        .unwrap();
+    assert!(weights.get("recorded").is_none(), "{weights:#}");
+}
+
+#[test]
+fn private_pools_are_shown_by_pool_in_summary_and_peak() {
+    let p = newest("newest-step6.pickle");
+    let p = p.to_str().unwrap();
+    let peak = json(&["peak", "--json", p]);
+    let pools = &peak["devices"][0]["pools"];
+    assert_eq!(
+        *pools,
+        serde_json::json!([
+            {"pool_id": [0, 0], "blocks": 8, "bytes": 16 * MIB},
+            {"pool_id": [1, 0], "blocks": 1, "bytes": 24 * MIB},
+        ]),
+        "{peak:#}"
+    );
+    let text = snapdiff(["peak", p]).expect_code(0).stdout();
+    assert!(
+        text.contains("live by pool: shared pool 16.0 MiB, private pool (1, 0) 24.0 MiB"),
+        "{text}"
+    );
+    // vLLM's KV cache lives in a private pool of the real RL job.
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    let verl = files
+        .iter()
+        .find(|f| f.ends_with("verl-rl-vllm.pickle"))
+        .expect("torch-incoming/verl-rl-vllm.pickle");
+    let summary = json(&["summary", "--json", verl.to_str().unwrap()]);
+    let kv: u64 = summary["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["private_pool"] == serde_json::json!([0, 2]))
+        .map(|p| p["reserved_bytes"].as_u64().unwrap())
+        .sum();
+    assert!(kv > 20 << 30, "pool (0, 2) holds the 20 GiB KV cache: {kv}");
+}
+
+#[test]
+fn xpu_files_read_as_cuda_files() {
+    let xpu = newest("xpu-step6.pickle");
+    let cuda = newest("newest-step6.pickle");
+    let (xpu, cuda) = (xpu.to_str().unwrap(), cuda.to_str().unwrap());
+    let x = json(&["summary", "--json", xpu]);
+    let c = json(&["summary", "--json", cuda]);
+    // The same device memory; the CUDA file adds the pinned host device.
+    assert_eq!(
+        x["pools"],
+        serde_json::json!(c["pools"].as_array().unwrap()[..2])
+    );
+    assert_eq!(x["reserved_bytes"], 96 * MIB);
+    let tx = json(&["trend", "--json", xpu]);
+    let tc = json(&["trend", "--json", cuda]);
+    assert_eq!(tx["suspects"], tc["suspects"]);
+    let settings = read_path(newest("xpu-step6.pickle"))
+        .unwrap()
+        .allocator_settings;
+    assert!(format!("{settings:?}").contains("PYTORCH_ALLOC_CONF"));
+}
