@@ -19,6 +19,7 @@ itself, and the page as a whole by `html.escape` here.
 import argparse
 import html
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -61,15 +62,43 @@ _PARSER.add_argument("--every", type=int, default=1)
 _PARSER.add_argument("--warmup", type=int, default=1)
 
 
+def _cells_named(text, extra=()):
+    """`text` with the kernel's id of each cell run so far (`notebook cell
+    3137782118`, from its file `ipykernel_PID/3137782118.py`) replaced by
+    the cell's number as IPython shows it (`cell In[4]`). `extra` holds
+    (number, code) pairs of code run without history (the magic's cell)."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        history = list(enumerate(shell.history_manager.input_hist_raw))
+        names = {}
+        for number, code in [*history, *extra]:
+            if code:
+                path = shell.compile.get_code_name(code, code, number)
+                names[os.path.splitext(os.path.basename(path))[0]] = number
+    except Exception:
+        return text
+
+    def name(match):
+        number = names.get(match.group(1))
+        return match.group(0) if number is None else f"cell In[{number}]"
+
+    return re.sub(r"notebook cell (\d+)", name, text)
+
+
 class _Verdict:
     """What the cell magic shows: the trend's text and report."""
 
-    def __init__(self, files, warmup):
+    def __init__(self, files, warmup, cell=()):
         self.files = files
         self.warmup = warmup
+        self.cell = cell
 
     def text(self):
-        return text_of("trend", self.files, ["--warmup", str(self.warmup)])
+        return _cells_named(
+            text_of("trend", self.files, ["--warmup", str(self.warmup)]), self.cell
+        )
 
     def _repr_html_(self):
         return report_html(self.files, self.text())
@@ -89,7 +118,7 @@ def snapdiff_magic(line, cell=None):
         if not words or words[0] != "report" or len(words) < 2:
             print("usage: %snapdiff report FILE...  (or %%snapdiff [--every N] [--warmup K] on a cell)")
             return None
-        display(HTML(report_html(words[1:], text_of("trend", words[1:]))))
+        display(HTML(report_html(words[1:], _cells_named(text_of("trend", words[1:])))))
         return None
     args = _PARSER.parse_args(shlex.split(line))
     import torch.optim.optimizer as optimizer
@@ -105,7 +134,9 @@ def snapdiff_magic(line, cell=None):
     try:
         # A first line in place of the magic's, so that lines are the
         # cell's own (a blank one would be stripped).
-        get_ipython().run_cell("# %%snapdiff\n" + cell)
+        code = "# %%snapdiff\n" + cell
+        number = get_ipython().execution_count
+        get_ipython().run_cell(code)
     finally:
         hook.remove()
         recording.stop(final_dump=False)
@@ -116,7 +147,7 @@ def snapdiff_magic(line, cell=None):
             f"a verdict needs {args.warmup + 3} (--every {args.every}, --warmup {args.warmup})"
         )
         return None
-    return _Verdict(files, args.warmup)
+    return _Verdict(files, args.warmup, [(number, code)])
 
 
 def load(ipython):

@@ -113,9 +113,9 @@ class Recording:
         return sorted(groups.values(), key=lambda g: -g["bytes"])
 
     def files(self):
-        """The snapshots written so far, in step order."""
-        names = [n for n in os.listdir(self.folder) if n.endswith(".pickle")]
-        return [os.path.join(self.folder, n) for n in sorted(names, key=_natural)]
+        """The snapshots this recording has written so far, in step order
+        (not those of earlier runs into the same folder)."""
+        return [os.path.join(self.folder, n) for n in self._capture.written]
 
     def __enter__(self):
         return self.start()
@@ -123,12 +123,6 @@ class Recording:
     def __exit__(self, *exc):
         self.stop()
         return False
-
-
-def _natural(name):
-    import re
-
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
 def recording(folder, every=10, max_entries=100000, stacks=True, owners=False):

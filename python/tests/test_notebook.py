@@ -77,8 +77,9 @@ def test_a_notebook_shows_the_leaking_cells_line_and_nothing_for_the_clean_one(t
     # The verdict, escaped, and the offline report in a sandboxed frame.
     text = html.unescape(leaking_html)
     assert "1 site keeps growing" in text, leaking
-    assert "notebook cell" in text and ", line 4" in text, text[:2000]
+    # Named as IPython names the cell: its number, not the kernel's file id.
+    assert "cell In[3], line 4" in text, text[:2000]
     assert '<iframe sandbox="allow-scripts"' in leaking_html
     assert "http://" not in text.split("srcdoc=")[0] and "https://" not in text.split("srcdoc=")[0]
     assert "nothing here looks like a leak" in html.unescape(clean_html), clean
-    assert "notebook cell" not in html.unescape(clean_html).split("<iframe")[0]
+    assert "cell In[" not in html.unescape(clean_html).split("<iframe")[0]

@@ -139,6 +139,15 @@ def test_recording_and_the_python_api(tmp_path):
     comparison = snapdiff.compare(files[1], files[-2])
     assert comparison.groups[0].delta_bytes > 0
     assert comparison.groups[0].site.culprit.file == __file__
+    # A second run into the same folder judges its own dumps only (the
+    # first run's stay, under their names).
+    with snapdiff.recording(tmp_path, every=1) as again:
+        for _ in range(3):
+            kept.append(torch.ones(16))
+            again.step()
+    mine = again.files()
+    assert len(mine) >= 3 and not set(mine) & set(files), (mine, files)
+    assert all(os.path.exists(f) for f in mine + files)
 
 
 def test_python_m_snapdiff_is_the_command():

@@ -106,6 +106,7 @@ class Capture:
         self.failures = 0
         self.last_failure = None
         self.dumps = 0  # dumps written
+        self.written = []  # their names, in order
         self.previous_handlers = {}
 
     # -- installing ----------------------------------------------------------
@@ -337,6 +338,7 @@ class Capture:
                 self.note({"file": None, "error": str(e)}, rank, reason)
                 return
             self.dumps += 1
+            self.written.append(name)
             entry = {"file": name}
             if snapshot is not None and getattr(self.settings, "owners", False):
                 entry["owners"] = self.write_owners(snapshot, name)
