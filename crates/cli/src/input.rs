@@ -28,9 +28,60 @@ pub(crate) fn read_parts(
     path: &std::path::Path,
     parts: Parts,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
-    let snap = read_with_progress(path, parts);
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    let snap = {
+        let _at_once = (len >= RETURN_AT_ONCE_FROM_BYTES).then(ReturnAtOnce::new);
+        read_with_progress(path, parts)
+    };
     return_freed_memory();
     snap
+}
+
+/// Files at least this large are read with freed memory going back to the
+/// operating system at once (see [`ReturnAtOnce`]).
+const RETURN_AT_ONCE_FROM_BYTES: u64 = 64 << 20;
+
+/// mimalloc's `mi_option_purge_delay` (its place in `mi_option_e`, which
+/// libmimalloc-sys does not name): how long freed memory is kept before it
+/// goes back to the system, 10 ms by default.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// While one lives, memory freed goes back to the system at once. Reading a
+/// large pickle frees its parse's blocks chunk by chunk as its segments take
+/// them, and returning them at once keeps them out of the peak: 488 MB →
+/// 370 MB on a 213 MB file of a million blocks, in the same time. Not for
+/// many small files (a fleet's), which reuse what they free: there it cost
+/// a sixth more time. Threads reading large files at once share one.
+struct ReturnAtOnce;
+
+/// Large reads under way, and the purge delay to restore after the last.
+static AT_ONCE: std::sync::Mutex<(usize, std::ffi::c_long)> = std::sync::Mutex::new((0, 0));
+
+impl ReturnAtOnce {
+    fn new() -> ReturnAtOnce {
+        if let Ok(mut at_once) = AT_ONCE.lock() {
+            if at_once.0 == 0 {
+                // SAFETY: reading and setting an option of the allocator is
+                // allowed at any time from any thread.
+                at_once.1 = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+                unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+            }
+            at_once.0 += 1;
+        }
+        ReturnAtOnce
+    }
+}
+
+impl Drop for ReturnAtOnce {
+    fn drop(&mut self) {
+        if let Ok(mut at_once) = AT_ONCE.lock() {
+            at_once.0 = at_once.0.saturating_sub(1);
+            if at_once.0 == 0 {
+                // SAFETY: as in `new`.
+                unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, at_once.1) };
+            }
+        }
+    }
 }
 
 /// [`read_parts`], with its progress bar.
