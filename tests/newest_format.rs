@@ -92,22 +92,20 @@ fn labels_compiled_regions_and_metadata_are_shown_with_their_sites() {
     );
     // The KV cache's block was labelled after it was allocated.
     let summary = json(&["summary", "--json", p]);
-    let kv = summary["top_sites"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["culprit"]["name"] == "allocate_kv_cache")
-        .expect("the KV cache's site");
+    let site = |name: &str| {
+        summary["top_sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["culprit"]["name"] == name)
+            .unwrap_or_else(|| panic!("no site {name}: {summary:#}"))
+    };
+    let kv = site("allocate_kv_cache");
     assert_eq!(kv["recorded"]["labels"], serde_json::json!(["kv_cache"]));
     let text = snapdiff(["summary", p]).expect_code(0).stdout();
     assert!(text.contains(r#"label "kv_cache""#), "{text}");
     // Sites with nothing recorded say nothing.
-    let weights = summary["top_sites"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["culprit"]["name"] == "build_model")
-        .unwrap();
+    let weights = site("build_model");
     assert!(weights.get("recorded").is_none(), "{weights:#}");
 }
 
