@@ -15,6 +15,11 @@ fn newest(name: &str) -> std::path::PathBuf {
     fixture("torch-format").join(name)
 }
 
+/// [`newest`] as a command-line argument.
+fn arg(name: &str) -> String {
+    newest(name).to_str().unwrap().to_owned()
+}
+
 fn json(args: &[&str]) -> serde_json::Value {
     snapdiff(args).expect_code(0).json()
 }
@@ -59,8 +64,7 @@ fn pinned_host_memory_is_a_device_of_its_own_named_so_in_reports() {
 
 #[test]
 fn unknown_actions_are_counted_and_keys_may_be_missing() {
-    let p = newest("newest-step6.pickle");
-    let p = p.to_str().unwrap();
+    let p = &arg("newest-step6.pickle");
     let summary = json(&["summary", "--json", p]);
     assert_eq!(summary["actions"]["future_action"], 1);
     assert_eq!(summary["actions"]["annotate"], 1);
@@ -76,8 +80,7 @@ fn unknown_actions_are_counted_and_keys_may_be_missing() {
 
 #[test]
 fn labels_compiled_regions_and_metadata_are_shown_with_their_sites() {
-    let p = newest("newest-step6.pickle");
-    let p = p.to_str().unwrap();
+    let p = &arg("newest-step6.pickle");
     let trend = json(&["trend", "--json", p]);
     let recorded = &trend["suspects"][0]["recorded"];
     assert_eq!(
@@ -111,8 +114,7 @@ fn labels_compiled_regions_and_metadata_are_shown_with_their_sites() {
 
 #[test]
 fn private_pools_are_shown_by_pool_in_summary_and_peak() {
-    let p = newest("newest-step6.pickle");
-    let p = p.to_str().unwrap();
+    let p = &arg("newest-step6.pickle");
     let peak = json(&["peak", "--json", p]);
     let pools = &peak["devices"][0]["pools"];
     assert_eq!(
@@ -149,9 +151,7 @@ fn private_pools_are_shown_by_pool_in_summary_and_peak() {
 
 #[test]
 fn xpu_files_read_as_cuda_files() {
-    let xpu = newest("xpu-step6.pickle");
-    let cuda = newest("newest-step6.pickle");
-    let (xpu, cuda) = (xpu.to_str().unwrap(), cuda.to_str().unwrap());
+    let (xpu, cuda) = (&arg("xpu-step6.pickle"), &arg("newest-step6.pickle"));
     let x = json(&["summary", "--json", xpu]);
     let c = json(&["summary", "--json", cuda]);
     // The same device memory; the CUDA file adds the pinned host device.

@@ -1,7 +1,7 @@
 """The command's reports as plain dataclasses, read from its `--json`."""
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import os
 
@@ -28,6 +28,10 @@ class Site:
 
     culprit: Culprit
     frames: List[str]
+    #: What PyTorch recorded with the site's allocations, when anything:
+    #: `labels` (`_annotate_memory`), `compiled_regions` (`compile_context`),
+    #: `metadata` (`_set_memory_metadata`).
+    recorded: Dict[str, List[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -125,6 +129,7 @@ def _site(report, entry):
         frames=[
             f"{frames[i]['name']}  {frames[i]['file']}:{frames[i]['line']}" for i in stack
         ],
+        recorded=entry.get("recorded", {}),
     )
 
 

@@ -150,6 +150,17 @@ def test_recording_and_the_python_api(tmp_path):
     assert all(os.path.exists(f) for f in mine + files)
 
 
+def test_a_suspect_carries_what_pytorch_recorded_with_it():
+    # Written by CPython's pickler in the newest layout (fixtures/make_torch_format.py).
+    path = os.path.join(os.path.dirname(__file__), "../../fixtures/torch-format/newest-step6.pickle")
+    top = snapdiff.trend(path).suspects[0]
+    assert top.site.culprit.line == 31
+    assert top.site.recorded == {
+        "compiled_regions": ["Torch-Compiled Region: 0/1"],
+        "metadata": ["phase=train"],
+    }
+
+
 def test_python_m_snapdiff_is_the_command():
     done = subprocess.run(
         [os.sys.executable, "-m", "snapdiff", "--version"], capture_output=True, text=True

@@ -995,7 +995,14 @@ impl BlockStore {
     fn push(&mut self, block: (Block, bool)) -> u32 {
         let full = |c: &Option<Vec<_>>| c.as_ref().is_none_or(|c| c.len() == BLOCK_CHUNK);
         if self.chunks.last().is_none_or(full) {
-            self.chunks.push(Some(Vec::with_capacity(BLOCK_CHUNK)));
+            // The first chunk grows as a small file needs; later ones are
+            // whole from the start, so a large file copies none.
+            let capacity = if self.chunks.is_empty() {
+                0
+            } else {
+                BLOCK_CHUNK
+            };
+            self.chunks.push(Some(Vec::with_capacity(capacity)));
             self.taken.push(0);
         }
         let index = (self.chunks.len() - 1) * BLOCK_CHUNK;
