@@ -371,6 +371,35 @@ fn generated_fixtures_keep_legacy_and_optional_fields() {
 
 /// Files of format version 1 (frame texts in full, stacks as lists; written
 /// by snapdiff before version 2) still read, to the same snapshot.
+/// Reading the segments frees their dicts from the parse, but only those
+/// nothing else in the file holds: a segment list and a segment dict that
+/// other keys share still read there, whole, after the segments.
+#[test]
+fn segments_shared_with_other_keys_still_read_there() {
+    let dir = tempdir();
+    let path = dir.path().join("shared-segments.pickle");
+    python_script(
+        "import pickle, sys\n\
+         seg = {'device': 0, 'address': 4096, 'total_size': 2 << 20, 'stream': 0,\n\
+                'segment_type': 'small', 'blocks': [], 'note': 'kept'}\n\
+         segs = [seg]\n\
+         top = {'segments': segs, 'device_traces': [[]], 'again': segs, 'one': seg}\n\
+         pickle.dump(top, open(sys.argv[1], 'wb'), protocol=4)",
+        &[path.as_os_str()],
+    );
+    let snap = read_path(&path).unwrap();
+    assert_eq!(snap.segments.len(), 1);
+    assert_eq!(snap.segments[0].address, 4096);
+    for key in ["again", "one"] {
+        let value = snap.extra.iter().find(|(k, _)| k == key);
+        let text = format!("{value:?}");
+        assert!(
+            text.contains("4096") && text.contains("kept"),
+            "{key}: {text}"
+        );
+    }
+}
+
 #[test]
 fn snap_files_of_format_version_1_still_read() {
     let v1_file = fixture("snap-v1/snapshot-p4.snap");

@@ -66,6 +66,9 @@ pub(crate) enum Container {
         start: u32,
         len: u32,
     },
+    /// A container already read into the snapshot through its only handle
+    /// and freed (see [`Heap::free_read`]).
+    Read,
 }
 
 /// A typed record that a container was lowered to; see [`Heap::settle`].
@@ -271,6 +274,21 @@ impl<'a> Heap<'a> {
         }
     }
 
+    /// Whether `v` is a container whose only handle is the one it is read
+    /// through: never copied by a memo read or DUP, nor memoized twice. (Once
+    /// the machine has run, the memo's handle is gone too.)
+    pub(crate) fn unshared(&self, v: Val) -> bool {
+        matches!(v, Val::Obj(id) if self.memo_refs[id as usize] != MemoRef::SHARED)
+    }
+
+    /// Frees container `v`, read into the snapshot through its only handle
+    /// (see [`Heap::unshared`]).
+    pub(crate) fn free_read(&mut self, v: Val) {
+        if let Val::Obj(id) = v {
+            self.containers[id as usize] = Container::Read;
+        }
+    }
+
     /// Where the memo holds container `id`.
     pub(super) fn memo_ref(&self, id: u32) -> MemoRef {
         self.memo_refs[id as usize]
@@ -329,6 +347,7 @@ pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
             Container::Event(_) => "a trace event dict",
             Container::Block(_) => "a block dict",
             Container::Events { .. } => "a list of trace events",
+            Container::Read => "a value already read",
         },
     }
 }

@@ -58,7 +58,7 @@ pub(crate) fn read(
     container: Option<&str>,
     progress: Option<crate::read::Progress>,
 ) -> Result<Snapshot> {
-    let (top, heap, mut lower, protocol) = machine::run(data, progress)?;
+    let (top, mut heap, mut lower, protocol) = machine::run(data, progress)?;
     // Said where the file is described: text that was not UTF-8 (Python's
     // lone surrogates, or damage) is shown with U+FFFD.
     let not_utf8 = match heap.not_utf8 {
@@ -96,7 +96,7 @@ pub(crate) fn read(
         Val::Obj(_) if items(&heap, top).is_ok() => {
             // `torch.cuda.memory_snapshot()` returns only the segment list.
             snap.segments =
-                segments(&mut lower, &heap, top, false).map_err(|f| malformed("segments", f))?;
+                segments(&mut lower, &mut heap, top).map_err(|f| malformed("segments", f))?;
         }
         Val::Obj(_) if entries(&heap, top).is_ok() => {
             let top_entries = entries(&heap, top).expect("checked");
@@ -106,11 +106,13 @@ pub(crate) fn read(
             {
                 return Err(not_snapshot("a dict without 'segments'"));
             }
-            for &[k, v] in top_entries {
+            // By index: reading the segments frees their dicts from the heap.
+            for i in 0..top_entries.len() {
+                let [k, v] = entries(&heap, top).expect("checked")[i];
                 let key = key_text(&heap, k);
                 match key.as_str() {
                     "segments" => {
-                        snap.segments = segments(&mut lower, &heap, v, false)
+                        snap.segments = segments(&mut lower, &mut heap, v)
                             .map_err(|f| malformed("segments", f))?
                     }
                     "device_traces" => {
@@ -125,7 +127,7 @@ pub(crate) fn read(
                     // device's (PR #182407 built it after the CUDA
                     // allocator): a device of its own. A layout this reader
                     // cannot follow is kept as it is, never an error.
-                    "host_segments" => match segments(&mut lower, &heap, v, true) {
+                    "host_segments" => match host_segments(&mut lower, &heap, v) {
                         Ok(host) => snap.segments.extend(host),
                         Err(_) => snap.extra.push((
                             key,
@@ -165,17 +167,45 @@ pub(crate) fn read(
     Ok(snap)
 }
 
-/// The segments in `v`; those of the pinned host allocator when `host`.
-fn segments(lower: &mut Lowerer, heap: &Heap, v: Val, host: bool) -> Result<Vec<Segment>, Failure> {
-    let list = items(heap, v).map_err(here)?;
-    let mut out = Vec::with_capacity(list.len());
-    for (i, &s) in list.iter().enumerate() {
-        out.push(segment(lower, heap, s, host).map_err(|f| index(i, f))?);
+/// The device segments in `v`. Each segment dict and its list of blocks
+/// are freed from the heap once read, unless the pickle shares them: on a
+/// file of a million blocks they would hold 70 MB to the end of the read.
+fn segments(lower: &mut Lowerer, heap: &mut Heap, v: Val) -> Result<Vec<Segment>, Failure> {
+    let n = items(heap, v).map_err(here)?.len();
+    let free = heap.unshared(v);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let s = items(heap, v).map_err(here)?[i];
+        let (seg, blocks) = segment(lower, heap, s, false).map_err(|f| index(i, f))?;
+        out.push(seg);
+        if free && heap.unshared(s) {
+            if heap.unshared(blocks) {
+                heap.free_read(blocks);
+            }
+            heap.free_read(s);
+        }
     }
     Ok(out)
 }
 
-fn segment(lower: &mut Lowerer, heap: &Heap, v: Val, host: bool) -> Result<Segment, Failure> {
+/// The pinned host allocator's segments in `v`. Left in the heap: a layout
+/// this reader cannot follow is kept as a generic value instead.
+fn host_segments(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<Segment>, Failure> {
+    let list = items(heap, v).map_err(here)?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, &s) in list.iter().enumerate() {
+        out.push(segment(lower, heap, s, true).map_err(|f| index(i, f))?.0);
+    }
+    Ok(out)
+}
+
+/// The segment dict `v`, and the handle of its list of blocks.
+fn segment(
+    lower: &mut Lowerer,
+    heap: &Heap,
+    v: Val,
+    host: bool,
+) -> Result<(Segment, Val), Failure> {
     let mut seg = Segment::default();
     if host {
         seg.device = PINNED_HOST_DEVICE;
@@ -183,6 +213,7 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val, host: bool) -> Result<Segme
     let mut pool = None;
     let (mut has_address, mut has_total) = (false, false);
     let mut block_vals: &[Val] = &[];
+    let mut blocks = Val::None;
     for &[k, v] in entries(heap, v).map_err(here)? {
         let key = key_text(heap, k);
         let field = key.as_str();
@@ -212,7 +243,10 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val, host: bool) -> Result<Segme
             "segment_pool_id" => seg.pool_id = pair_of(heap, v).map_err(wrap)?,
             "is_expandable" => seg.is_expandable = bool_of(heap, v).map_err(wrap)?,
             "frames" => seg.stack = lower.stack(heap, v).map_err(wrap)?,
-            "blocks" => block_vals = items(heap, v).map_err(wrap)?,
+            "blocks" => {
+                block_vals = items(heap, v).map_err(wrap)?;
+                blocks = v;
+            }
             "allocated_size" => seg.allocated_size = Some(u64_of(heap, v).map_err(wrap)?),
             "active_size" => seg.active_size = Some(u64_of(heap, v).map_err(wrap)?),
             "requested_size" => seg.requested_size = Some(u64_of(heap, v).map_err(wrap)?),
@@ -234,7 +268,7 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val, host: bool) -> Result<Segme
         Pool::Large
     });
     let mut next_address = seg.address;
-    seg.blocks.reserve(block_vals.len());
+    seg.blocks.reserve_exact(block_vals.len());
     for (i, &b) in block_vals.iter().enumerate() {
         let (mut block, has_address) = lower
             .take_block(heap, b)
@@ -246,7 +280,7 @@ fn segment(lower: &mut Lowerer, heap: &Heap, v: Val, host: bool) -> Result<Segme
         next_address = block.address.wrapping_add(block.size);
         seg.blocks.push(block);
     }
-    Ok(seg)
+    Ok((seg, blocks))
 }
 
 fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, Failure> {
