@@ -3,7 +3,8 @@
 # 20k distinct stacks, 1M blocks, 2M trace events), whole processes.
 #
 #   bash bench/real_shaped.sh          # the ~210 MB pair
-#   BIG=1 bash bench/real_shaped.sh    # also the ~1 GB file (fresh frame lists)
+#   BIG=1 bash bench/real_shaped.sh    # also 3M blocks and 6M events (~580 MB),
+#                                      # and the ~1 GB file (fresh frame lists)
 #
 # Writes the inputs once with bench/make_real_shaped.py into
 # target/real-shaped/, then prints, best of 3, wall time and peak resident
@@ -20,6 +21,9 @@ fi
 for f in a b; do
   [ -f $dir/real-$f.snap ] || $snapdiff convert $dir/real-$f.pickle $dir/real-$f.snap
 done
+if [ -n "${BIG:-}" ] && [ ! -f $dir/x3/real-a.pickle ]; then
+  python3 bench/make_real_shaped.py $dir/x3 --only-a --blocks 3000000 --events 6000000
+fi
 if [ -n "${BIG:-}" ] && [ ! -f $dir/big/real-a.pickle ]; then
   python3 bench/make_real_shaped.py $dir/big --fresh-lists --only-a --blocks 1150000 --events 2300000
 fi
@@ -65,6 +69,9 @@ echo "compare --json: $(stat -c %s /tmp/snapdiff-bench-json) bytes"
 $snapdiff compare --json --top 0 $dir/real-a.snap $dir/real-b.snap > /tmp/snapdiff-bench-json || [ $? -eq 1 ]
 echo "compare --json --top 0: $(stat -c %s /tmp/snapdiff-bench-json) bytes"
 if [ -n "${BIG:-}" ]; then
+  ls -l $dir/x3/real-a.pickle
+  time_it python3 -c 'import pickle, sys; pickle.load(open(sys.argv[1], "rb"))' $dir/x3/real-a.pickle
+  time_it $snapdiff summary $dir/x3/real-a.pickle
   ls -l $dir/big/real-a.pickle
   time_it python3 -c 'import pickle, sys; pickle.load(open(sys.argv[1], "rb"))' $dir/big/real-a.pickle
   time_it $snapdiff summary $dir/big/real-a.pickle

@@ -24,6 +24,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::{FrameId, StackId};
 use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, MemoRef, Record, Val};
 use crate::pickle::lower::Lowerer;
+use crate::pickle::memo::Memo;
 use crate::pickle::opcodes::{self, *};
 use crate::read::{PROGRESS_EVERY, Progress};
 
@@ -120,7 +121,7 @@ struct Machine<'a> {
     pos: usize,
     stack: Vec<Val>,
     marks: Vec<usize>,
-    memo: Vec<Val>,
+    memo: Memo,
     /// How many slots of `memo` are [`Val::Unset`] gaps left by PUTs that
     /// skipped ahead.
     memo_gaps: usize,
@@ -155,7 +156,7 @@ impl<'a> Machine<'a> {
             // and make a container as often; sizing the tables up front avoids
             // copying them as they grow (untouched capacity costs address space,
             // not memory).
-            memo: Vec::with_capacity(data.len() / 16),
+            memo: Memo::with_capacity(data.len() / 16),
             memo_gaps: 0,
             far_memo: rustc_hash::FxHashMap::default(),
             heap: Heap::for_input(data.len()),
@@ -667,7 +668,7 @@ impl<'a> Machine<'a> {
         // dispatch, nor a read of the value just pushed.
         if self.data.get(self.pos) == Some(&MEMOIZE) {
             self.pos += 1;
-            push_new(&mut self.memo, || Val::Str(id));
+            self.memo.push(Val::Str(id));
         }
         Ok(())
     }
@@ -867,9 +868,9 @@ impl<'a> Machine<'a> {
             return;
         }
         if let Some(slot) = memo_ref.slot()
-            && self.memo[slot] == Val::Obj(id)
+            && self.memo.get(slot) == Some(Val::Obj(id))
         {
-            self.memo[slot] = stand_in;
+            self.memo.set(slot, stand_in);
         }
         if id as usize + 1 == self.heap.containers.len() {
             self.heap.free_newest(id);
@@ -919,12 +920,12 @@ impl<'a> Machine<'a> {
             // (A new table, not `clear`, which would cost the table's whole
             // capacity on every such PUT.)
             self.stacks_by_gets = HashTable::new();
-            if self.memo[i] == Val::Unset {
+            if self.memo.get(i) == Some(Val::Unset) {
                 self.memo_gaps -= 1;
             }
-            self.memo[i] = top;
+            self.memo.set(i, top);
         } else if self.memo_gaps + gap <= written + MEMO_SLACK {
-            self.memo.resize(i, Val::Unset);
+            self.memo.fill_to(i);
             self.memo.push(top);
             self.memo_gaps += gap;
         } else {
@@ -944,8 +945,8 @@ impl<'a> Machine<'a> {
 
     fn get(&mut self, i: usize, at: usize) -> Result<()> {
         let v = match self.memo.get(i) {
-            Some(&Val::Unset) | None => self.far_memo.get(&i).copied(),
-            Some(&v) => Some(v),
+            Some(Val::Unset) | None => self.far_memo.get(&i).copied(),
+            Some(v) => Some(v),
         };
         match v {
             Some(v) => {
@@ -1003,13 +1004,13 @@ impl<'a> Machine<'a> {
         let stack = match known {
             Some(&(_, _, stack)) => stack,
             None => {
-                let memo = self.memo.as_slice();
+                let memo = &self.memo;
                 let frames = &mut self.frame_run;
                 frames.clear();
                 let mut pos = start;
                 while let Some((i, next)) = memo_get_at(data, pos).filter(|_| pos < end) {
                     match memo.get(i) {
-                        Some(&Val::Frame(f)) => frames.push(f),
+                        Some(Val::Frame(f)) => frames.push(f),
                         _ => return,
                     }
                     pos = next;
@@ -1046,7 +1047,7 @@ impl<'a> Machine<'a> {
                         self.pos -= 1;
                         break false;
                     };
-                    push_new(&mut self.memo, || Val::Frame(frame));
+                    self.memo.push(Val::Frame(frame));
                     frames.push(frame);
                 }
                 Some(APPENDS) if !frames.is_empty() => {
@@ -1055,7 +1056,7 @@ impl<'a> Machine<'a> {
                 }
                 _ => match memo_get_at(data, self.pos) {
                     Some((i, next)) => match self.memo.get(i) {
-                        Some(&Val::Frame(frame)) => {
+                        Some(Val::Frame(frame)) => {
                             frames.push(frame);
                             self.pos = next;
                         }
@@ -1097,11 +1098,11 @@ impl<'a> Machine<'a> {
             return None;
         }
         pos += 2;
-        let memo = self.memo.as_slice();
+        let memo = &self.memo;
         let string_at = |pos: usize| {
             let (i, next) = memo_get_at(data, pos)?;
             match memo.get(i)? {
-                &Val::Str(s) => Some((s, next)),
+                Val::Str(s) => Some((s, next)),
                 _ => None,
             }
         };
@@ -1144,7 +1145,7 @@ impl<'a> Machine<'a> {
             return None;
         }
         let string = |i: u8| match self.memo.get(usize::from(i)) {
-            Some(&Val::Str(s)) => Some(s),
+            Some(Val::Str(s)) => Some(s),
             _ => None,
         };
         let key = |i: u8| string(i).map(|s| self.heap.keys[s as usize]);
@@ -1169,7 +1170,7 @@ impl<'a> Machine<'a> {
             return false;
         }
         self.pos += 1;
-        push_new(&mut self.memo, || Val::Obj(id));
+        self.memo.push(Val::Obj(id));
         self.heap.memoized(id, self.memo.len() - 1);
         if self.data.get(self.pos) != Some(&MARK) {
             return false;
@@ -1189,14 +1190,14 @@ impl<'a> Machine<'a> {
         let data = self.data;
         let mut pos = self.pos;
         // Locals, so that the loop keeps them in registers.
-        let memo = self.memo.as_slice();
+        let memo = &self.memo;
         let stack = &mut self.stack;
         while stack.len() <= MAX_STACK
             && let Some((i, next)) = memo_get_at(data, pos)
         {
             match memo.get(i) {
                 // A container's handle is copied by `get`, which notes it.
-                Some(&v) if !matches!(v, Val::Unset | Val::Obj(_)) => stack.push(v),
+                Some(v) if !matches!(v, Val::Unset | Val::Obj(_)) => stack.push(v),
                 _ => break,
             }
             pos = next;

@@ -31,6 +31,7 @@ mod heap;
 pub(crate) mod legacy_torch_save;
 mod lower;
 mod machine;
+mod memo;
 mod opcodes;
 pub(crate) mod torch_zip;
 mod write;
@@ -215,9 +216,13 @@ fn segment(
     let mut block_vals: &[Val] = &[];
     let mut blocks = Val::None;
     for &[k, v] in entries(heap, v).map_err(here)? {
-        let key = key_text(heap, k);
-        let field = key.as_str();
-        let wrap = |f: Failure| at(field, f);
+        // Matched as the file spells it; the key's text for messages and
+        // `extra` is made only where needed (a segment has a dozen keys).
+        let field = match k {
+            Val::Str(id) => heap.str(id),
+            _ => "",
+        };
+        let wrap = |f: Failure| at(&key_text(heap, k), f);
         match field {
             // The host allocator's segments are one device, whatever they say.
             "device" if host => {}
@@ -252,7 +257,7 @@ fn segment(
             "requested_size" => seg.requested_size = Some(u64_of(heap, v).map_err(wrap)?),
             _ => {
                 let value = lower.value(heap, v, 1).map_err(wrap)?;
-                seg.extra.push((key, value));
+                seg.extra.push((key_text(heap, k), value));
             }
         }
     }
