@@ -1021,7 +1021,7 @@ impl StoredBlock {
 /// A chunk of [`BlockStore`]: each block until it is taken.
 type BlockChunk = Vec<Option<StoredBlock>>;
 
-/// Blocks in a chunk of [`BlockStore`]: 64 Ki of them, 3 MiB, an allocation
+/// Blocks in a chunk of [`BlockStore`]: 128 Ki of them, 6 MiB, an allocation
 /// large enough that the allocator hands it back to the system when freed.
 const BLOCK_CHUNK: usize = 1 << 17;
 

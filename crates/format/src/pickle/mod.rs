@@ -24,8 +24,11 @@
 //!   a microcode assist on an empty allocation's dangling pointer (100 ns,
 //!   on every event's empty `user_metadata`).
 //!
-//! What is left of the memory is the records themselves and the memo's
-//! handle to each; the figures are in `docs/performance.md`.
+//! What is left of the memory is the records themselves, blocks in a
+//! compact form until their segment takes them, the memo at 8 bytes a slot
+//! (`memo.rs`), and the containers not yet read; the segment dicts and
+//! block lists are freed as the segments are read. The figures are in
+//! `docs/performance.md`.
 
 mod heap;
 pub(crate) mod legacy_torch_save;
