@@ -110,11 +110,15 @@ pub(super) fn available() -> bool {
 /// [`walk`]'s frame over the stack that ends at `high`. Returns whether the walk reached the stack's
 /// end (or `MAX_FRAMES`) rather than an error.
 fn unwind(loaded: &Loaded, pc: u64, sp: u64, fp: u64, high: usize, out: &mut Vec<usize>) -> bool {
-    let word = std::mem::size_of::<u64>() as u64;
+    // A constant, not a local the closure captures: framehop runs the
+    // closure out of line, where a captured divisor became a 64-bit `div`
+    // on every word read (seen with `perf annotate`).
+    const WORD: u64 = std::mem::size_of::<u64>() as u64;
     // Everything between the stack pointer and the stack's top is mapped;
     // the unwinder reads only there.
-    let mut read_stack = |addr: u64| {
-        if addr >= sp && addr + word <= high as u64 && addr.is_multiple_of(word) {
+    let high = high as u64;
+    let mut read_stack = move |addr: u64| {
+        if addr >= sp && addr + WORD <= high && addr.is_multiple_of(WORD) {
             // SAFETY: inside this thread's live stack, checked above.
             Ok(unsafe { *(addr as *const u64) })
         } else {
