@@ -645,8 +645,7 @@ impl Lowerer {
         Ok(id)
     }
 
-    /// A block dict; the flag says whether it had an `address` (older files
-    /// leave it out and the segment's conversion fills it in).
+    /// A block dict, in the form it waits in for its segment.
     fn block(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Result<StoredBlock, Failure> {
         let mut b = StoredBlock {
             address: 0,
@@ -893,7 +892,9 @@ impl Lowerer {
                     Value::List(out)
                 }
                 Container::Block(i) => self.charged_block(*i)?,
-                Container::Read => return Err(": the same segment dict appears twice".to_owned()),
+                Container::Read => {
+                    return Err(": the same segment dict or block list appears twice".to_owned());
+                }
             },
         };
         Ok(value)
