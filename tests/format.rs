@@ -369,8 +369,6 @@ fn generated_fixtures_keep_legacy_and_optional_fields() {
     );
 }
 
-/// Files of format version 1 (frame texts in full, stacks as lists; written
-/// by snapdiff before version 2) still read, to the same snapshot.
 /// Reading the segments frees their dicts from the parse, but only those
 /// nothing else in the file holds: a segment list and a segment dict that
 /// other keys share still read there, whole, after the segments.
@@ -400,6 +398,8 @@ fn segments_shared_with_other_keys_still_read_there() {
     }
 }
 
+/// Files of format version 1 (frame texts in full, stacks as lists; written
+/// by snapdiff before version 2) still read, to the same snapshot.
 #[test]
 fn snap_files_of_format_version_1_still_read() {
     let v1_file = fixture("snap-v1/snapshot-p4.snap");

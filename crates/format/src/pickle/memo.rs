@@ -72,7 +72,9 @@ impl Memo {
             Kind::Event => Val::Event(slot.index),
             Kind::Block => Val::Block(slot.index),
             Kind::Stack => Val::Stack(slot.index),
-            Kind::Wide => self.wide[slot.index as usize],
+            // Past 2^32 wide values the index saturates: such a slot reads
+            // as never written (an error naming it), not as another value.
+            Kind::Wide => self.wide_value(slot.index),
         })
     }
 
@@ -114,6 +116,14 @@ impl Memo {
             Val::Int(_) | Val::Float(_) => return self.wide_slot(v),
         };
         Slot { kind, index }
+    }
+
+    #[cold]
+    fn wide_value(&self, index: u32) -> Val {
+        match self.wide.get(index as usize) {
+            Some(&v) if index != u32::MAX => v,
+            _ => Val::Unset,
+        }
     }
 
     /// The slot of an integer or float, kept aside.
