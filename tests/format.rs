@@ -398,6 +398,42 @@ fn segments_shared_with_other_keys_still_read_there() {
     }
 }
 
+/// A segment's blocks are held as a run while the pickle is read; a list
+/// of thousands (written in batches of 1000) reads whole and in order,
+/// and a list given to two segments is refused as before.
+#[test]
+fn long_and_shared_block_lists_read_as_written() {
+    let dir = tempdir();
+    let script = "import pickle, sys\n\
+        def blk(a):\n\
+        \x20   return {'address': a, 'size': 512, 'requested_size': 500,\n\
+        \x20           'state': 'active_allocated', 'frames': []}\n\
+        def seg(a, blocks):\n\
+        \x20   return {'device': 0, 'address': a, 'total_size': 2 << 20, 'stream': 0,\n\
+        \x20           'segment_type': 'small', 'blocks': blocks}\n\
+        many = [blk(8192 + 512 * i) for i in range(2500)]\n\
+        shared = [blk(1 << 30)]\n\
+        for proto in (2, 4):\n\
+        \x20   pickle.dump({'segments': [seg(4096, [blk(4096)]), seg(8192, many)],\n\
+        \x20                'device_traces': [[]]}, open(f'{sys.argv[1]}/many-{proto}.pickle', 'wb'), protocol=proto)\n\
+        \x20   pickle.dump({'segments': [seg(1 << 30, shared), seg(1 << 31, shared)],\n\
+        \x20                'device_traces': [[]]}, open(f'{sys.argv[1]}/twice-{proto}.pickle', 'wb'), protocol=proto)\n";
+    python_script(script, &[dir.path().as_os_str()]);
+    for proto in [2, 4] {
+        let snap = read_path(dir.path().join(format!("many-{proto}.pickle"))).unwrap();
+        let addresses: Vec<u64> = snap.segments[1].blocks.iter().map(|b| b.address).collect();
+        let expected: Vec<u64> = (0..2500).map(|i| 8192 + 512 * i).collect();
+        assert_eq!(addresses, expected, "protocol {proto}");
+        assert_eq!(snap.segments[0].blocks.len(), 1);
+        let err = read_path(dir.path().join(format!("twice-{proto}.pickle"))).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("segments[1].blocks[0]: the same block dict appears twice"),
+            "protocol {proto}: {err}"
+        );
+    }
+}
+
 /// Files of format version 1 (frame texts in full, stacks as lists; written
 /// by snapdiff before version 2) still read, to the same snapshot.
 #[test]

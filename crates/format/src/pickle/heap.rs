@@ -66,6 +66,12 @@ pub(crate) enum Container {
         start: u32,
         len: u32,
     },
+    /// A list of `len` lowered blocks, the lowerer's blocks from `start` on,
+    /// in order: a segment's blocks as PyTorch writes them.
+    Blocks {
+        start: u32,
+        len: u32,
+    },
     /// A container already read into the snapshot through its only handle
     /// and freed (see [`Heap::free_read`]).
     Read,
@@ -347,6 +353,7 @@ pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
             Container::Event(_) => "a trace event dict",
             Container::Block(_) => "a block dict",
             Container::Events { .. } => "a list of trace events",
+            Container::Blocks { .. } => "a list of blocks",
             Container::Read => "a value already read",
         },
     }

@@ -124,6 +124,14 @@ enum EventText {
     UserMetadata,
 }
 
+/// The records a list held as a run ([`Container::Events`],
+/// [`Container::Blocks`]) stands for.
+#[derive(Clone, Copy)]
+enum Run {
+    Events,
+    Blocks,
+}
+
 /// Which typed record a dict's keys say it is.
 enum Shape {
     Frame,
@@ -411,16 +419,28 @@ impl Lowerer {
 
     /// Adds `items` to list `id` without copying them into it, when the
     /// list stands for lowered records: frames into an empty list make a
-    /// stack, and trace events that continue the list's run of events (or
-    /// start one in an empty list) lengthen it. Says whether it did.
+    /// stack, and trace events or blocks that continue the list's run of
+    /// them (or start one in an empty list) lengthen it. Says whether it did.
     pub(crate) fn fill_list(&mut self, heap: &mut Heap, id: u32, items: &[Val]) -> bool {
         let run = match heap.containers[id as usize] {
             Container::List(ref v) if v.is_empty() => None,
-            Container::Events { start, len } => Some((start, len)),
+            Container::Events { start, len } => Some((Run::Events, start, len)),
+            Container::Blocks { start, len } => Some((Run::Blocks, start, len)),
             _ => return false,
         };
-        if let Some((start, len)) = self.continued_run(run, items) {
-            heap.containers[id as usize] = Container::Events { start, len };
+        let kind = match (run, items.first()) {
+            (Some((kind, ..)), _) => Some(kind),
+            (None, Some(Val::Event(_))) => Some(Run::Events),
+            (None, Some(Val::Block(_))) => Some(Run::Blocks),
+            _ => None,
+        };
+        if let Some(kind) = kind
+            && let Some((start, len)) = self.continued_run(kind, run.map(|(_, s, l)| (s, l)), items)
+        {
+            heap.containers[id as usize] = match kind {
+                Run::Events => Container::Events { start, len },
+                Run::Blocks => Container::Blocks { start, len },
+            };
             return true;
         }
         if run.is_some() {
@@ -435,12 +455,23 @@ impl Lowerer {
         }
     }
 
-    /// If `items` are the lowered events that continue `run` (its start and
-    /// length; none for an empty list), none of them put into a list yet:
-    /// the run's start and length with them, and they are now placed.
-    fn continued_run(&mut self, run: Option<(u32, u32)>, items: &[Val]) -> Option<(u32, u32)> {
-        let Some(&Val::Event(first)) = items.first() else {
-            return None;
+    /// If `items` are the lowered records of `kind` that continue `run` (its
+    /// start and length; none for an empty list), none of them put into a
+    /// list yet: the run's start and length with them, and they are now
+    /// placed.
+    fn continued_run(
+        &mut self,
+        kind: Run,
+        run: Option<(u32, u32)>,
+        items: &[Val],
+    ) -> Option<(u32, u32)> {
+        let (record, placed): (fn(u32) -> Val, _) = match kind {
+            Run::Events => (Val::Event, &mut self.event_placed),
+            Run::Blocks => (Val::Block, &mut self.block_placed),
+        };
+        let first = match (kind, items.first()?) {
+            (Run::Events, &Val::Event(i)) | (Run::Blocks, &Val::Block(i)) => i,
+            _ => return None,
         };
         let (start, len) = run.unwrap_or((first, 0));
         let next = start.checked_add(len)?;
@@ -448,15 +479,13 @@ impl Lowerer {
             && items
                 .iter()
                 .enumerate()
-                .all(|(k, &v)| v == Val::Event(next.wrapping_add(k as u32)));
-        let placed = self
-            .event_placed
-            .get(next as usize..next as usize + items.len())?;
-        if !in_order || placed.iter().any(|&p| p) {
+                .all(|(k, &v)| v == record(next.wrapping_add(k as u32)));
+        let fresh = placed.get_mut(next as usize..next as usize + items.len())?;
+        if !in_order || fresh.iter().any(|&p| p) {
             return None;
         }
         let len = len.checked_add(u32::try_from(items.len()).ok()?)?;
-        self.event_placed[next as usize..][..items.len()].fill(true);
+        fresh.fill(true);
         Some((start, len))
     }
 
@@ -476,6 +505,7 @@ impl Lowerer {
                 .map(|&f| Val::Frame(f))
                 .collect(),
             Container::Events { start, len } => (start..start + len).map(Val::Event).collect(),
+            Container::Blocks { start, len } => (start..start + len).map(Val::Block).collect(),
             _ => return,
         };
         heap.containers[id as usize] = Container::List(items);
@@ -892,6 +922,13 @@ impl Lowerer {
                     Value::List(out)
                 }
                 Container::Block(i) => self.charged_block(*i)?,
+                &Container::Blocks { start, len } => {
+                    let mut out = Vec::with_capacity(len as usize);
+                    for (k, i) in (start..start + len).enumerate() {
+                        out.push(self.charged_block(i).map_err(|f| index(k, f))?);
+                    }
+                    Value::List(out)
+                }
                 Container::Read => {
                     return Err(": the same segment dict or block list appears twice".to_owned());
                 }

@@ -19,7 +19,9 @@
 //!   of events never exists as millions of dicts, and the containers those
 //!   dicts were made in are freed as they are lowered;
 //! - a device's events go straight into the column store (25 bytes an event
-//!   on PyTorch's traces, against 112 as structs);
+//!   on PyTorch's traces, against 112 as structs), and a device's event
+//!   list and a segment's block list are held as runs of records, not a
+//!   handle each;
 //! - empty strings are compared without `memcmp`, whose AVX-512 form takes
 //!   a microcode assist on an empty allocation's dangling pointer (100 ns,
 //!   on every event's empty `user_metadata`).
@@ -216,7 +218,7 @@ fn segment(
     }
     let mut pool = None;
     let (mut has_address, mut has_total) = (false, false);
-    let mut block_vals: &[Val] = &[];
+    let mut block_vals: Cow<[Val]> = Cow::Borrowed(&[]);
     let mut blocks = Val::None;
     for &[k, v] in entries(heap, v).map_err(here)? {
         // Matched as the file spells it; the key's text for messages and
@@ -252,7 +254,7 @@ fn segment(
             "is_expandable" => seg.is_expandable = bool_of(heap, v).map_err(wrap)?,
             "frames" => seg.stack = lower.stack(heap, v).map_err(wrap)?,
             "blocks" => {
-                block_vals = items(heap, v).map_err(wrap)?;
+                block_vals = block_handles(heap, v).map_err(wrap)?;
                 blocks = v;
             }
             "allocated_size" => seg.allocated_size = Some(u64_of(heap, v).map_err(wrap)?),
@@ -289,6 +291,18 @@ fn segment(
         seg.blocks.push(block);
     }
     Ok((seg, blocks))
+}
+
+/// The handles of the blocks in list `v`, one per block also when the
+/// machine keeps the list as a run of lowered blocks.
+fn block_handles<'h>(heap: &'h Heap, v: Val) -> Result<Cow<'h, [Val]>, Failure> {
+    match v {
+        Val::Obj(id) => match heap.containers[id as usize] {
+            Container::Blocks { start, len } => Ok((start..start + len).map(Val::Block).collect()),
+            _ => items(heap, v).map(Cow::Borrowed),
+        },
+        _ => items(heap, v).map(Cow::Borrowed),
+    }
 }
 
 fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, Failure> {
