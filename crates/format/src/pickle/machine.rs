@@ -84,6 +84,54 @@ fn memo_gets_end(data: &[u8], pos: usize) -> usize {
     }
 }
 
+/// A value of a flat record (see [`Machine::flat_record`]) written at
+/// `pos`, and the position after it: a memo get of anything but a
+/// container, an integer of up to 8 bytes, None or a boolean. `None` for
+/// anything else, or a get that would fail (which `execute` then reports).
+#[inline(always)]
+fn flat_value(data: &[u8], memo: &Memo, pos: usize) -> Option<(Val, usize)> {
+    let int = |n: i64, next: usize| Some((Val::Int(n), next));
+    match *data.get(pos)? {
+        BINGET | LONG_BINGET => {
+            let (i, next) = memo_get_at(data, pos)?;
+            match memo.get(i)? {
+                Val::Unset | Val::Obj(_) => None,
+                v => Some((v, next)),
+            }
+        }
+        BININT1 => int(i64::from(*data.get(pos + 1)?), pos + 2),
+        BININT2 => {
+            let b = data.get(pos + 1..pos + 3)?;
+            int(i64::from(u16::from_le_bytes([b[0], b[1]])), pos + 3)
+        }
+        BININT => {
+            let b = data.get(pos + 1..pos + 5)?;
+            int(
+                i64::from(i32::from_le_bytes(b.try_into().expect("4 bytes"))),
+                pos + 5,
+            )
+        }
+        LONG1 => {
+            let n = usize::from(*data.get(pos + 1)?);
+            if !(1..=8).contains(&n) {
+                return None;
+            }
+            let mut word = [0; 8];
+            word[..n].copy_from_slice(data.get(pos + 2..pos + 2 + n)?);
+            let shift = 64 - 8 * n as u32;
+            int((i64::from_le_bytes(word) << shift) >> shift, pos + 2 + n)
+        }
+        NONE => Some((Val::None, pos + 1)),
+        NEWTRUE => Some((Val::Bool(true), pos + 1)),
+        NEWFALSE => Some((Val::Bool(false), pos + 1)),
+        _ => None,
+    }
+}
+
+/// The most entries a dict read by [`Machine::flat_record`] may have;
+/// PyTorch's records have a dozen at most.
+const FLAT_RECORD_ENTRIES: usize = 32;
+
 /// How many never-written slots the dense memo table may hold beyond one per
 /// written slot. Memo indices may skip ahead (PUT writes any index); a slot
 /// that would take the table past this goes to [`Machine::far_memo`], so the
@@ -132,6 +180,8 @@ struct Machine<'a> {
     lower: Lowerer,
     /// Frame ids of the frame list being read by [`Machine::frame_list`].
     frame_run: Vec<FrameId>,
+    /// The entries of the dict being read by [`Machine::flat_record`].
+    flat_entries: Vec<[Val; 2]>,
     /// The stacks of frame lists read so far, by the position and length of
     /// their memo gets in `data`.
     stacks_by_gets: HashTable<(usize, usize, StackId)>,
@@ -162,6 +212,7 @@ impl<'a> Machine<'a> {
             heap: Heap::for_input(data.len()),
             lower: Lowerer::for_input(data.len()),
             frame_run: Vec::new(),
+            flat_entries: Vec::with_capacity(FLAT_RECORD_ENTRIES),
             stacks_by_gets: HashTable::new(),
             gets_hasher: hashbrown::DefaultHashBuilder::default(),
             protocol: 0,
@@ -314,6 +365,9 @@ impl<'a> Machine<'a> {
                     self.push_bytes(n, op)?;
                 }
                 EMPTY_DICT => {
+                    if self.flat_record() {
+                        continue;
+                    }
                     let id = self.heap.new_dict();
                     push_new(&mut self.stack, || Val::Obj(id));
                     self.memoize_and_mark(id);
@@ -1158,6 +1212,50 @@ impl<'a> Machine<'a> {
             return None;
         }
         Some((name, file, line, next + 1))
+    }
+
+    /// Reads the dict begun by the EMPTY_DICT just run straight from its
+    /// bytes, when it is a flat record as protocol 4 writes one: MEMOIZE,
+    /// MARK, keys and values that are each a [`flat_value`], SETITEMS, and
+    /// keys that make it a trace event, a block or a frame. Its record goes
+    /// on the stack and into its memo slot, as when `execute` lowers the
+    /// dict, but with no dict made and no opcode dispatched: PyTorch writes
+    /// a record like this for every event and block. Anything else returns
+    /// false with nothing consumed, for `execute` to run opcode by opcode.
+    fn flat_record(&mut self) -> bool {
+        let data = self.data;
+        if data.get(self.pos..self.pos + 2) != Some(&[MEMOIZE, MARK]) {
+            return false;
+        }
+        let mut pos = self.pos + 2;
+        let entries = &mut self.flat_entries;
+        entries.clear();
+        while data.get(pos) != Some(&SETITEMS) {
+            if entries.len() == FLAT_RECORD_ENTRIES {
+                return false;
+            }
+            let Some((key, next)) = flat_value(data, &self.memo, pos) else {
+                return false;
+            };
+            let Some((value, next)) = flat_value(data, &self.memo, next) else {
+                return false;
+            };
+            entries.push([key, value]);
+            pos = next;
+        }
+        let Some(record) = self.lower.lower_entries(&self.heap, entries) else {
+            return false;
+        };
+        let stand_in = match record {
+            Record::Frame(f) => Val::Frame(f),
+            Record::Stack(s) => Val::Stack(s),
+            Record::Event(i) => Val::Event(i),
+            Record::Block(i) => Val::Block(i),
+        };
+        self.memo.push(stand_in);
+        push_new(&mut self.stack, || stand_in);
+        self.pos = pos + 1;
+        true
     }
 
     /// Runs the MEMOIZE and MARK that follow new container `id` (just pushed)

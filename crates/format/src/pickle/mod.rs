@@ -18,6 +18,9 @@
 //!   its typed, interned record at once (`lower.rs`), so a file of millions
 //!   of events never exists as millions of dicts, and the containers those
 //!   dicts were made in are freed as they are lowered;
+//! - a record whose keys and values are all memo gets and numbers, as
+//!   PyTorch writes every event and block, is read straight from its
+//!   bytes (`Machine::flat_record`), with no dict made;
 //! - a device's events go straight into the column store (25 bytes an event
 //!   on PyTorch's traces, against 112 as structs), and a device's event
 //!   list and a segment's block list are held as runs of records, not a
