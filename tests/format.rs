@@ -399,8 +399,9 @@ fn segments_shared_with_other_keys_still_read_there() {
 }
 
 /// A segment's blocks are held as a run while the pickle is read; a list
-/// of thousands (written in batches of 1000) reads whole and in order,
-/// and a list given to two segments is refused as before.
+/// of thousands (written in batches of 1000) reads whole and in order, a
+/// list given to two segments is refused, and a run where another list is
+/// expected is named by its first item.
 #[test]
 fn long_and_shared_block_lists_read_as_written() {
     let dir = tempdir();
@@ -417,7 +418,9 @@ fn long_and_shared_block_lists_read_as_written() {
         \x20   pickle.dump({'segments': [seg(4096, [blk(4096)]), seg(8192, many)],\n\
         \x20                'device_traces': [[]]}, open(f'{sys.argv[1]}/many-{proto}.pickle', 'wb'), protocol=proto)\n\
         \x20   pickle.dump({'segments': [seg(1 << 30, shared), seg(1 << 31, shared)],\n\
-        \x20                'device_traces': [[]]}, open(f'{sys.argv[1]}/twice-{proto}.pickle', 'wb'), protocol=proto)\n";
+        \x20                'device_traces': [[]]}, open(f'{sys.argv[1]}/twice-{proto}.pickle', 'wb'), protocol=proto)\n\
+        \x20   pickle.dump({'segments': [], 'device_traces': [[blk(4096), blk(8192)]]},\n\
+        \x20               open(f'{sys.argv[1]}/in-trace-{proto}.pickle', 'wb'), protocol=proto)\n";
     python_script(script, &[dir.path().as_os_str()]);
     for proto in [2, 4] {
         let snap = read_path(dir.path().join(format!("many-{proto}.pickle"))).unwrap();
@@ -429,6 +432,12 @@ fn long_and_shared_block_lists_read_as_written() {
         assert!(
             err.to_string()
                 .contains("segments[1].blocks[0]: the same block dict appears twice"),
+            "protocol {proto}: {err}"
+        );
+        let err = read_path(dir.path().join(format!("in-trace-{proto}.pickle"))).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("device_traces[0][0]: expected a trace event dict, found a block dict"),
             "protocol {proto}: {err}"
         );
     }

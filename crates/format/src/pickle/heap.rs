@@ -424,11 +424,14 @@ pub(crate) fn bool_of(heap: &Heap, v: Val) -> Result<bool, Failure> {
     }
 }
 
-/// The items of a list or tuple.
-pub(crate) fn items<'h>(heap: &'h Heap, v: Val) -> Result<&'h [Val], Failure> {
+/// The items of a list or tuple. A list the machine holds as a run of
+/// lowered events or blocks reads as their handles, one each.
+pub(crate) fn items<'h>(heap: &'h Heap, v: Val) -> Result<Cow<'h, [Val]>, Failure> {
     match v {
         Val::Obj(id) => match &heap.containers[id as usize] {
-            Container::List(items) | Container::Tuple(items) => Ok(items),
+            Container::List(items) | Container::Tuple(items) => Ok(Cow::Borrowed(items)),
+            &Container::Events { start, len } => Ok((start..start + len).map(Val::Event).collect()),
+            &Container::Blocks { start, len } => Ok((start..start + len).map(Val::Block).collect()),
             _ => Err(format!("expected a list, found {}", describe(heap, v))),
         },
         other => Err(format!("expected a list, found {}", describe(heap, other))),
@@ -447,9 +450,9 @@ pub(crate) fn entries<'h>(heap: &'h Heap, v: Val) -> Result<&'h [[Val; 2]], Fail
 }
 
 pub(crate) fn pair_of(heap: &Heap, v: Val) -> Result<(i64, i64), Failure> {
-    match items(heap, v)? {
-        [a, b] => Ok((i64_of(heap, *a)?, i64_of(heap, *b)?)),
-        other => Err(format!(
+    match *items(heap, v)? {
+        [a, b] => Ok((i64_of(heap, a)?, i64_of(heap, b)?)),
+        ref other => Err(format!(
             "expected a pair of integers, found {} items",
             other.len()
         )),

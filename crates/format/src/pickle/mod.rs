@@ -102,7 +102,11 @@ pub(crate) fn read(
         )
     };
     match top {
-        Val::Obj(_) if items(&heap, top).is_ok() => {
+        // A list of trace events is no list of segments: said so below.
+        Val::Obj(id)
+            if !matches!(heap.containers[id as usize], Container::Events { .. })
+                && items(&heap, top).is_ok() =>
+        {
             // `torch.cuda.memory_snapshot()` returns only the segment list.
             snap.segments =
                 segments(&mut lower, &mut heap, top).map_err(|f| malformed("segments", f))?;
@@ -257,7 +261,7 @@ fn segment(
             "is_expandable" => seg.is_expandable = bool_of(heap, v).map_err(wrap)?,
             "frames" => seg.stack = lower.stack(heap, v).map_err(wrap)?,
             "blocks" => {
-                block_vals = block_handles(heap, v).map_err(wrap)?;
+                block_vals = items(heap, v).map_err(wrap)?;
                 blocks = v;
             }
             "allocated_size" => seg.allocated_size = Some(u64_of(heap, v).map_err(wrap)?),
@@ -294,18 +298,6 @@ fn segment(
         seg.blocks.push(block);
     }
     Ok((seg, blocks))
-}
-
-/// The handles of the blocks in list `v`, one per block also when the
-/// machine keeps the list as a run of lowered blocks.
-fn block_handles<'h>(heap: &'h Heap, v: Val) -> Result<Cow<'h, [Val]>, Failure> {
-    match v {
-        Val::Obj(id) => match heap.containers[id as usize] {
-            Container::Blocks { start, len } => Ok((start..start + len).map(Val::Block).collect()),
-            _ => items(heap, v).map(Cow::Borrowed),
-        },
-        _ => items(heap, v).map(Cow::Borrowed),
-    }
 }
 
 fn traces(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<DeviceTrace>, Failure> {
@@ -369,9 +361,9 @@ fn device_events(lower: &mut Lowerer, heap: &Heap, dev: Val) -> Result<Events, F
         },
         None => {
             let list = items(heap, dev).map_err(here)?;
-            match lower.take_event_tail(heap, list) {
+            match lower.take_event_tail(heap, &list) {
                 Some(events) => return Ok(events),
-                None => list.into(),
+                None => list,
             }
         }
     };
