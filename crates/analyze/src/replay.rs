@@ -9,7 +9,7 @@
 //! are kept, and their sites are labelled.
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use snapdiff_format::{Action, DeviceTrace, Snapshot, StackId};
+use snapdiff_format::{Action, Block, DeviceTrace, Snapshot, StackId};
 
 use crate::group::{SiteTotals, is_live};
 use crate::stack_key::{StackKey, StackKeys};
@@ -108,12 +108,16 @@ pub(crate) fn replay_with(
             seen.insert(e.address);
         }
     }
-    let ghosts = snap
+    let ghosts: Vec<&Block> = snap
         .segments
         .iter()
         .filter(|s| s.device == trace.device)
         .flat_map(|s| &s.blocks)
-        .filter(|b| is_live(b) && !seen.contains(&b.address));
+        .filter(|b| is_live(b) && !seen.contains(&b.address))
+        .collect();
+    // Sized once: a snapshot taken long after recording began can hold a
+    // million such blocks, and growing the map for them rehashes it ~20 times.
+    live.reserve(ghosts.len());
     for b in ghosts {
         let key = keys.key(b.stack);
         out.stacks.entry(key).or_insert(b.stack);
