@@ -54,23 +54,41 @@ fn push_new(stack: &mut Vec<Val>, make: impl FnOnce() -> Val) {
     stack.extend(std::iter::once_with(make));
 }
 
-/// The line number written by the BININT1, BININT2 or BININT at `pos`, and
-/// the position after it. A negative line is clamped to 0, as
-/// [`Lowerer`] does for frames it converts.
-fn line_at(data: &[u8], pos: usize) -> Option<(u32, usize)> {
+/// The integer written at `pos` by a BININT1, BININT2, BININT or LONG1 of
+/// up to 8 bytes, and the position after it; `None` for any other opcode
+/// or a truncated one.
+fn int_at(data: &[u8], pos: usize) -> Option<(i64, usize)> {
     match *data.get(pos)? {
-        BININT1 => Some((u32::from(*data.get(pos + 1)?), pos + 2)),
+        BININT1 => Some((i64::from(*data.get(pos + 1)?), pos + 2)),
         BININT2 => {
             let b = data.get(pos + 1..pos + 3)?;
-            Some((u32::from(u16::from_le_bytes([b[0], b[1]])), pos + 3))
+            Some((i64::from(u16::from_le_bytes([b[0], b[1]])), pos + 3))
         }
         BININT => {
             let b = data.get(pos + 1..pos + 5)?;
             let n = i32::from_le_bytes(b.try_into().expect("4 bytes"));
-            Some((n.max(0) as u32, pos + 5))
+            Some((i64::from(n), pos + 5))
+        }
+        LONG1 => {
+            let n = usize::from(*data.get(pos + 1)?);
+            if !(1..=8).contains(&n) {
+                return None;
+            }
+            let mut word = [0; 8];
+            word[..n].copy_from_slice(data.get(pos + 2..pos + 2 + n)?);
+            let shift = 64 - 8 * n as u32;
+            Some(((i64::from_le_bytes(word) << shift) >> shift, pos + 2 + n))
         }
         _ => None,
     }
+}
+
+/// The line number written at `pos` (see [`int_at`]), and the position
+/// after it. A negative line is clamped to 0 and a huge one to `u32::MAX`,
+/// as [`Lowerer`] does for frames it converts.
+fn line_at(data: &[u8], pos: usize) -> Option<(u32, usize)> {
+    let (n, next) = int_at(data, pos)?;
+    Some((u32::try_from(n.max(0)).unwrap_or(u32::MAX), next))
 }
 
 /// Where the run of BINGETs and LONG_BINGETs from `pos` ends.
@@ -90,7 +108,6 @@ fn memo_gets_end(data: &[u8], pos: usize) -> usize {
 /// anything else, or a get that would fail (which `execute` then reports).
 #[inline(always)]
 fn flat_value(data: &[u8], memo: &Memo, pos: usize) -> Option<(Val, usize)> {
-    let int = |n: i64, next: usize| Some((Val::Int(n), next));
     match *data.get(pos)? {
         BINGET | LONG_BINGET => {
             let (i, next) = memo_get_at(data, pos)?;
@@ -99,32 +116,10 @@ fn flat_value(data: &[u8], memo: &Memo, pos: usize) -> Option<(Val, usize)> {
                 v => Some((v, next)),
             }
         }
-        BININT1 => int(i64::from(*data.get(pos + 1)?), pos + 2),
-        BININT2 => {
-            let b = data.get(pos + 1..pos + 3)?;
-            int(i64::from(u16::from_le_bytes([b[0], b[1]])), pos + 3)
-        }
-        BININT => {
-            let b = data.get(pos + 1..pos + 5)?;
-            int(
-                i64::from(i32::from_le_bytes(b.try_into().expect("4 bytes"))),
-                pos + 5,
-            )
-        }
-        LONG1 => {
-            let n = usize::from(*data.get(pos + 1)?);
-            if !(1..=8).contains(&n) {
-                return None;
-            }
-            let mut word = [0; 8];
-            word[..n].copy_from_slice(data.get(pos + 2..pos + 2 + n)?);
-            let shift = 64 - 8 * n as u32;
-            int((i64::from_le_bytes(word) << shift) >> shift, pos + 2 + n)
-        }
         NONE => Some((Val::None, pos + 1)),
         NEWTRUE => Some((Val::Bool(true), pos + 1)),
         NEWFALSE => Some((Val::Bool(false), pos + 1)),
-        _ => None,
+        _ => int_at(data, pos).map(|(n, next)| (Val::Int(n), next)),
     }
 }
 
