@@ -275,8 +275,9 @@ impl StackTable {
 
 /// Whether a symbolized frame is the runtime's own (or the unwinder's): they
 /// say nothing about the program, so snapshots leave them out. Inlined
-/// frames carry only a function's bare name (`alloc`), so the source file
-/// decides too: anything under this crate's `src/`.
+/// frames carry only a function's bare name (`alloc`, or the `backtrace`
+/// crate's `trace` in a release build), so the source file decides too:
+/// anything under this crate's `src/` or the `backtrace` crate's.
 fn is_own_frame(frame: &Frame) -> bool {
     const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
     let name = frame.name.as_str();
@@ -284,6 +285,22 @@ fn is_own_frame(frame: &Frame) -> bool {
         || name.starts_with("backtrace::")
         || name.starts_with("<backtrace::")
         || frame.file.starts_with(OWN_SOURCES)
+        || is_backtrace_source(&frame.file)
+}
+
+/// Whether `file` is a source of the `backtrace` crate, as Cargo unpacks it
+/// (`…/backtrace-0.3.77/src/backtrace/libunwind.rs`).
+fn is_backtrace_source(file: &str) -> bool {
+    let mut dirs = file.split(['/', '\\']);
+    while let Some(dir) = dirs.next() {
+        let is_crate_dir = dir
+            .strip_prefix("backtrace-")
+            .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()));
+        if is_crate_dir {
+            return dirs.next() == Some("src");
+        }
+    }
+    false
 }
 
 /// Symbolized frames per return address, kept for the life of the process.
@@ -324,5 +341,28 @@ impl Symbolizer {
             frames.retain(|f| !is_own_frame(f));
             frames
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_backtrace_source;
+
+    /// The `backtrace` crate's sources are known by their unpacked folder,
+    /// which a release build's inlined `trace` frame names; a user's folder
+    /// that merely starts with the word is not one of them.
+    #[test]
+    fn backtrace_sources_are_known_by_their_crate_folder() {
+        assert!(is_backtrace_source(
+            "/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/backtrace-0.3.77/src/backtrace/libunwind.rs"
+        ));
+        assert!(is_backtrace_source(
+            r"C:\Users\me\.cargo\registry\src\index\backtrace-0.3.71\src\backtrace\dbghelp64.rs"
+        ));
+        assert!(!is_backtrace_source(
+            "/home/me/backtrace-analysis/src/train.rs"
+        ));
+        assert!(!is_backtrace_source("/home/me/backtrace-2/notes/train.rs"));
+        assert!(!is_backtrace_source("/home/me/project/src/main.rs"));
     }
 }
