@@ -72,8 +72,7 @@ fn blocks_snapshot(leak: bool) -> Snapshot {
                         (seq % u64::from(STACKS)) as u32
                     }),
                     alloc_seq: Some(if replaced { 10_000_000 + seq } else { seq }),
-                    history: vec![],
-                    extra: vec![],
+                    ..Block::default()
                 }
             })
             .collect();

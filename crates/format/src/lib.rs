@@ -46,7 +46,7 @@ pub use crate::events::{EventIter, Events, Indexed};
 pub use crate::model::{
     Action, Annotation, Block, BlockState, CompactString, DeviceInfo, DeviceName, DeviceTrace,
     EventDetails, Frame, FrameId, HistoryEntry, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot,
-    StackId, StrId, Totals, TraceEvent,
+    StackId, StrId, ThinVec, Totals, TraceEvent,
 };
 pub use crate::pickle::write_torch_pickle;
 pub use crate::read::{Reader, read_path};

@@ -9,6 +9,7 @@
 
 pub use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
+pub use thin_vec::ThinVec;
 
 use crate::codes::impl_coded_enum;
 use crate::events::Events;
@@ -217,9 +218,9 @@ pub struct Block {
     /// producer records one (`snapdiff-runtime` does; PyTorch does not).
     pub alloc_seq: Option<u64>,
     /// Old PyTorch files (early 2023) kept a `history` per block instead of frames.
-    pub history: Vec<HistoryEntry>,
+    pub history: ThinVec<HistoryEntry>,
     /// Keys this model has no field for.
-    pub extra: Extra,
+    pub extra: ThinVec<(String, Value)>,
 }
 
 /// An entry of an old-style block `history`.

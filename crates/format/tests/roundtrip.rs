@@ -100,7 +100,7 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
                                     extra: vec![],
                                 })
                                 .collect(),
-                            extra,
+                            extra: extra.into(),
                         }
                     },
                 );

@@ -64,8 +64,7 @@ pub(crate) fn build(copy: BooksCopy, recorder: &Recorder, symbolizer: &mut Symbo
                 },
                 stack: b.stack.and_then(|s| builder.stack(s)),
                 alloc_seq: b.allocated.then_some(b.seq),
-                history: vec![],
-                extra: vec![],
+                ..Block::default()
             })
             .collect();
         let allocated: u64 = blocks
