@@ -8,6 +8,8 @@
 //! snapshot whose address the trace never mentions (live throughout). Both
 //! are kept, and their sites are labelled.
 
+use std::collections::hash_map::Entry;
+
 use rustc_hash::{FxHashMap, FxHashSet};
 use snapdiff_format::{Action, Block, DeviceTrace, Snapshot, StackId};
 
@@ -90,22 +92,25 @@ pub(crate) fn replay_with(
     };
 
     // Blocks allocated before recording began: freed in the trace without an
-    // alloc before, or live at the end without appearing at all.
-    let mut seen: FxHashSet<u64> = FxHashSet::default();
-    let mut allocated: FxHashSet<u64> = FxHashSet::default();
+    // alloc before, or live at the end without appearing at all. Each
+    // address the trace names, and whether an alloc of it awaits its free:
+    // one map probed once an event.
+    let mut allocated: FxHashMap<u64, bool> = FxHashMap::default();
     for e in events {
         if e.action == Action::Alloc {
-            allocated.insert(e.address);
-            seen.insert(e.address);
+            allocated.insert(e.address, true);
         } else if e.action == free_action {
-            if !allocated.remove(&e.address) && seen.insert(e.address) {
-                out.freed_unseen += 1;
-                let key = keys.key(e.stack);
-                out.stacks.entry(key).or_insert(e.stack);
-                out.before_recording.insert(key);
-                add(&mut live, &mut totals, e.address, e.size, key);
+            match allocated.entry(e.address) {
+                Entry::Occupied(mut seen) => *seen.get_mut() = false,
+                Entry::Vacant(unseen) => {
+                    unseen.insert(false);
+                    out.freed_unseen += 1;
+                    let key = keys.key(e.stack);
+                    out.stacks.entry(key).or_insert(e.stack);
+                    out.before_recording.insert(key);
+                    add(&mut live, &mut totals, e.address, e.size, key);
+                }
             }
-            seen.insert(e.address);
         }
     }
     let ghosts: Vec<&Block> = snap
@@ -113,8 +118,9 @@ pub(crate) fn replay_with(
         .iter()
         .filter(|s| s.device == trace.device)
         .flat_map(|s| &s.blocks)
-        .filter(|b| is_live(b) && !seen.contains(&b.address))
+        .filter(|b| is_live(b) && !allocated.contains_key(&b.address))
         .collect();
+    drop(allocated);
     // Sized once: a snapshot taken long after recording began can hold a
     // million such blocks, and growing the map for them rehashes it ~20 times.
     live.reserve(ghosts.len());
@@ -142,18 +148,18 @@ pub(crate) fn replay_with(
         if e.action == Action::Alloc {
             let key = keys.key(e.stack);
             out.stacks.entry(key).or_insert(e.stack);
-            if let Some(&(old, _)) = live.get(&e.address) {
+            if let Some((old, old_key)) = live.insert(e.address, (e.size, key)) {
+                // A second alloc at a live address: its free was not recorded.
                 live_bytes -= old;
-            }
-            if let Some(&(old, old_key)) = live.get(&e.address) {
                 visit(LiveChange {
                     event: i,
                     site: old_key,
                     bytes: -(old as i64),
                     live_bytes,
                 });
+                remove_from(&mut totals, old_key, old);
             }
-            add(&mut live, &mut totals, e.address, e.size, key);
+            totals.entry(key).or_default().add_bytes(e.size, e.size);
             live_bytes += e.size;
             if live_bytes > out.highest.0 {
                 out.highest = (live_bytes, i + 1);
