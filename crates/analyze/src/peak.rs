@@ -140,19 +140,30 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
         rules: options.rules.clone().with_rows_by_stack(true),
         ..TrendOptions::default()
     };
-    let suspects = trend_trace_with_keys(snap, &keys, &trend_options)
-        .map(|t| t.suspects)
-        .unwrap_or_default();
+    // The trend and the peaks each replay the trace: side by side.
+    let (suspects, at_peaks) = rayon::join(
+        || {
+            trend_trace_with_keys(snap, &keys, &trend_options)
+                .map(|t| t.suspects)
+                .unwrap_or_default()
+        },
+        || {
+            snap.traces
+                .iter()
+                .filter(|t| t.events.actions().any(|a| a == Action::Alloc))
+                .map(|trace| {
+                    // First the highest point, then the live sites there.
+                    let highest = replay(snap, &keys, trace, &[]).highest;
+                    let at = replay(snap, &keys, trace, &[highest.1]);
+                    (device_peak(snap, trace, &at, &namer, &categories), at)
+                })
+                .collect::<Vec<_>>()
+        },
+    );
     let mut notes = Vec::new();
-    let devices: Vec<DevicePeak> = snap
-        .traces
-        .iter()
-        .filter(|t| t.events.actions().any(|a| a == Action::Alloc))
-        .map(|trace| {
-            // First the highest point, then the live sites there.
-            let highest = replay(snap, &keys, trace, &[]).highest;
-            let at = replay(snap, &keys, trace, &[highest.1]);
-            let mut peak = device_peak(snap, trace, &at, &namer, &categories);
+    let devices: Vec<DevicePeak> = at_peaks
+        .into_iter()
+        .map(|(mut peak, at)| {
             peak.growth = (!suspects.is_empty()).then(|| PeakGrowth {
                 growth_bytes: suspects.iter().map(|s| s.growth_bytes).sum(),
                 held_bytes: suspects

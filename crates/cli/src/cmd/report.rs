@@ -41,16 +41,21 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
     let (mut live, mut device_peak, mut drawn_timeline) = (None, None, None);
     if let [file] = &files[..] {
         let snap = crate::input::read(file)?;
-        trend = trend_trace(&snap, &TrendOptions::default()).ok();
-        live = Some(
-            live_by_site(&snap, &CulpritRules::default(), LiveMoment::End)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?,
+        // The trend and the peak each replay the trace: side by side.
+        let (trace_trend, (live_sites, first_peak)) = rayon::join(
+            || trend_trace(&snap, &TrendOptions::default()).ok(),
+            || {
+                let live = live_by_site(&snap, &CulpritRules::default(), LiveMoment::End);
+                let first_peak = peak(&snap, &PeakOptions::default())
+                    .devices
+                    .into_iter()
+                    .next();
+                (live, first_peak)
+            },
         );
-        if let Some(mut p) = peak(&snap, &PeakOptions::default())
-            .devices
-            .into_iter()
-            .next()
-        {
+        trend = trace_trend;
+        live = Some(live_sites.map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?);
+        if let Some(mut p) = first_peak {
             drawn_timeline = timeline_of(&snap, &p, trend.as_ref());
             p.sites.truncate(TABLE_ROWS);
             device_peak = Some(p);
