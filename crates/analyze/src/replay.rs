@@ -11,7 +11,7 @@
 use std::collections::hash_map::Entry;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use snapdiff_format::{Action, Block, DeviceTrace, Snapshot, StackId};
+use snapdiff_format::{Action, DeviceTrace, Snapshot, StackId};
 
 use crate::group::{SiteTotals, is_live};
 use crate::stack_key::{StackKey, StackKeys};
@@ -78,18 +78,6 @@ pub(crate) fn replay_with(
     let mut out = Replayed::default();
     let mut live: FxHashMap<u64, (u64, StackKey)> = FxHashMap::default();
     let mut totals: FxHashMap<StackKey, SiteTotals> = FxHashMap::default();
-    let add = |live: &mut FxHashMap<u64, (u64, StackKey)>,
-               totals: &mut FxHashMap<StackKey, SiteTotals>,
-               addr,
-               size,
-               key| {
-        if let Some((old_size, old_key)) = live.insert(addr, (size, key)) {
-            // A second alloc at a live address: its free was not recorded.
-            remove_from(totals, old_key, old_size);
-        }
-        // Trace events record only the requested size.
-        totals.entry(key).or_default().add_bytes(size, size);
-    };
 
     // Blocks allocated before recording began: freed in the trace without an
     // alloc before, or live at the end without appearing at all. Each
@@ -108,36 +96,34 @@ pub(crate) fn replay_with(
                     let key = keys.key(e.stack);
                     out.stacks.entry(key).or_insert(e.stack);
                     out.before_recording.insert(key);
-                    add(&mut live, &mut totals, e.address, e.size, key);
+                    // Trace events record only the requested size.
+                    live.insert(e.address, (e.size, key));
+                    totals.entry(key).or_default().add_bytes(e.size, e.size);
                 }
             }
         }
     }
-    let ghosts: Vec<&Block> = snap
+    let mut live_bytes: u64 = live.values().map(|&(size, _)| size).sum();
+    // The live blocks whose address the trace never names stay live
+    // throughout: they count in their sites' totals, but no event looks
+    // them up, so they stay out of `live` (a snapshot taken long after
+    // recording began can hold a million of them).
+    let unnamed = snap
         .segments
         .iter()
         .filter(|s| s.device == trace.device)
         .flat_map(|s| &s.blocks)
-        .filter(|b| is_live(b) && !allocated.contains_key(&b.address))
-        .collect();
-    drop(allocated);
-    // Sized once: a snapshot taken long after recording began can hold a
-    // million such blocks, and growing the map for them rehashes it ~20 times.
-    live.reserve(ghosts.len());
-    for b in ghosts {
+        .filter(|b| is_live(b) && !allocated.contains_key(&b.address));
+    for b in unnamed {
         let key = keys.key(b.stack);
         out.stacks.entry(key).or_insert(b.stack);
         out.before_recording.insert(key);
-        add(
-            &mut live,
-            &mut totals,
-            b.address,
-            crate::group::requested(b),
-            key,
-        );
+        let size = crate::group::requested(b);
+        totals.entry(key).or_default().add_bytes(size, size);
+        live_bytes += size;
     }
+    drop(allocated);
 
-    let mut live_bytes: u64 = live.values().map(|&(size, _)| size).sum();
     out.highest = (live_bytes, 0);
     out.start_bytes = live_bytes;
     let mut cuts = cuts.iter().copied().peekable();
