@@ -9,7 +9,9 @@
 # Writes the inputs once with bench/make_real_shaped.py into
 # target/real-shaped/, then prints, best of 3, wall time and peak resident
 # memory (GNU time) of each task beside CPython doing the same on the same
-# file in the same run. Needs ../shared/fixtures/torch (the frame vocabulary).
+# file in the same run, and of the commands that replay the trace or draw
+# (peak, steps, oom, trend, report, flamegraph, pprof) on the pickle and
+# its .snap. Needs ../shared/fixtures/torch (the frame vocabulary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q
@@ -64,6 +66,15 @@ time_it $snapdiff summary $dir/real-a.pickle
 time_it python3 -c "$python_compare" $dir/real-a.pickle $dir/real-b.pickle
 time_it $snapdiff compare $dir/real-a.pickle $dir/real-b.pickle
 time_it $snapdiff compare $dir/real-a.snap $dir/real-b.snap
+# The commands that replay the trace or draw, on the pickle and its .snap.
+for f in $dir/real-a.pickle $dir/real-a.snap; do
+  for task in peak steps oom trend; do
+    time_it $snapdiff $task $f
+  done
+  time_it $snapdiff report -f -o /tmp/snapdiff-bench.html $f
+  time_it $snapdiff flamegraph -f -o /tmp/snapdiff-bench.svg $f
+  time_it $snapdiff pprof -f -o /tmp/snapdiff-bench.pb.gz $f
+done
 $snapdiff compare --json $dir/real-a.snap $dir/real-b.snap > /tmp/snapdiff-bench-json || [ $? -eq 1 ]
 echo "compare --json: $(stat -c %s /tmp/snapdiff-bench-json) bytes"
 $snapdiff compare --json --top 0 $dir/real-a.snap $dir/real-b.snap > /tmp/snapdiff-bench-json || [ $? -eq 1 ]
