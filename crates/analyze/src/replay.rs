@@ -80,15 +80,15 @@ pub(crate) fn replay_with(
     let mut totals: FxHashMap<StackKey, SiteTotals> = FxHashMap::default();
 
     // Blocks allocated before recording began: freed in the trace without an
-    // alloc before, or live at the end without appearing at all. Each
-    // address the trace names, and whether an alloc of it awaits its free:
-    // one map probed once an event.
-    let mut allocated: FxHashMap<u64, bool> = FxHashMap::default();
+    // alloc before, or live at the end without appearing at all. `named`:
+    // each address the trace names, and whether an alloc of it awaits its
+    // free (one map, probed once an event).
+    let mut named: FxHashMap<u64, bool> = FxHashMap::default();
     for e in events {
         if e.action == Action::Alloc {
-            allocated.insert(e.address, true);
+            named.insert(e.address, true);
         } else if e.action == free_action {
-            match allocated.entry(e.address) {
+            match named.entry(e.address) {
                 Entry::Occupied(mut seen) => *seen.get_mut() = false,
                 Entry::Vacant(unseen) => {
                     unseen.insert(false);
@@ -113,7 +113,7 @@ pub(crate) fn replay_with(
         .iter()
         .filter(|s| s.device == trace.device)
         .flat_map(|s| &s.blocks)
-        .filter(|b| is_live(b) && !allocated.contains_key(&b.address));
+        .filter(|b| is_live(b) && !named.contains_key(&b.address));
     for b in unnamed {
         let key = keys.key(b.stack);
         out.stacks.entry(key).or_insert(b.stack);
@@ -122,7 +122,7 @@ pub(crate) fn replay_with(
         totals.entry(key).or_default().add_bytes(size, size);
         live_bytes += size;
     }
-    drop(allocated);
+    drop(named);
 
     out.highest = (live_bytes, 0);
     out.start_bytes = live_bytes;
