@@ -114,15 +114,28 @@ pub(crate) fn replay_with(
         .filter(|s| s.device == trace.device)
         .flat_map(|s| &s.blocks)
         .filter(|b| is_live(b) && !named.contains_key(&b.address));
+    // Summed by stack first (an add a block, no hashing), then by site in
+    // the order the stacks first appear, so that each site is described by
+    // the same stack as block by block. Slot 0: blocks without a stack.
+    let mut by_stack = vec![SiteTotals::default(); snap.stacks.len() + 1];
+    let mut first_seen = Vec::new();
     for b in unnamed {
-        let key = keys.key(b.stack);
-        out.stacks.entry(key).or_insert(b.stack);
-        out.before_recording.insert(key);
+        let slot = b.stack.map_or(0, |id| id as usize + 1);
+        if by_stack[slot].blocks == 0 {
+            first_seen.push(slot);
+        }
         let size = crate::group::requested(b);
-        totals.entry(key).or_default().add_bytes(size, size);
+        by_stack[slot].add_bytes(size, size);
         live_bytes += size;
     }
     drop(named);
+    for slot in first_seen {
+        let stack = slot.checked_sub(1).map(|id| id as StackId);
+        let key = keys.key(stack);
+        out.stacks.entry(key).or_insert(stack);
+        out.before_recording.insert(key);
+        totals.entry(key).or_default().merge(by_stack[slot]);
+    }
 
     out.highest = (live_bytes, 0);
     out.start_bytes = live_bytes;
