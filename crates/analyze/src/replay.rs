@@ -196,3 +196,49 @@ fn remove_from(totals: &mut FxHashMap<StackKey, SiteTotals>, key: StackKey, size
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use snapdiff_format::{Block, BlockState, DeviceTrace, Segment, Snapshot};
+
+    use super::replay;
+    use crate::stack_key::{StackKeys, test_frame};
+
+    /// Live blocks no event names count from the start, in their sites'
+    /// totals, and a site is described by the stack of its first block even
+    /// when a later stack of the same site has a lower id.
+    #[test]
+    fn unnamed_live_blocks_count_from_the_start_under_their_first_stack() {
+        let block = |stack, size| Block {
+            address: 0x1000 * size,
+            size,
+            requested_size: size,
+            state: BlockState::ActiveAllocated,
+            stack: Some(stack),
+            ..Block::default()
+        };
+        let snap = Snapshot {
+            frames: vec![
+                test_frame("train_step", "/home/u/train.py", 12),
+                test_frame("torch::unwind::unwind()", "??", 0),
+            ],
+            // The same site: stack 1 only adds a noise frame.
+            stacks: vec![vec![0], vec![1, 0]],
+            segments: vec![Segment {
+                blocks: vec![block(1, 3), block(0, 5), block(1, 7)],
+                ..Segment::default()
+            }],
+            traces: vec![DeviceTrace::default()],
+            ..Snapshot::default()
+        };
+        let keys = StackKeys::new(&snap);
+        let key = keys.key(Some(0));
+        assert_eq!(key, keys.key(Some(1)));
+        let replayed = replay(&snap, &keys, &snap.traces[0], &[0]);
+        assert_eq!(replayed.start_bytes, 15);
+        assert_eq!(replayed.points[0][&key].blocks, 3);
+        assert_eq!(replayed.points[0][&key].bytes, 15);
+        assert_eq!(replayed.stacks[&key], Some(1));
+        assert!(replayed.before_recording.contains(&key));
+    }
+}
