@@ -744,6 +744,15 @@ fn sigterm_and_a_killed_monitor_end_the_job_with_an_exit_dump() {
     let out = dir.path().join("out");
     let mut child = start_capture(&out, &["--every", "5", "--no-report"], &long_job);
     wait_for_first_dump(&out);
+    // The hook notes a dump in the manifest just after the file lands.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(out.join("manifest.jsonl")).map_or(true, |m| !m.contains('\n')) {
+        assert!(
+            Instant::now() < deadline,
+            "no manifest line within a minute"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     child.kill().unwrap();
     child.wait().unwrap();
     let job = manifest(&out)[0]["pid"].as_u64().unwrap();
