@@ -150,7 +150,7 @@ pub(crate) fn decompress(
             let at = consumed.get();
             if at / PROGRESS_EVERY > told / PROGRESS_EVERY {
                 told = at;
-                tell(at);
+                tell.done(at);
             }
         }
     }

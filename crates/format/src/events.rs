@@ -225,6 +225,15 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
     fn reserve(&mut self, n: usize) {
         self.present.reserve(n.div_ceil(64));
     }
+
+    /// Puts `f(v)` in place of each value `v` present.
+    fn map_present(&mut self, f: impl Fn(T) -> T) {
+        let mut values = Column::default();
+        for i in 0..self.values.len() {
+            values.push(self.get(i).map(&f).unwrap_or_default());
+        }
+        self.values = values;
+    }
 }
 
 /// Where the entries of events from `i` on start in a side list sorted by event.
@@ -236,6 +245,14 @@ impl Events {
     /// No events.
     pub fn new() -> Events {
         Events::default()
+    }
+
+    /// Gives the events' stacks and strings new ids: `stacks[s]` for stack
+    /// `s`, `strings[t]` for string `t` (joining snapshots read in parts).
+    pub(crate) fn renumber(&mut self, stacks: &[StackId], strings: &[StrId]) {
+        self.stack.map_present(|s| stacks[s as usize]);
+        self.compile_context.map_present(|t| strings[t as usize]);
+        self.user_metadata.map_present(|t| strings[t as usize]);
     }
 
     /// No events, with room for `n` before the columns grow.

@@ -279,7 +279,7 @@ impl BufRead for ZstdInput<'_> {
         if self.pos >= self.next_progress {
             self.next_progress = self.pos + PROGRESS_EVERY;
             if let Some(progress) = &mut self.progress {
-                progress(self.pos);
+                progress.done(self.pos);
             }
         }
     }

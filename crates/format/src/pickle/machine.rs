@@ -17,16 +17,21 @@
 
 use std::borrow::Cow;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use hashbrown::HashTable;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{FrameId, StackId};
+use crate::pickle::halves::SplitPoint;
 use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, MemoRef, Record, Val};
 use crate::pickle::lower::Lowerer;
 use crate::pickle::memo::Memo;
 use crate::pickle::opcodes::{self, *};
+use crate::pickle::skim::Split;
 use crate::read::{PROGRESS_EVERY, Progress};
+
+mod foreign;
 
 /// The memo index of the BINGET or LONG_BINGET at `pos`, and the position
 /// after it; `None` for any other opcode or a truncated one.
@@ -134,6 +139,10 @@ const FLAT_RECORD_ENTRIES: usize = 32;
 /// the indices.
 const MEMO_SLACK: usize = 1 << 12;
 
+/// How often, in bytes, a first half looks whether the skim has found the
+/// split yet.
+const SPLIT_POLL_EVERY: usize = 1 << 20;
+
 /// The deepest value stack and the most open MARKs a file may build. PyTorch's
 /// pickler writes lists and dicts in batches of 1000 items and snapshots nest
 /// a few levels deep, so real files stay in the low thousands; these caps stop
@@ -142,21 +151,135 @@ const MEMO_SLACK: usize = 1 << 12;
 const MAX_STACK: usize = 1 << 20;
 const MAX_MARKS: usize = 1 << 12;
 
-/// Runs the pickle in `data` and returns the value it leaves, the heap behind
-/// it, the lowered records, and the protocol it declared.
-pub(crate) fn run(data: &[u8], progress: Option<Progress>) -> Result<(Val, Heap<'_>, Lowerer, u8)> {
+/// What a run of a pickle leaves: the value, the heap behind it, the
+/// lowered records, and the protocol the pickle declared.
+pub(crate) type Ran<'a> = (Val, Heap<'a>, Lowerer, u8);
+
+/// Runs the pickle in `data`.
+pub(crate) fn run(data: &[u8], progress: Option<Progress>) -> Result<Ran<'_>> {
     let mut m = Machine::new(data);
     m.progress = progress;
-    let top = m.execute()?;
-    Ok((top, m.heap, m.lower, m.protocol))
+    m.run_whole()
 }
 
 /// Runs the pickle at the start of `data` and returns its length in bytes:
 /// where the next pickle of a file of several starts.
 pub(crate) fn length(data: &[u8]) -> Result<usize> {
     let mut m = Machine::new(data);
-    m.execute()?;
+    m.execute_whole()?;
     Ok(m.pos)
+}
+
+/// The first half of a read in two (see `halves.rs`): the pickle run from
+/// its start, either to its end, or paused at the split once `split` says
+/// where that is.
+#[allow(clippy::large_enum_variant, reason = "one per read, moved once")]
+pub(crate) enum FirstHalf<'a> {
+    Whole(Ran<'a>),
+    Paused(Paused<'a>),
+}
+
+/// A machine paused at the split, with the top dict's first pairs on its
+/// stack.
+pub(crate) struct Paused<'a>(Box<Machine<'a>>);
+
+/// Runs the first half of `data`; see [`FirstHalf`].
+pub(crate) fn run_first_half(
+    data: &[u8],
+    split: Arc<SplitPoint>,
+    progress: Option<Progress>,
+) -> Result<FirstHalf<'_>> {
+    let mut m = Machine::new(data);
+    m.progress = progress;
+    m.split = Some(split);
+    m.next_check = 0;
+    Ok(match m.execute()? {
+        Some(top) => FirstHalf::Whole((top, m.heap, m.lower, m.protocol)),
+        None => FirstHalf::Paused(Paused(Box::new(m))),
+    })
+}
+
+impl<'a> Paused<'a> {
+    /// The top dict's pairs read before the split, with the heap and records
+    /// behind them and the pickle's protocol; `None` unless the stack holds
+    /// just the dict, its mark, and `pairs` pairs, as the skim found.
+    pub(crate) fn into_pairs(self, pairs: usize) -> std::result::Result<Half<'a>, Paused<'a>> {
+        let m = &self.0;
+        if m.marks != [1] || m.stack.len() != 1 + 2 * pairs || !m.far_memo.is_empty() {
+            return Err(self);
+        }
+        let Machine {
+            stack,
+            heap,
+            lower,
+            protocol,
+            ..
+        } = *self.0;
+        let (pairs, _) = stack[1..].as_chunks::<2>();
+        Ok(Half {
+            pairs: pairs.to_vec(),
+            heap,
+            lower,
+            protocol,
+        })
+    }
+
+    /// The progress the machine was telling, to be told on by the caller.
+    pub(crate) fn take_progress(&mut self) -> Option<Progress> {
+        self.0.progress.take()
+    }
+
+    /// Runs the rest of the pickle, as if it had never paused.
+    pub(crate) fn resume(mut self) -> Result<Ran<'a>> {
+        self.0.next_check = self.0.next_progress;
+        self.0.run_whole()
+    }
+}
+
+/// One half of a snapshot read in two: the pairs of the top dict it read,
+/// and the heap and records behind them.
+pub(crate) struct Half<'a> {
+    pub(crate) pairs: Vec<[Val; 2]>,
+    pub(crate) heap: Heap<'a>,
+    pub(crate) lower: Lowerer,
+    pub(crate) protocol: u8,
+}
+
+/// Runs the second half of `data`: from the split that `skim` found to the
+/// end, with the top dict and its first pairs (read by the first half)
+/// stood in for on the stack by `None`s, and the memo slots written before
+/// the split read from the file when first used (`foreign.rs`). Gives up
+/// with an error (which says nothing worth showing: the first half then
+/// reads on alone) when the first half went past the split or failed.
+pub(crate) fn run_second_half(
+    data: &[u8],
+    skim: Split,
+    split: Arc<SplitPoint>,
+    progress: Option<Progress>,
+) -> Result<Half<'_>> {
+    let mut m = Machine::new(data);
+    m.progress = progress;
+    m.split = Some(split);
+    m.pos = skim.at;
+    m.next_progress = skim.at + PROGRESS_EVERY;
+    m.next_check = m.next_progress;
+    m.memo.fill_to(skim.made_at.len());
+    m.foreign = Some(skim.made_at);
+    let top = m.heap.new_dict();
+    m.stack.push(Val::Obj(top));
+    m.marks.push(1);
+    m.stack.resize(1 + 2 * skim.pairs, Val::None);
+    let end = m.execute_whole()?;
+    let pairs = match (end, &m.heap.containers[top as usize]) {
+        (Val::Obj(id), Container::Dict(pairs)) if id == top => pairs[skim.pairs..].to_vec(),
+        _ => return Err(m.error_at(ErrorKind::Malformed, "the second half left no top dict")),
+    };
+    Ok(Half {
+        pairs,
+        heap: m.heap,
+        lower: m.lower,
+        protocol: m.protocol,
+    })
 }
 
 struct Machine<'a> {
@@ -188,6 +311,13 @@ struct Machine<'a> {
     progress: Option<Progress>,
     /// The position at which `progress` is told next.
     next_progress: usize,
+    /// Where the halves of a read in two meet, in either half.
+    split: Option<Arc<SplitPoint>>,
+    /// In the second half: where the value of each memo slot written before
+    /// the split was made.
+    foreign: Option<Vec<u32>>,
+    /// The position at which `progress` or `split` is looked at next.
+    next_check: usize,
 }
 
 impl<'a> Machine<'a> {
@@ -213,7 +343,57 @@ impl<'a> Machine<'a> {
             protocol: 0,
             progress: None,
             next_progress: PROGRESS_EVERY,
+            split: None,
+            foreign: None,
+            next_check: PROGRESS_EVERY,
         }
+    }
+
+    /// Runs the whole pickle.
+    fn run_whole(mut self) -> Result<Ran<'a>> {
+        let top = self.execute_whole()?;
+        Ok((top, self.heap, self.lower, self.protocol))
+    }
+
+    /// Runs the pickle to its end (or the end of a second half).
+    fn execute_whole(&mut self) -> Result<Val> {
+        // Only a first half pauses, and only while it knows of a split.
+        Ok(self
+            .execute()?
+            .expect("a machine pauses only as a first half"))
+    }
+
+    /// Tells `progress` and looks at `split` at `at`, when due; says whether
+    /// a first half has reached the split and pauses there.
+    #[cold]
+    fn checkpoint(&mut self, at: usize) -> Result<bool> {
+        if at >= self.next_progress {
+            self.report_progress(at);
+        }
+        self.next_check = self.next_progress;
+        let Some(split) = self.split.clone() else {
+            return Ok(false);
+        };
+        if self.foreign.is_some() {
+            if split.abandoned() {
+                return Err(self.error_at(ErrorKind::Malformed, "the first half went on alone"));
+            }
+            return Ok(false);
+        }
+        match split.position() {
+            Err(()) => self.next_check = self.next_check.min(at + SPLIT_POLL_EVERY),
+            Ok(None) => self.split = None,
+            Ok(Some(p)) if p == at => {
+                self.split = None;
+                return Ok(true);
+            }
+            Ok(Some(p)) if p > at => self.next_check = self.next_check.min(p),
+            Ok(Some(_)) => {
+                split.abandon();
+                self.split = None;
+            }
+        }
+        Ok(false)
     }
 
     /// Tells `progress` that the opcodes before `at` are done.
@@ -221,19 +401,21 @@ impl<'a> Machine<'a> {
     fn report_progress(&mut self, at: usize) {
         self.next_progress = at + PROGRESS_EVERY;
         if let Some(progress) = &mut self.progress {
-            progress(at);
+            progress.done(at);
         }
     }
 
-    fn execute(&mut self) -> Result<Val> {
+    /// Runs opcodes to the STOP and returns the value left; `None` if a
+    /// first half paused at the split instead.
+    fn execute(&mut self) -> Result<Option<Val>> {
         let data = self.data;
         loop {
             let at = self.pos;
             if self.stack.len() > MAX_STACK || self.marks.len() > MAX_MARKS {
                 return Err(self.too_deep(at));
             }
-            if at >= self.next_progress {
-                self.report_progress(at);
+            if at >= self.next_check && self.checkpoint(at)? {
+                return Ok(None);
             }
             let op = *data.get(at).ok_or_else(|| {
                 self.error_at(
@@ -263,7 +445,7 @@ impl<'a> Machine<'a> {
                         return Err(self
                             .error_at(ErrorKind::Malformed, "STOP with values left on the stack"));
                     }
-                    return Ok(top);
+                    return Ok(Some(top));
                 }
                 MARK => {
                     self.marks.push(self.stack.len());
@@ -962,6 +1144,16 @@ impl<'a> Machine<'a> {
 
     fn put(&mut self, i: usize, op: u8, at: usize) -> Result<()> {
         let top = self.peek(op, at)?;
+        if self
+            .foreign
+            .as_ref()
+            .is_some_and(|made_at| i < made_at.len())
+        {
+            return Err(self.error_at(
+                ErrorKind::Malformed,
+                "the second half rewrites a memo slot of the first",
+            ));
+        }
         let gap = i.saturating_sub(self.memo.len());
         let written = self.memo.len() - self.memo_gaps;
         if i < self.memo.len() {
@@ -994,7 +1186,11 @@ impl<'a> Machine<'a> {
 
     fn get(&mut self, i: usize, at: usize) -> Result<()> {
         let v = match self.memo.get(i) {
-            Some(Val::Unset) | None => self.far_memo.get(&i).copied(),
+            Some(Val::Unset) | None => self
+                .far_memo
+                .get(&i)
+                .copied()
+                .or_else(|| self.resolve_foreign(i)),
             Some(v) => Some(v),
         };
         match v {

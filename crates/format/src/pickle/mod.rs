@@ -35,12 +35,14 @@
 //! block lists are freed as the segments are read. The figures are in
 //! `docs/performance.md`.
 
+mod halves;
 mod heap;
 pub(crate) mod legacy_torch_save;
 mod lower;
 mod machine;
 mod memo;
 mod opcodes;
+mod skim;
 pub(crate) mod torch_zip;
 mod write;
 
@@ -56,6 +58,7 @@ use heap::{
     pair_of, str_of, u32_of, u64_of,
 };
 use lower::Lowerer;
+use machine::Half;
 
 /// Segments of at most this size without a `segment_type` belong to the small pool.
 const SMALL_SEGMENT_SIZE: u64 = 2 << 20;
@@ -67,117 +70,147 @@ pub(crate) fn read(
     container: Option<&str>,
     progress: Option<crate::read::Progress>,
 ) -> Result<Snapshot> {
-    let (top, mut heap, mut lower, protocol) = machine::run(data, progress)?;
+    snapshot_read(halves::read(data, progress)?, container)
+}
+
+/// The snapshot a pickle holds, from what the machine read.
+fn snapshot_read(read: halves::Read, container: Option<&str>) -> Result<Snapshot> {
+    let (mut snap, protocol, not_utf8) = match read {
+        halves::Read::Whole((top, mut heap, mut lower, protocol)) => {
+            let mut snap = Snapshot::default();
+            match top {
+                // A list of trace events is no list of segments: said so below.
+                Val::Obj(id)
+                    if !matches!(heap.containers[id as usize], Container::Events { .. })
+                        && items(&heap, top).is_ok() =>
+                {
+                    // `torch.cuda.memory_snapshot()` returns only the segment list.
+                    snap.segments = segments(&mut lower, &mut heap, top)
+                        .map_err(|f| malformed("segments", f))?;
+                }
+                Val::Obj(_) if entries(&heap, top).is_ok() => {
+                    let pairs = entries(&heap, top).expect("checked").to_vec();
+                    if !has_segments(&heap, &pairs) {
+                        return Err(not_snapshot("a dict without 'segments'"));
+                    }
+                    read_pairs(&mut snap, &pairs, &mut lower, &mut heap)?;
+                }
+                other => return Err(not_snapshot(heap::describe(&heap, other))),
+            }
+            (snap.frames, snap.stacks, snap.strings) = lower.into_tables(&heap);
+            (snap, protocol, heap.not_utf8)
+        }
+        halves::Read::Joined(joined) => (joined.snap, joined.protocol, joined.not_utf8),
+    };
     // Said where the file is described: text that was not UTF-8 (Python's
     // lone surrogates, or damage) is shown with U+FFFD.
-    let not_utf8 = match heap.not_utf8 {
+    let not_utf8 = match not_utf8 {
         0 => String::new(),
         1 => "; 1 string not UTF-8, shown with U+FFFD".to_owned(),
         n => format!("; {n} strings not UTF-8, shown with U+FFFD"),
     };
-    let mut snap = Snapshot {
-        meta: Meta {
-            producer: Meta::PRODUCER_TORCH.to_owned(),
-            source: Some(match container {
-                Some(c) => format!("PyTorch pickle (protocol {protocol}{not_utf8}) in a {c}"),
-                None => format!("PyTorch pickle (protocol {protocol}{not_utf8})"),
-            }),
-            ..Meta::default()
-        },
-        ..Snapshot::default()
+    snap.meta = Meta {
+        producer: Meta::PRODUCER_TORCH.to_owned(),
+        source: Some(match container {
+            Some(c) => format!("PyTorch pickle (protocol {protocol}{not_utf8}) in a {c}"),
+            None => format!("PyTorch pickle (protocol {protocol}{not_utf8})"),
+        }),
+        ..Meta::default()
     };
-    let not_snapshot = |what: &str| {
-        Error::new(
-            ErrorKind::NotASnapshot,
-            format!(
-                "the pickle holds {what}, not a memory snapshot (expected a dict with \
-                 'segments', or a list of segments)"
-            ),
-        )
-    };
-    let malformed = |path: &str, f: Failure| {
-        Error::new(
-            ErrorKind::NotASnapshot,
-            at(path, f).trim_start_matches('.').to_string(),
-        )
-    };
-    match top {
-        // A list of trace events is no list of segments: said so below.
-        Val::Obj(id)
-            if !matches!(heap.containers[id as usize], Container::Events { .. })
-                && items(&heap, top).is_ok() =>
-        {
-            // `torch.cuda.memory_snapshot()` returns only the segment list.
-            snap.segments =
-                segments(&mut lower, &mut heap, top).map_err(|f| malformed("segments", f))?;
-        }
-        Val::Obj(_) if entries(&heap, top).is_ok() => {
-            let top_entries = entries(&heap, top).expect("checked");
-            if !top_entries
-                .iter()
-                .any(|&[k, _]| matches!(k, Val::Str(id) if heap.str(id) == "segments"))
-            {
-                return Err(not_snapshot("a dict without 'segments'"));
-            }
-            // By index: reading the segments frees their dicts from the heap.
-            for i in 0..top_entries.len() {
-                let [k, v] = entries(&heap, top).expect("checked")[i];
-                let key = key_text(&heap, k);
-                match key.as_str() {
-                    "segments" => {
-                        snap.segments = segments(&mut lower, &mut heap, v)
-                            .map_err(|f| malformed("segments", f))?
-                    }
-                    "device_traces" => {
-                        snap.traces = traces(&mut lower, &heap, v)
-                            .map_err(|f| malformed("device_traces", f))?
-                    }
-                    "external_annotations" => {
-                        snap.annotations = annotations(&mut lower, &heap, v)
-                            .map_err(|f| malformed("external_annotations", f))?
-                    }
-                    // The pinned host allocator's, in the layout of the
-                    // device's (PR #182407 built it after the CUDA
-                    // allocator): a device of its own. A layout this reader
-                    // cannot follow is kept as it is, never an error.
-                    "host_segments" => match host_segments(&mut lower, &heap, v) {
-                        Ok(host) => snap.segments.extend(host),
-                        Err(_) => snap.extra.push((
-                            key,
-                            lower
-                                .value(&heap, v, 1)
-                                .map_err(|f| malformed("host_segments", f))?,
-                        )),
-                    },
-                    "host_traces" => match host_events(&mut lower, &heap, v) {
-                        Ok(events) => snap.traces.push(DeviceTrace {
-                            device: PINNED_HOST_DEVICE,
-                            events,
-                        }),
-                        Err(_) => snap.extra.push((
-                            key,
-                            lower
-                                .value(&heap, v, 1)
-                                .map_err(|f| malformed("host_traces", f))?,
-                        )),
-                    },
-                    "allocator_settings" => {
-                        let value = lower
-                            .value(&heap, v, 1)
-                            .map_err(|f| malformed("allocator_settings", f))?;
-                        snap.allocator_settings = value;
-                    }
-                    _ => {
-                        let value = lower.value(&heap, v, 1).map_err(|f| malformed(&key, f))?;
-                        snap.extra.push((key, value));
-                    }
-                }
-            }
-        }
-        other => return Err(not_snapshot(heap::describe(&heap, other))),
-    }
-    (snap.frames, snap.stacks, snap.strings) = lower.into_tables(&heap);
     Ok(snap)
+}
+
+fn not_snapshot(what: &str) -> Error {
+    Error::new(
+        ErrorKind::NotASnapshot,
+        format!(
+            "the pickle holds {what}, not a memory snapshot (expected a dict with \
+             'segments', or a list of segments)"
+        ),
+    )
+}
+
+fn malformed(path: &str, f: Failure) -> Error {
+    Error::new(
+        ErrorKind::NotASnapshot,
+        at(path, f).trim_start_matches('.').to_string(),
+    )
+}
+
+/// Whether one of the top dict's `pairs` has the key `segments`.
+fn has_segments(heap: &Heap, pairs: &[[Val; 2]]) -> bool {
+    pairs
+        .iter()
+        .any(|&[k, _]| matches!(k, Val::Str(id) if heap.str(id) == "segments"))
+}
+
+/// The snapshot of what one half of a read in two holds.
+fn snapshot_of(mut half: Half) -> Result<Snapshot> {
+    let mut snap = Snapshot::default();
+    read_pairs(&mut snap, &half.pairs, &mut half.lower, &mut half.heap)?;
+    (snap.frames, snap.stacks, snap.strings) = half.lower.into_tables(&half.heap);
+    Ok(snap)
+}
+
+/// Reads the top dict's `pairs` (or those of one half of a read in two)
+/// into `snap`, in order.
+fn read_pairs(
+    snap: &mut Snapshot,
+    pairs: &[[Val; 2]],
+    lower: &mut Lowerer,
+    heap: &mut Heap,
+) -> Result<()> {
+    for &[k, v] in pairs {
+        let key = key_text(heap, k);
+        match key.as_str() {
+            "segments" => {
+                snap.segments = segments(lower, heap, v).map_err(|f| malformed("segments", f))?
+            }
+            "device_traces" => {
+                snap.traces = traces(lower, heap, v).map_err(|f| malformed("device_traces", f))?
+            }
+            "external_annotations" => {
+                snap.annotations =
+                    annotations(lower, heap, v).map_err(|f| malformed("external_annotations", f))?
+            }
+            // The pinned host allocator's, in the layout of the
+            // device's (PR #182407 built it after the CUDA
+            // allocator): a device of its own. A layout this reader
+            // cannot follow is kept as it is, never an error.
+            "host_segments" => match host_segments(lower, heap, v) {
+                Ok(host) => snap.segments.extend(host),
+                Err(_) => snap.extra.push((
+                    key,
+                    lower
+                        .value(heap, v, 1)
+                        .map_err(|f| malformed("host_segments", f))?,
+                )),
+            },
+            "host_traces" => match host_events(lower, heap, v) {
+                Ok(events) => snap.traces.push(DeviceTrace {
+                    device: PINNED_HOST_DEVICE,
+                    events,
+                }),
+                Err(_) => snap.extra.push((
+                    key,
+                    lower
+                        .value(heap, v, 1)
+                        .map_err(|f| malformed("host_traces", f))?,
+                )),
+            },
+            "allocator_settings" => {
+                let value = lower
+                    .value(heap, v, 1)
+                    .map_err(|f| malformed("allocator_settings", f))?;
+                snap.allocator_settings = value;
+            }
+            _ => {
+                let value = lower.value(heap, v, 1).map_err(|f| malformed(&key, f))?;
+                snap.extra.push((key, value));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The device segments in `v`. Each segment dict and its list of blocks

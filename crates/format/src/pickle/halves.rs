@@ -1,0 +1,337 @@
+//! Reading a large snapshot pickle on two threads.
+//!
+//! PyTorch writes the segments first and the trace after them, each about
+//! half of the reading time. The calling thread reads from the start (the
+//! first half); a second thread skims the opcodes to the top dict's
+//! `device_traces` key (`skim.rs`), then reads from there to the end (the
+//! second half), finding the strings, frames and frame lists it shares with
+//! the segments in the file itself (`machine/foreign.rs`). The first half
+//! pauses at the split; each half becomes a snapshot of its own keys, and
+//! the second's frames, stacks and strings are renumbered into the first's
+//! ([`join`]), as one thread would have numbered them.
+//!
+//! Whatever goes wrong in the second half (a value the first half's part
+//! must make, a malformed trace, a first half that got to the split before
+//! the skim did), the first half reads on alone from where it paused, and
+//! the file reads, or fails, exactly as it does on one thread.
+
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use hashbrown::HashTable;
+use rustc_hash::FxBuildHasher;
+
+use crate::error::Result;
+use crate::model::{FrameId, Snapshot, StackId, StrId};
+use crate::pickle::machine::{self, FirstHalf, Ran};
+use crate::pickle::skim;
+use crate::read::Progress;
+
+/// Pickles from this size are read in two halves, where two cores are free
+/// to: below it the second thread's start and skim cost more than they save.
+const TWO_HALVES_FROM: usize = 8 << 20;
+
+/// Where the two halves meet: told by the second half's skim, read by the
+/// first half as it goes.
+pub(crate) struct SplitPoint {
+    /// [`SplitPoint::UNKNOWN`] until the skim is done, then the split's
+    /// position, or [`SplitPoint::NONE`] if there is none.
+    at: AtomicUsize,
+    /// How many pairs of the top dict come before the split.
+    pairs: AtomicUsize,
+    /// Set when the first half no longer needs the second: it went past the
+    /// split, read the whole file, or failed.
+    abandoned: AtomicBool,
+}
+
+impl SplitPoint {
+    const UNKNOWN: usize = 0;
+    const NONE: usize = usize::MAX;
+
+    fn new() -> SplitPoint {
+        SplitPoint {
+            at: AtomicUsize::new(SplitPoint::UNKNOWN),
+            pairs: AtomicUsize::new(0),
+            abandoned: AtomicBool::new(false),
+        }
+    }
+
+    /// The split's position, `Ok(None)` if there is none, `Err` while the
+    /// skim goes on.
+    pub(crate) fn position(&self) -> std::result::Result<Option<usize>, ()> {
+        match self.at.load(Ordering::Acquire) {
+            SplitPoint::UNKNOWN => Err(()),
+            SplitPoint::NONE => Ok(None),
+            at => Ok(Some(at)),
+        }
+    }
+
+    /// Tells where the skim found the split, if it did.
+    fn found(&self, skim: Option<&skim::Split>) {
+        // A split is never at the pickle's first byte (its PROTO).
+        let at = skim.map_or(SplitPoint::NONE, |s| s.at.max(1));
+        self.pairs
+            .store(skim.map_or(0, |s| s.pairs), Ordering::Relaxed);
+        self.at.store(at, Ordering::Release);
+    }
+
+    /// How many pairs of the top dict come before the split.
+    fn pairs(&self) -> usize {
+        self.pairs.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Relaxed)
+    }
+}
+
+/// A pickle read whole, or in two halves and joined.
+#[allow(clippy::large_enum_variant, reason = "one per read, moved once")]
+pub(crate) enum Read<'a> {
+    Whole(Ran<'a>),
+    Joined(Joined),
+}
+
+/// A snapshot read in two halves, joined, and what its source says.
+pub(crate) struct Joined {
+    pub(crate) snap: Snapshot,
+    /// The pickle's protocol.
+    pub(crate) protocol: u8,
+    /// How many strings of the file were not UTF-8.
+    pub(crate) not_utf8: usize,
+}
+
+/// Reads `data`, in two halves when it is large and a second core is free.
+pub(crate) fn read(data: &[u8], progress: Option<Progress>) -> Result<Read<'_>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if data.len() < TWO_HALVES_FROM || cores < 2 {
+        return machine::run(data, progress).map(Read::Whole);
+    }
+    read_in_two(data, progress, false)
+}
+
+/// Reads `data` in two halves, whatever its size (see the module's doc).
+/// With `skim_first`, the skim is done before the first half starts (for
+/// tests: on a small file the first half may reach the split before the
+/// skim has found it, and read on alone).
+fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Result<Read<'_>> {
+    let split = Arc::new(SplitPoint::new());
+    let skimmed = skim_first.then(|| skim::find(data));
+    if let Some(skim) = &skimmed {
+        split.found(skim.as_ref());
+    }
+    let pages = progress.as_ref().and_then(Progress::pages);
+    // The second half's position, told on by the first once it is done.
+    let (second_at, second_progress) = std::sync::mpsc::channel::<usize>();
+    std::thread::scope(|scope| {
+        let second = scope.spawn({
+            let split = split.clone();
+            move || {
+                let skim = skimmed.unwrap_or_else(|| {
+                    let skim = skim::find(data);
+                    split.found(skim.as_ref());
+                    skim
+                })?;
+                let at = skim.at;
+                let progress = Progress::with_pages(
+                    move |done| _ = second_at.send(done),
+                    pages.map(|p| p.from(at)),
+                );
+                let half = machine::run_second_half(data, skim, split, Some(progress)).ok()?;
+                let not_utf8 = half.heap.not_utf8;
+                let has_segments = super::has_segments(&half.heap, &half.pairs);
+                Some((super::snapshot_of(half).ok()?, not_utf8, has_segments))
+            }
+        });
+        let first = machine::run_first_half(data, split.clone(), progress);
+        let mut paused = match first {
+            Ok(FirstHalf::Paused(paused)) => paused,
+            Ok(FirstHalf::Whole(ran)) => {
+                split.abandon();
+                return Ok(Read::Whole(ran));
+            }
+            Err(e) => {
+                split.abandon();
+                return Err(e);
+            }
+        };
+        let mut progress = paused.take_progress();
+        let first = match paused.into_pairs(split.pairs()) {
+            Ok(first) => first,
+            Err(paused) => {
+                split.abandon();
+                return paused.resume().map(Read::Whole);
+            }
+        };
+        let (protocol, not_utf8) = (first.protocol, first.heap.not_utf8);
+        let has_segments = super::has_segments(&first.heap, &first.pairs);
+        // The first half's records are made while the second half reads on.
+        let mut snap = super::snapshot_of(first)?;
+        let mut told = 0;
+        for at in second_progress {
+            if let Some(progress) = progress.as_mut().filter(|_| at > told) {
+                progress.done(at);
+                told = at;
+            }
+        }
+        match second.join() {
+            Ok(Some((second, second_not_utf8, second_has_segments))) => {
+                if !has_segments && !second_has_segments {
+                    return Err(super::not_snapshot("a dict without 'segments'"));
+                }
+                join(&mut snap, second);
+                Ok(Read::Joined(Joined {
+                    snap,
+                    protocol,
+                    not_utf8: not_utf8 + second_not_utf8,
+                }))
+            }
+            // The first half's machine is spent: read again on one thread,
+            // to read or fail as that does.
+            _ => machine::run(data, None).map(Read::Whole),
+        }
+    })
+}
+
+/// Adds `second`, read from the part of a file after the split, to `first`,
+/// read from the part before it: the second's frames, stacks and strings
+/// take the first's ids where the first has them, and new ids after the
+/// first's in the order the second met them, as one reader would number
+/// them.
+pub(crate) fn join(first: &mut Snapshot, second: Snapshot) {
+    let frames: Vec<FrameId> = renumber(&mut first.frames, second.frames, |f| f);
+    let stacks: Vec<StackId> = renumber(&mut first.stacks, second.stacks, |stack| {
+        stack.into_iter().map(|f| frames[f as usize]).collect()
+    });
+    let strings: Vec<StrId> = renumber(&mut first.strings, second.strings, |s| s);
+    let stack = |s: &mut Option<StackId>| {
+        if let Some(id) = s {
+            *id = stacks[*id as usize];
+        }
+    };
+    let mut segments = second.segments;
+    for seg in &mut segments {
+        stack(&mut seg.stack);
+        for block in &mut seg.blocks {
+            stack(&mut block.stack);
+            for entry in &mut block.history {
+                stack(&mut entry.stack);
+            }
+        }
+    }
+    let mut traces = second.traces;
+    for trace in &mut traces {
+        trace.events.renumber(&stacks, &strings);
+    }
+    first.segments.extend(segments);
+    first.traces.extend(traces);
+    first.annotations.extend(second.annotations);
+    if second.allocator_settings != crate::value::Value::None {
+        first.allocator_settings = second.allocator_settings;
+    }
+    first.extra.extend(second.extra);
+}
+
+/// Adds the items of `more` (each made by `convert`) to `table`, an
+/// interning table with no two items equal, and returns the id each has in
+/// `table`: an equal item's, or a new one at the end.
+fn renumber<T: Hash + Eq, M>(
+    table: &mut Vec<T>,
+    more: Vec<M>,
+    mut convert: impl FnMut(M) -> T,
+) -> Vec<u32> {
+    let hasher = FxBuildHasher;
+    let mut index: HashTable<u32> = HashTable::with_capacity(table.len());
+    for (i, item) in table.iter().enumerate() {
+        index.insert_unique(hasher.hash_one(item), i as u32, |&j| {
+            hasher.hash_one(&table[j as usize])
+        });
+    }
+    more.into_iter()
+        .map(|item| {
+            let item = convert(item);
+            let hash = hasher.hash_one(&item);
+            if let Some(&id) = index.find(hash, |&j| table[j as usize] == item) {
+                return id;
+            }
+            table.push(item);
+            let id = table.len() as u32 - 1;
+            index.insert_unique(hash, id, |&j| hasher.hash_one(&table[j as usize]));
+            id
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::model::Snapshot;
+    use crate::pickle::snapshot_read;
+
+    /// The pickles of real PyTorch runs (`../shared/fixtures`) and of this
+    /// repository's fixtures.
+    fn pickles() -> Vec<PathBuf> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let folders = [
+            "../shared/fixtures/torch",
+            "../shared/fixtures/torch-incoming",
+            "fixtures/torch-format",
+        ];
+        let mut out: Vec<PathBuf> = folders
+            .iter()
+            .flat_map(|f| std::fs::read_dir(root.join(f)).unwrap())
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn on_one_thread(data: &[u8]) -> crate::Result<Snapshot> {
+        snapshot_read(Read::Whole(machine::run(data, None)?), None)
+    }
+
+    fn in_two(data: &[u8]) -> crate::Result<(Snapshot, bool)> {
+        let read = read_in_two(data, None, true)?;
+        let split = matches!(read, Read::Joined(..));
+        Ok((snapshot_read(read, None)?, split))
+    }
+
+    #[test]
+    fn real_snapshots_read_in_two_halves_as_on_one_thread() {
+        let mut split = Vec::new();
+        for path in pickles() {
+            let data = std::fs::read(&path).unwrap();
+            let one = on_one_thread(&data).unwrap();
+            let (two, was_split) = in_two(&data).unwrap();
+            assert!(one == two, "{}", path.display());
+            if was_split {
+                split.push(path.file_name().unwrap().to_string_lossy().into_owned());
+            }
+        }
+        // Those with a trace after their segments.
+        assert!(split.len() >= 8, "{split:?}");
+        assert!(split.contains(&"cs336-medium-128-training.pickle".to_owned()));
+    }
+
+    #[test]
+    fn a_damaged_snapshot_fails_in_two_halves_as_on_one_thread() {
+        let path = pickles()
+            .into_iter()
+            .find(|p| p.ends_with("cs336-medium-128-training.pickle"))
+            .unwrap();
+        let data = std::fs::read(path).unwrap();
+        for cut in [data.len() / 5, data.len() / 2, data.len() - 3] {
+            let one = on_one_thread(&data[..cut]).unwrap_err().to_string();
+            let two = in_two(&data[..cut]).unwrap_err().to_string();
+            assert_eq!(one, two, "cut at {cut}");
+        }
+    }
+}
