@@ -40,8 +40,8 @@ pub(crate) struct SplitPoint {
     at: AtomicUsize,
     /// How many pairs of the top dict come before the split.
     pairs: AtomicUsize,
-    /// Set when the first half no longer needs the second: it went past the
-    /// split, read the whole file, or failed.
+    /// Set when the halves will not meet: the first half went past the
+    /// split, read the whole file or failed, or the second half failed.
     abandoned: AtomicBool,
 }
 
@@ -142,7 +142,13 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
                     move |done| _ = second_at.send(done),
                     pages.map(|p| p.from(at)),
                 );
-                let half = machine::run_second_half(data, skim, split, Some(progress)).ok()?;
+                let Ok(half) = machine::run_second_half(data, skim, split.clone(), Some(progress))
+                else {
+                    // Most often early, at a value it cannot read back: the
+                    // first half, told now, reads on without pausing.
+                    split.abandon();
+                    return None;
+                };
                 let not_utf8 = half.heap.not_utf8;
                 let has_segments = super::has_segments(&half.heap, &half.pairs);
                 Some((super::snapshot_of(half).ok()?, not_utf8, has_segments))

@@ -380,6 +380,11 @@ impl<'a> Machine<'a> {
             }
             return Ok(false);
         }
+        if split.abandoned() {
+            // The second half gave up: read on alone.
+            self.split = None;
+            return Ok(false);
+        }
         match split.position() {
             Err(()) => self.next_check = self.next_check.min(at + SPLIT_POLL_EVERY),
             Ok(None) => self.split = None,
