@@ -23,6 +23,7 @@ import re
 import shlex
 import shutil
 import tempfile
+import weakref
 
 from snapdiff._cli import run
 
@@ -88,12 +89,16 @@ def _cells_named(text, extra=()):
 
 
 class _Verdict:
-    """What the cell magic shows: the trend's text and report."""
+    """What the cell magic shows: the trend's text and report. The dumps
+    it reads lie in `folder`, removed when the verdict is dropped or the
+    kernel exits."""
 
-    def __init__(self, files, warmup, cell=()):
+    def __init__(self, files, warmup, cell=(), folder=None):
         self.files = files
         self.warmup = warmup
         self.cell = cell
+        if folder is not None:
+            weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
 
     def text(self):
         return _cells_named(
@@ -142,12 +147,13 @@ def snapdiff_magic(line, cell=None):
         recording.stop(final_dump=False)
     files = recording.files()
     if len(files) < args.warmup + 3:
+        shutil.rmtree(folder, ignore_errors=True)
         print(
             f"snapdiff: the cell took {capture.steps} optimizer steps and {len(files)} dumps; "
             f"a verdict needs {args.warmup + 3} (--every {args.every}, --warmup {args.warmup})"
         )
         return None
-    return _Verdict(files, args.warmup, [(number, code)])
+    return _Verdict(files, args.warmup, [(number, code)], folder)
 
 
 def load(ipython):

@@ -63,13 +63,17 @@ def test_a_notebook_shows_the_leaking_cells_line_and_nothing_for_the_clean_one(t
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "snapdiff test", "language": "python",
     }))
+    temp = tmp_path / "temp"
+    temp.mkdir()
     done = subprocess.run(
         [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
          "--ExecutePreprocessor.kernel_name=snapdiff-test", "--output", "ran.ipynb", str(path)],
         capture_output=True, text=True, cwd=tmp_path,
-        env={**os.environ, "JUPYTER_PATH": str(tmp_path / "jupyter")},
+        env={**os.environ, "JUPYTER_PATH": str(tmp_path / "jupyter"), "TMPDIR": str(temp)},
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    # The cells' dumps are gone with the kernel.
+    assert not [p.name for p in temp.glob("snapdiff-cell-*")]
     ran = nbformat.read(tmp_path / "ran.ipynb", as_version=4)
     leaking, clean = (cell.outputs for cell in ran.cells[2:4])
     leaking_html = "".join(o.get("data", {}).get("text/html", "") for o in leaking)

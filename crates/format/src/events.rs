@@ -228,11 +228,27 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
 
     /// Puts `f(v)` in place of each value `v` present.
     fn map_present(&mut self, f: impl Fn(T) -> T) {
-        let mut values = Column::default();
-        for i in 0..self.values.len() {
-            values.push(self.get(i).map(&f).unwrap_or_default());
+        let n = self.values.len();
+        let Optional { values, present } = self;
+        match values {
+            Column::Each(values) => {
+                for (i, v) in values.iter_mut().enumerate() {
+                    if has(present, i) {
+                        *v = f(*v);
+                    }
+                }
+            }
+            Column::Same { .. } if (0..n).all(|i| !has(present, i)) => {}
+            Column::Same { value, .. } if (0..n).all(|i| has(present, i)) => *value = f(*value),
+            Column::Same { .. } => {
+                // Some present and some not: no longer one value for all.
+                let mut mapped = Column::default();
+                for i in 0..n {
+                    mapped.push(self.get(i).map(&f).unwrap_or_default());
+                }
+                self.values = mapped;
+            }
         }
-        self.values = values;
     }
 }
 
@@ -568,6 +584,36 @@ impl<'de> Deserialize<'de> for Events {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renumbering_changes_the_ids_present_and_nothing_else() {
+        // One stack for all, one for some, one each; a string for some.
+        let cases: [&[Option<StackId>]; 4] = [
+            &[Some(0), Some(0), Some(0)],
+            &[Some(0), None, Some(0)],
+            &[Some(1), None, Some(0)],
+            &[None, None],
+        ];
+        for stacks in cases {
+            let mut events: Events = stacks
+                .iter()
+                .enumerate()
+                .map(|(i, &stack)| TraceEvent {
+                    stack,
+                    user_metadata: (i == 0).then_some(0),
+                    ..TraceEvent::default()
+                })
+                .collect();
+            events.renumber(&[7, 3], &[9]);
+            let renumbered: Vec<_> = events.iter().map(|e| (e.stack, e.user_metadata)).collect();
+            let expected: Vec<_> = stacks
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.map(|s| [7, 3][s as usize]), (i == 0).then_some(9)))
+                .collect();
+            assert_eq!(renumbered, expected, "{stacks:?}");
+        }
+    }
 
     /// Events that exercise every column: other actions, missing and
     /// negative times, details, large numbers.
