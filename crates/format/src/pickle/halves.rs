@@ -155,7 +155,7 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
             }
         });
         let first = machine::run_first_half(data, split.clone(), progress);
-        let mut paused = match first {
+        let paused = match first {
             Ok(FirstHalf::Paused(paused)) => paused,
             Ok(FirstHalf::Whole(ran)) => {
                 split.abandon();
@@ -166,8 +166,7 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
                 return Err(e);
             }
         };
-        let mut progress = paused.take_progress();
-        let first = match paused.into_pairs(split.pairs()) {
+        let (first, mut progress) = match paused.into_pairs(split.pairs()) {
             Ok(first) => first,
             Err(paused) => {
                 split.abandon();
@@ -177,7 +176,14 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
         let (protocol, not_utf8) = (first.protocol, first.heap.not_utf8);
         let has_segments = super::has_segments(&first.heap, &first.pairs);
         // The first half's records are made while the second half reads on.
-        let mut snap = super::snapshot_of(first)?;
+        let mut snap = match super::snapshot_of(first) {
+            Ok(snap) => snap,
+            // As on one thread, whose first error is in the same keys.
+            Err(e) => {
+                split.abandon();
+                return Err(e);
+            }
+        };
         let mut told = 0;
         for at in second_progress {
             if let Some(progress) = progress.as_mut().filter(|_| at > told) {

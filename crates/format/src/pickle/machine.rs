@@ -201,9 +201,13 @@ pub(crate) fn run_first_half(
 
 impl<'a> Paused<'a> {
     /// The top dict's pairs read before the split, with the heap and records
-    /// behind them and the pickle's protocol; `None` unless the stack holds
-    /// just the dict, its mark, and `pairs` pairs, as the skim found.
-    pub(crate) fn into_pairs(self, pairs: usize) -> std::result::Result<Half<'a>, Paused<'a>> {
+    /// behind them and the pickle's protocol, and the progress the machine
+    /// was telling (for the caller to tell on); itself back unless the stack
+    /// holds just the dict, its mark, and `pairs` pairs, as the skim found.
+    pub(crate) fn into_pairs(
+        self,
+        pairs: usize,
+    ) -> std::result::Result<(Half<'a>, Option<Progress>), Paused<'a>> {
         let m = &self.0;
         if m.marks != [1] || m.stack.len() != 1 + 2 * pairs || !m.far_memo.is_empty() {
             return Err(self);
@@ -213,20 +217,17 @@ impl<'a> Paused<'a> {
             heap,
             lower,
             protocol,
+            progress,
             ..
         } = *self.0;
         let (pairs, _) = stack[1..].as_chunks::<2>();
-        Ok(Half {
+        let half = Half {
             pairs: pairs.to_vec(),
             heap,
             lower,
             protocol,
-        })
-    }
-
-    /// The progress the machine was telling, to be told on by the caller.
-    pub(crate) fn take_progress(&mut self) -> Option<Progress> {
-        self.0.progress.take()
+        };
+        Ok((half, progress))
     }
 
     /// Runs the rest of the pickle, as if it had never paused.
