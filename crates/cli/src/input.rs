@@ -1,7 +1,7 @@
 //! Reading the files a command is given: progress on a terminal for large
 //! ones, and handing their memory back when done.
 
-use snapdiff_format::Parts;
+use snapdiff_format::{Parts, Reader};
 
 /// Files at least this large show their progress on stderr while they are
 /// read, when stderr is a terminal.
@@ -28,10 +28,27 @@ pub(crate) fn read_parts(
     path: &std::path::Path,
     parts: Parts,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
+    read_parts_with(path, parts, Reader::new())
+}
+
+/// [`read_parts`] for a file read beside others, each on a thread of its
+/// own: a large pickle is then read on its one thread, not two.
+pub(crate) fn read_beside(
+    path: &std::path::Path,
+    parts: Parts,
+) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
+    read_parts_with(path, parts, Reader::new().one_thread())
+}
+
+fn read_parts_with(
+    path: &std::path::Path,
+    parts: Parts,
+    reader: Reader,
+) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
     let len = std::fs::metadata(path).map_or(0, |m| m.len());
     let snap = {
         let _at_once = (len >= RETURN_AT_ONCE_FROM_BYTES).then(ReturnAtOnce::new);
-        read_with_progress(path, parts)
+        read_with_progress(path, reader.parts(parts))
     };
     return_freed_memory();
     snap
@@ -91,14 +108,16 @@ impl Drop for ReturnAtOnce {
 pub(crate) fn read_state_quietly(
     path: &std::path::Path,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
-    snapdiff_format::Reader::new()
+    // A fleet reads many files at once.
+    Reader::new()
+        .one_thread()
         .parts(Parts::WithoutEvents)
         .read_path(path)
 }
 
 fn read_with_progress(
     path: &std::path::Path,
-    parts: Parts,
+    reader: Reader,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
     use std::io::IsTerminal;
     if path.is_dir() {
@@ -110,7 +129,7 @@ fn read_with_progress(
     }
     let len = std::fs::metadata(path).map_or(0, |m| m.len());
     if len < PROGRESS_FROM_BYTES || !std::io::stderr().is_terminal() {
-        return snapdiff_format::Reader::new().parts(parts).read_path(path);
+        return reader.read_path(path);
     }
     let bar = progress_lines().add(indicatif::ProgressBar::new(len));
     bar.set_style(
@@ -122,8 +141,7 @@ fn read_with_progress(
     );
     bar.set_message(format!("reading {}", path.display()));
     let shown = bar.clone();
-    let result = snapdiff_format::Reader::new()
-        .parts(parts)
+    let result = reader
         .progress(move |done, _| shown.set_position(done))
         .read_path(path);
     bar.finish_and_clear();

@@ -112,7 +112,7 @@ pub enum Parts {
 /// Reads a snapshot from bytes of any supported kind: the shorthand for
 /// `Reader::new().read_bytes(data)`.
 pub fn read_bytes(data: &[u8]) -> Result<Snapshot> {
-    read_bytes_parts_with(data, Parts::All, None)
+    read_bytes_parts_with(data, Parts::All, read::Threads::Two, None)
 }
 
 /// Reads the `parts` of a snapshot from bytes of any supported kind,
@@ -121,16 +121,18 @@ pub fn read_bytes(data: &[u8]) -> Result<Snapshot> {
 fn read_bytes_parts_with(
     data: &[u8],
     parts: Parts,
+    threads: read::Threads,
     progress: Option<read::Progress>,
 ) -> Result<Snapshot> {
     if let Some(how) = compressed::Compression::detect(data) {
         let inside =
             compressed::decompress(data, how, |head| FileKind::detect(head).is_some(), progress)?;
-        return read_bytes_parts_with(&inside, parts, None).map_err(|e| e.inside(how.name()));
+        return read_bytes_parts_with(&inside, parts, threads, None)
+            .map_err(|e| e.inside(how.name()));
     }
     let mut snap = match FileKind::detect(data) {
         Some(FileKind::Snap) => return snap::read_snap_parts(data, parts, progress),
-        _ => read_bytes_whole(data, progress)?,
+        _ => read_bytes_whole(data, threads, progress)?,
     };
     if parts == Parts::WithoutEvents {
         for trace in &mut snap.traces {
@@ -141,14 +143,18 @@ fn read_bytes_parts_with(
 }
 
 /// Reads everything a file of any supported kind holds.
-fn read_bytes_whole(data: &[u8], progress: Option<read::Progress>) -> Result<Snapshot> {
+fn read_bytes_whole(
+    data: &[u8],
+    threads: read::Threads,
+    progress: Option<read::Progress>,
+) -> Result<Snapshot> {
     match FileKind::detect(data) {
         Some(FileKind::Snap) => snap::read_snap_parts(data, Parts::All, None),
         Some(FileKind::Json) => snap::read_json(data),
         Some(FileKind::Pickle) if data.starts_with(pickle::legacy_torch_save::MAGIC) => {
             pickle::legacy_torch_save::read(data)
         }
-        Some(FileKind::Pickle) => pickle::read(data, None, progress),
+        Some(FileKind::Pickle) => pickle::read(data, None, threads, progress),
         Some(FileKind::TorchZip) => pickle::torch_zip::read(data),
         None if data.is_empty() => Err(Error::new(
             ErrorKind::UnknownFormat,

@@ -74,6 +74,16 @@ const MAP_FROM_BYTES: u64 = 32 << 20;
 pub struct Reader {
     parts: Parts,
     progress: Option<Box<dyn FnMut(u64, u64)>>,
+    threads: Threads,
+}
+
+/// How many threads may read one pickle: a large one is read in two halves
+/// on two (see `pickle/halves.rs`) unless its reader says one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Threads {
+    One,
+    #[default]
+    Two,
 }
 
 impl Reader {
@@ -97,12 +107,21 @@ impl Reader {
         self
     }
 
+    /// Reads on the calling thread only, where a large pickle would take a
+    /// second: for callers that read several files at once, each on a
+    /// thread of its own, and would gain nothing from more threads than
+    /// cores.
+    pub fn one_thread(mut self) -> Reader {
+        self.threads = Threads::One;
+        self
+    }
+
     /// Reads the snapshot file at `path`, whatever its kind (a large file
     /// mapped, its pages handed back as they are passed). Errors name the
     /// file.
     pub fn read_path(self, path: impl AsRef<Path>) -> Result<Snapshot> {
         let progress = self.progress.unwrap_or_else(|| Box::new(|_, _| {}));
-        read_path_with(path.as_ref(), self.parts, progress)
+        read_path_with(path.as_ref(), self.parts, self.threads, progress)
     }
 
     /// Reads a snapshot from bytes of any supported kind (progress is told
@@ -112,7 +131,7 @@ impl Reader {
         let progress = self
             .progress
             .map(|mut told| Progress::new(move |done| told(done as u64, total)));
-        read_bytes_parts_with(data, self.parts, progress)
+        read_bytes_parts_with(data, self.parts, self.threads, progress)
     }
 }
 
@@ -125,6 +144,7 @@ pub fn read_path(path: impl AsRef<Path>) -> Result<Snapshot> {
 fn read_path_with(
     path: &Path,
     parts: Parts,
+    threads: Threads,
     progress: Box<dyn FnMut(u64, u64)>,
 ) -> Result<Snapshot> {
     let cannot_read = |e| Error::io("cannot read", e).with_path(path);
@@ -144,6 +164,7 @@ fn read_path_with(
         read_bytes_parts_with(
             &map,
             parts,
+            threads,
             Some(Progress::with_pages(
                 move |done| (told.borrow_mut())(done as u64, total),
                 Some(Pages::of(&map)),
@@ -151,7 +172,7 @@ fn read_path_with(
         )
     } else {
         let data = std::fs::read(path).map_err(cannot_read)?;
-        read_bytes_parts_with(&data, parts, None)
+        read_bytes_parts_with(&data, parts, threads, None)
     };
     let snap = snap.map_err(|e| e.with_path(path))?;
     (progress.borrow_mut())(total, total);

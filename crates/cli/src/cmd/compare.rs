@@ -23,6 +23,7 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let read = |path| crate::input::read_parts(path, Parts::WithoutEvents);
     let file_size = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |m| m.len());
     let (before, after) = if file_size(&args.before) + file_size(&args.after) <= TOGETHER_BYTES {
+        let read = |path| crate::input::read_beside(path, Parts::WithoutEvents);
         std::thread::scope(|s| {
             let a = s.spawn(|| read(&args.before));
             let b = read(&args.after);

@@ -231,11 +231,17 @@ struct Read<'a> {
 /// paired with the process that wrote it. An unreadable file is reported on
 /// stderr and left out (the flag says so).
 fn read_all(files: &[PathBuf]) -> (Vec<(Read<'_>, String)>, bool) {
+    // One file may take two threads; several take one each.
+    let alone = files.len() == 1;
+    let read = move |p| {
+        if alone {
+            crate::input::read(p)
+        } else {
+            crate::input::read_beside(p, snapdiff_format::Parts::All)
+        }
+    };
     let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = files
-            .iter()
-            .map(|p| s.spawn(move || crate::input::read(p)))
-            .collect();
+        let handles: Vec<_> = files.iter().map(|p| s.spawn(move || read(p))).collect();
         handles
             .into_iter()
             .map(|h| h.join().expect("reader thread"))

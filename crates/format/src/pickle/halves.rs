@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::model::{FrameId, Snapshot, StackId, StrId};
 use crate::pickle::machine::{self, FirstHalf, Ran};
 use crate::pickle::skim;
-use crate::read::Progress;
+use crate::read::{Progress, Threads};
 
 /// Pickles from this size are read in two halves, where two cores are free
 /// to: below it the second thread's start and skim cost more than they save.
@@ -106,10 +106,11 @@ pub(crate) struct Joined {
     pub(crate) not_utf8: usize,
 }
 
-/// Reads `data`, in two halves when it is large and a second core is free.
-pub(crate) fn read(data: &[u8], progress: Option<Progress>) -> Result<Read<'_>> {
+/// Reads `data`, in two halves when it is large, a second core is free, and
+/// `threads` allows.
+pub(crate) fn read(data: &[u8], threads: Threads, progress: Option<Progress>) -> Result<Read<'_>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if data.len() < TWO_HALVES_FROM || cores < 2 {
+    if data.len() < TWO_HALVES_FROM || cores < 2 || threads == Threads::One {
         return machine::run(data, progress).map(Read::Whole);
     }
     read_in_two(data, progress, false)

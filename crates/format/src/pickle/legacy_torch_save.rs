@@ -29,7 +29,13 @@ pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
             format!("legacy torch.save file: its system facts: {}", e.message()),
         )
     })?;
-    super::read(&rest[sys_info..], Some("legacy torch.save file"), None).map_err(|e| {
+    super::read(
+        &rest[sys_info..],
+        Some("legacy torch.save file"),
+        crate::read::Threads::Two,
+        None,
+    )
+    .map_err(|e| {
         let message = format!("legacy torch.save file: {}", e.message());
         Error::new(e.kind(), message)
     })

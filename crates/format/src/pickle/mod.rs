@@ -55,6 +55,7 @@ use std::borrow::Cow;
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::Events;
 use crate::model::{Annotation, DeviceTrace, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot};
+use crate::read::Threads;
 use heap::{
     Container, Failure, Heap, Val, at, bool_of, entries, here, i64_of, index, items, key_text,
     pair_of, str_of, u32_of, u64_of,
@@ -70,9 +71,10 @@ const SMALL_SEGMENT_SIZE: u64 = 2 << 20;
 pub(crate) fn read(
     data: &[u8],
     container: Option<&str>,
+    threads: Threads,
     progress: Option<crate::read::Progress>,
 ) -> Result<Snapshot> {
-    snapshot_read(halves::read(data, progress)?, container)
+    snapshot_read(halves::read(data, threads, progress)?, container)
 }
 
 /// The snapshot a pickle holds, from what the machine read.
@@ -622,7 +624,7 @@ mod tests {
         p.op(b"e");
         p.op(b"u.");
 
-        let snap = read(&p.out, None, None).unwrap();
+        let snap = read(&p.out, None, Threads::Two, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -734,7 +736,7 @@ mod tests {
         p.traces_end();
         p.op(b"u.");
 
-        let snap = read(&p.out, None, None).unwrap();
+        let snap = read(&p.out, None, Threads::Two, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -791,7 +793,7 @@ mod tests {
         p.traces_end();
         p.op(b"u.");
 
-        let snap = read(&p.out, None, None).unwrap();
+        let snap = read(&p.out, None, Threads::Two, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -817,7 +819,7 @@ mod tests {
         p.op(b"((");
         p.get(a);
         p.op(b"e");
-        let err = read(&p.out, None, None).unwrap_err().to_string();
+        let err = read(&p.out, None, Threads::Two, None).unwrap_err().to_string();
         assert!(
             err.contains("APPENDS") && err.contains("too few values"),
             "{err}"
@@ -875,7 +877,7 @@ mod tests {
         p.op(b"e"); // APPENDS to segments
         p.op(b"u."); // SETITEMS of the top dict, STOP
 
-        let snap = read(&p.out, None, None).unwrap();
+        let snap = read(&p.out, None, Threads::Two, None).unwrap();
         assert_eq!(
             snap.meta.source.as_deref(),
             Some("PyTorch pickle (protocol 2)")

@@ -9,6 +9,7 @@ use std::io::{Cursor, Read};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Snapshot;
+use crate::read::Threads;
 
 /// Compressed entries may expand at most this many times (torch.save stores
 /// them uncompressed; this only guards against zip bombs).
@@ -64,7 +65,7 @@ pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
             format!("data.pkl holds a {kind} file, not a pickle"),
         ));
     }
-    crate::pickle::read(&pickle, Some("torch.save zip"), None).map_err(|e| {
+    crate::pickle::read(&pickle, Some("torch.save zip"), Threads::Two, None).map_err(|e| {
         let message = format!("data.pkl: {}", e.message());
         Error::new(e.kind(), message)
     })
