@@ -819,7 +819,9 @@ mod tests {
         p.op(b"((");
         p.get(a);
         p.op(b"e");
-        let err = read(&p.out, None, Threads::Two, None).unwrap_err().to_string();
+        let err = read(&p.out, None, Threads::Two, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("APPENDS") && err.contains("too few values"),
             "{err}"
