@@ -12,8 +12,11 @@
 //!
 //! Whatever goes wrong in the second half (a value the first half's part
 //! must make, a malformed trace, a first half that got to the split before
-//! the skim did), the first half reads on alone from where it paused, and
-//! the file reads, or fails, exactly as it does on one thread.
+//! the skim did), the file reads, or fails, exactly as it does on one
+//! thread: a first half that has not paused yet reads on alone; one that
+//! has already made its records (it does so while the second half reads
+//! on) has the file read again on one thread, which costs time only on
+//! such files.
 
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
