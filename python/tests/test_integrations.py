@@ -1,5 +1,6 @@
 """The callbacks for the Hugging Face Trainer and PyTorch Lightning, with
-the real packages on the CPU: a tiny model built from a config (nothing
+the real packages, on CUDA where torch sees it (as the callbacks record)
+and else on the CPU: a tiny model built from a config (nothing
 downloaded), random data, and a leak a forward hook injects. The leak's
 line and its growth a step are named; the same run without it has no
 suspect."""
@@ -10,6 +11,7 @@ import os
 import pytest
 import torch
 
+ON_CUDA = torch.cuda.is_available()
 KEEP_LINE = None  # the line of `kept.append(...)` below, for the assertions
 kept = []
 
@@ -54,7 +56,7 @@ def test_the_trainer_callback_names_the_leak_and_its_growth(tmp_path, leak):
     callback = SnapdiffCallback(tmp_path / "snapshots", every=1, warmup=2)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=10, per_device_train_batch_size=2,
-        logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+        logging_steps=1, report_to=[], use_cpu=not ON_CUDA, save_strategy="no",
         disable_tqdm=True,
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
@@ -97,8 +99,9 @@ def test_the_lightning_callback_names_the_leak_and_logs_it(tmp_path, leak):
     data = torch.utils.data.DataLoader(torch.randn(64, 32), batch_size=4)
     callback = SnapdiffCallback(tmp_path / "snapshots", every=1, warmup=2, max_leak="256")
     trainer = lightning.Trainer(
-        max_steps=10, accelerator="cpu", callbacks=[callback], enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+        max_steps=10, accelerator="gpu" if ON_CUDA else "cpu", devices=1,
+        callbacks=[callback], enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, log_every_n_steps=1,
         logger=lightning.pytorch.loggers.CSVLogger(tmp_path / "logs"),
     )
     if leak:

@@ -1,5 +1,5 @@
-"""A real PyTorch training job on the CPU, run under `snapdiff capture` by
-tests/torch_capture.rs: a small network trained with AdamW or SGD, each of
+"""A real PyTorch training job, run under `snapdiff capture` by
+tests/torch_capture.rs (on the CPU) and tests/gpu/run.sh (on CUDA): a small network trained with AdamW or SGD, each of
 the design's leaks on request, and the ways jobs are run (DataLoader
 workers, ranks, signals, crashes).
 
@@ -47,6 +47,10 @@ def parse():
     p.add_argument("--raise-at", type=int, default=0)
     p.add_argument("--step-seconds", type=float, default=0.0)
     p.add_argument("--accounting", help="write the model's own storage accounting here")
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto",
+        help="where tensors live; auto: CUDA when torch sees it, as the recorder chooses",
+    )
     return p.parse_args()
 
 
@@ -63,20 +67,27 @@ def batches(args):
         yield from loader
 
 
+def device(args):
+    if args.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return args.device
+
+
 def train(args):
     torch.manual_seed(0)
-    model = Net()
+    on = device(args)
+    model = Net().to(on)
     if args.optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
-    state = torch.ones(64)
+    state = torch.ones(64, device=on)
     losses, cache = [], {}
     if args.leak_rank is not None and args.rank != args.leak_rank:
         args.leak = None
     data = batches(args)
     for step in range(1, args.steps + 1):
-        x, y = next(data)
+        x, y = (t.to(on) for t in next(data))
         features, logits = model(x)
         loss = F.cross_entropy(logits, y)  # leaks with --leak loss-list
         opt.zero_grad()
