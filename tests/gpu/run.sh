@@ -22,7 +22,8 @@ fi
 failed=0
 
 # Runs check NAME as the rest of the arguments; its output goes to a log,
-# whose last line is quoted when it fails.
+# whose last line is quoted when it fails. (Checks grep saved output, never
+# a pipe: `grep -q` leaving early would fail the writer under pipefail.)
 check() {
     local name=$1
     shift
@@ -77,7 +78,8 @@ leak_line=$(grep -n "leaks with --leak keep-activations" crates/train/src/model.
 rust_job() {
     "$snapdiff" capture -o "$work/rust" --every 10 --no-report -- \
         "$snapdiff" train --backend cuda --steps 60 --leak keep-activations --log-every 0 &&
-        "$snapdiff" trend "$work"/rust/*.snap | tee /dev/stderr | grep -q "model.rs:$leak_line"
+        "$snapdiff" trend "$work"/rust/*.snap >"$work/rust-trend.txt" &&
+        cat "$work/rust-trend.txt" && grep -q "model.rs:$leak_line" "$work/rust-trend.txt"
 }
 check rust-job-on-cuda-names-its-leak rust_job
 
@@ -97,8 +99,8 @@ for path in sys.argv[1:]:
     viz.segsum(snapshot)
     viz.trace(snapshot)
 PY
-        "$snapdiff" trend "$work"/torch/*.pickle | tee "$work/torch-trend.txt" &&
-        grep -q "torch_train.py:$torch_leak_line" "$work/torch-trend.txt"
+        "$snapdiff" trend "$work"/torch/*.pickle >"$work/torch-trend.txt" &&
+        cat "$work/torch-trend.txt" && grep -q "torch_train.py:$torch_leak_line" "$work/torch-trend.txt"
 }
 check torch-capture-on-cuda torch_job
 check torch-owners-on-cuda grep -q ": cache (a dict)" "$work/torch-trend.txt"
@@ -117,7 +119,8 @@ except torch.cuda.OutOfMemoryError:
 PY
     "$snapdiff" capture -o "$work/oom" --no-report -- python3 "$work/oom.py" &&
         ls "$work"/oom/*-oom.pickle &&
-        "$snapdiff" oom "$work"/oom/*-oom.pickle | tee /dev/stderr | grep -q "oom.py:5"
+        "$snapdiff" oom "$work"/oom/*-oom.pickle >"$work/oom.txt" &&
+        cat "$work/oom.txt" && grep -q "oom.py:5" "$work/oom.txt"
 }
 check cuda-out-of-memory-dump oom_job
 
