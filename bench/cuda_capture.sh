@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What `snapdiff capture` costs a CUDA job: bench/cuda_capture.py's steps
-# per second alone, under capture (a dump every 50 steps), and under
-# capture with --owners; three rounds, the conditions alternated. Needs a
-# GPU and torch built for CUDA. SNAPDIFF: the command (default: the
-# release build).
+# per second alone and under capture in each setting (a dump every 50
+# steps, but for no-step-dumps), the settings alternated, ROUNDS rounds; and what one
+# step dump held the job for, from the hook's manifest. Needs a GPU and
+# torch built for CUDA. SNAPDIFF: the command (default: the release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 snapdiff=${SNAPDIFF:-target/release/snapdiff}
@@ -12,12 +12,39 @@ dumps=$(mktemp -d)
 trap 'rm -rf "$dumps"' EXIT
 
 rate() { grep -o '"steps_per_s": [0-9.]*' | cut -d' ' -f2; }
-for round in 1 2 3; do
-    alone=$(python3 bench/cuda_capture.py "$steps" | rate)
-    rm -rf "$dumps"/*
-    captured=$("$snapdiff" capture -o "$dumps/c" --every 50 --no-report -- \
+
+# The step dumps of folder $1: how many, and the mean seconds each held the job.
+held() {
+    python3 - "$1/manifest.jsonl" <<'PY'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1])]
+steps = [e["seconds"] for e in steps if e.get("reason") == "step" and "seconds" in e]
+print(f"{len(steps)} step dumps, {sum(steps) / max(len(steps), 1):.3f} s each")
+PY
+}
+
+# LABEL, then environment assignments and capture's options.
+captured() {
+    local label=$1
+    local folder=$dumps/$label
+    shift
+    local envs=() options=()
+    for a in "$@"; do
+        case $a in *=*) envs+=("$a") ;; *) options+=("$a") ;; esac
+    done
+    local r
+    r=$(env "${envs[@]}" "$snapdiff" capture -o "$folder" "${options[@]}" --no-report -- \
         python3 bench/cuda_capture.py "$steps" 2>/dev/null | rate)
-    owners=$("$snapdiff" capture -o "$dumps/o" --every 50 --owners --no-report -- \
-        python3 bench/cuda_capture.py "$steps" 2>/dev/null | rate)
-    echo "round $round: alone $alone steps/s, captured $captured, with --owners $owners ($(ls "$dumps/c" | grep -c pickle) dumps)"
+    printf '  %-22s %7.1f steps/s  %s\n' "$label" "$r" "$(held "$folder")"
+}
+
+for round in $(seq "${ROUNDS:-3}"); do
+    rm -rf "${dumps:?}"/*
+    echo "round $round"
+    printf '  %-22s %7.1f steps/s\n' alone "$(python3 bench/cuda_capture.py "$steps" | rate)"
+    captured capture --every 50
+    captured alloc-stacks-only SNAPDIFF_STACKS=alloc --every 50
+    captured no-stacks --every 50 --no-stacks
+    captured no-step-dumps --every 100000
+    captured owners --every 50 --owners
 done

@@ -60,7 +60,12 @@ class Settings:
         # by the pytest plugin to the test function.
         self.stack_root = None
         self.entries = int(environ.get("SNAPDIFF_TRACE_ENTRIES") or 100000)
-        self.stacks = environ.get("SNAPDIFF_STACKS", "1") != "0"
+        # Stacks of allocations and frees ("1"), of allocations only
+        # ("alloc": PyTorch's history then skips a stack walk at each free),
+        # or none ("0").
+        stacks = environ.get("SNAPDIFF_STACKS", "1")
+        self.stacks = stacks != "0"
+        self.free_stacks = stacks not in ("0", "alloc")
         # Whether each dump is followed by the owners of its live blocks
         # (`capture --owners`; see snapdiff_owners).
         self.owners = environ.get("SNAPDIFF_OWNERS") == "1"
@@ -207,7 +212,9 @@ class Capture:
         entries = self.settings.entries
         torch.cuda.memory._record_memory_history(
             enabled="all" if entries > 0 else "state",
-            context="all" if self.settings.stacks else None,
+            context=(
+                ("all" if self.settings.free_stacks else "alloc") if self.settings.stacks else None
+            ),
             stacks="python",
             max_entries=max(entries, 1),
         )
@@ -325,6 +332,7 @@ class Capture:
         if reason == "signal" and self.settings.requests:
             append_byte(self.settings.requests + ".served")
         with self.dump_lock:
+            started = time.perf_counter()
             who, rank = self.who()
             stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")
             folder = self.settings.dir
@@ -342,6 +350,8 @@ class Capture:
             entry = {"file": name}
             if snapshot is not None and getattr(self.settings, "owners", False):
                 entry["owners"] = self.write_owners(snapshot, name)
+            # How long this dump held the process, owners included.
+            entry["seconds"] = round(time.perf_counter() - started, 4)
             self.note(entry, rank, reason)
 
     def write_owners(self, snapshot, name):
