@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What `snapdiff capture` costs a CUDA job: bench/cuda_capture.py's steps
 # per second alone and under capture in each setting (a dump every 50
-# steps, but for no-step-dumps), the settings alternated, ROUNDS rounds; and what one
-# step dump held the job for, from the hook's manifest. Needs a GPU and
-# torch built for CUDA. SNAPDIFF: the command (default: the release build).
+# steps, but for no-step-dumps), alternated, ROUNDS rounds (default 3);
+# and how long one step dump held the job, from the hook's manifest.
+# Needs a GPU and torch built for CUDA. SNAPDIFF: the command (default:
+# the release build); STEPS: timed steps a run (default 300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 snapdiff=${SNAPDIFF:-target/release/snapdiff}
@@ -23,27 +24,22 @@ print(f"{len(steps)} step dumps, {sum(steps) / max(len(steps), 1):.3f} s each")
 PY
 }
 
-# LABEL, then environment assignments and capture's options.
+# LABEL, then capture's options.
 captured() {
     local label=$1
     local folder=$dumps/$label
     shift
-    local envs=() options=()
-    for a in "$@"; do
-        case $a in *=*) envs+=("$a") ;; *) options+=("$a") ;; esac
-    done
     local r
-    r=$(env "${envs[@]}" "$snapdiff" capture -o "$folder" "${options[@]}" --no-report -- \
+    r=$("$snapdiff" capture -o "$folder" "$@" --no-report -- \
         python3 bench/cuda_capture.py "$steps" 2>/dev/null | rate)
-    printf '  %-22s %7.1f steps/s  %s\n' "$label" "$r" "$(held "$folder")"
+    printf '  %-16s %7.1f steps/s  %s\n' "$label" "$r" "$(held "$folder")"
 }
 
 for round in $(seq "${ROUNDS:-3}"); do
     rm -rf "${dumps:?}"/*
     echo "round $round"
-    printf '  %-22s %7.1f steps/s\n' alone "$(python3 bench/cuda_capture.py "$steps" | rate)"
+    printf '  %-16s %7.1f steps/s\n' alone "$(python3 bench/cuda_capture.py "$steps" | rate)"
     captured capture --every 50
-    captured alloc-stacks-only SNAPDIFF_STACKS=alloc --every 50
     captured no-stacks --every 50 --no-stacks
     captured no-step-dumps --every 100000
     captured owners --every 50 --owners

@@ -220,12 +220,23 @@ fn each_leak_in_real_torch_is_named_at_its_line_with_its_growth_per_step() {
     let dir = tempdir();
     let out = dir.path().join("out");
     let run = capture(&out, &["--every", "5"], &["--optimizer", "sgd"]);
+    let stdout = run.expect_code(0).stdout();
     assert!(
-        run.expect_code(0)
-            .stdout()
-            .contains("no site's memory keeps growing"),
-        "{}",
-        run.stdout()
+        stdout.contains("no site's memory keeps growing"),
+        "{stdout}"
+    );
+    // Each dump says how long it held the job, and capture adds them up.
+    let dumps = manifest(&out);
+    assert!(
+        dumps
+            .iter()
+            .all(|e| e["seconds"].as_f64().is_some_and(|s| s >= 0.0)),
+        "{dumps:?}"
+    );
+    let held = format!("({} dumps, the longest ", dumps.len());
+    assert!(
+        stdout.contains("dumping held the job for ") && stdout.contains(&held),
+        "{stdout}"
     );
     assert_eq!(
         trend_json(&pickles(&out))["suspects"],

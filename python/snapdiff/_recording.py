@@ -26,7 +26,6 @@ class _Settings:
         self.every = int(every or 0)
         self.entries = int(max_entries)
         self.stacks = bool(stacks)
-        self.free_stacks = self.stacks
         self.interval = None
         self.requests = None
         self.stack_root = None

@@ -32,6 +32,8 @@ pub(crate) struct Entry {
     pub(crate) reason: Option<String>,
     /// Why the dump failed.
     pub(crate) error: Option<String>,
+    /// How long writing the dump (and its owners) held the process.
+    pub(crate) seconds: Option<f64>,
 }
 
 /// The entries of the manifest at `path` after its first `from` bytes; lines

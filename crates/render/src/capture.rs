@@ -6,6 +6,8 @@ use std::io::{self, Write};
 
 use snapdiff_format::visible;
 
+use crate::text::duration;
+
 /// A dump that could not be written (a full disk, say), as the job's
 /// manifest line describes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -16,6 +18,17 @@ pub struct LostDump {
     pub reason: Option<String>,
     /// Why it failed.
     pub error: String,
+}
+
+/// How long a job's dumps held it, as its manifest lines say.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DumpTime {
+    /// The dumps timed.
+    pub dumps: usize,
+    /// Seconds in all, summed over the job's processes.
+    pub seconds: f64,
+    /// Seconds of the longest one.
+    pub longest: f64,
 }
 
 /// What a captured job left in its folder.
@@ -31,6 +44,9 @@ pub struct Dumps<'a> {
     pub lost: &'a [LostDump],
     /// When no snapshot was written, why, as the job's processes said.
     pub nothing_because: Option<&'a str>,
+    /// How long the dumps held the job; `None` when none said (the Rust
+    /// runtime's dumps, or an older hook's).
+    pub held: Option<DumpTime>,
 }
 
 /// Snapshots listed before the rest are said in a count.
@@ -57,6 +73,16 @@ pub fn write_dumps(dumps: &Dumps<'_>, out: &mut dyn Write) -> io::Result<()> {
                 writeln!(out, "  ... and {} more", n - LISTED)?;
             }
         }
+    }
+    if let Some(held) = dumps.held {
+        writeln!(
+            out,
+            "dumping held the job for {} in all ({} dump{}, the longest {})",
+            duration(held.seconds),
+            held.dumps,
+            plural(held.dumps),
+            duration(held.longest)
+        )?;
     }
     if dumps.abandoned > 0 {
         writeln!(

@@ -60,12 +60,7 @@ class Settings:
         # by the pytest plugin to the test function.
         self.stack_root = None
         self.entries = int(environ.get("SNAPDIFF_TRACE_ENTRIES") or 100000)
-        # Stacks of allocations and frees ("1"), of allocations only
-        # ("alloc": PyTorch's history then skips a stack walk at each free),
-        # or none ("0").
-        stacks = environ.get("SNAPDIFF_STACKS", "1")
-        self.stacks = stacks != "0"
-        self.free_stacks = stacks not in ("0", "alloc")
+        self.stacks = environ.get("SNAPDIFF_STACKS", "1") != "0"
         # Whether each dump is followed by the owners of its live blocks
         # (`capture --owners`; see snapdiff_owners).
         self.owners = environ.get("SNAPDIFF_OWNERS") == "1"
@@ -212,9 +207,7 @@ class Capture:
         entries = self.settings.entries
         torch.cuda.memory._record_memory_history(
             enabled="all" if entries > 0 else "state",
-            context=(
-                ("all" if self.settings.free_stacks else "alloc") if self.settings.stacks else None
-            ),
+            context="all" if self.settings.stacks else None,
             stacks="python",
             max_entries=max(entries, 1),
         )

@@ -46,13 +46,19 @@ pub fn sparkline(series: &[u64]) -> String {
         .collect()
 }
 
-/// A duration in seconds for people: `45 s`, `12 min`, `3.5 h`, `2.1 days`.
+/// A duration in seconds for people: `16 ms`, `45 s`, `12 min`, `3.5 h`,
+/// `2.1 days`.
 ///
 /// An estimate in one unit, rounded; `humantime::format_duration` writes
 /// every unit down to nanoseconds (`3h 29m 51s 208ms`), which a
 /// time-to-full estimate has no precision for.
 pub fn duration(seconds: f64) -> String {
-    if seconds < 10.0 {
+    let ms = seconds * 1000.0;
+    if ms < 9.95 {
+        format!("{ms:.1} ms")
+    } else if ms < 99.5 {
+        format!("{ms:.0} ms")
+    } else if seconds < 10.0 {
         format!("{seconds:.1} s")
     } else if seconds < 90.0 {
         format!("{seconds:.0} s")
@@ -75,5 +81,16 @@ mod tests {
         assert_eq!(count(999), "999");
         assert_eq!(count(1000), "1,000");
         assert_eq!(count(1_048_576), "1,048,576");
+    }
+
+    #[test]
+    fn durations_under_a_tenth_of_a_second_are_in_milliseconds() {
+        assert_eq!(duration(0.0), "0.0 ms");
+        assert_eq!(duration(0.0004), "0.4 ms");
+        assert_eq!(duration(0.016), "16 ms");
+        assert_eq!(duration(0.0996), "0.1 s");
+        assert_eq!(duration(3.25), "3.2 s");
+        assert_eq!(duration(45.0), "45 s");
+        assert_eq!(duration(720.0), "12 min");
     }
 }

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::SystemTime;
 
 use anyhow::Context;
-use snapdiff_render::capture::LostDump;
+use snapdiff_render::capture::{DumpTime, LostDump};
 use snapdiff_runtime::config::{
     ENV_DIR, ENV_EVERY_STEPS, ENV_INTERVAL, ENV_REQUESTS, ENV_STACKS, ENV_TRACE_ENTRIES,
 };
@@ -50,6 +50,8 @@ pub(crate) struct Captured {
     pub(crate) abandoned: usize,
     /// When it wrote no snapshot, why, as far as its processes said.
     pub(crate) nothing_because: Option<String>,
+    /// How long its dumps held it, as far as the manifest says.
+    pub(crate) held: Option<DumpTime>,
 }
 
 /// The signals caught by [`catch_signals`], until [`capture`] serves them.
@@ -153,7 +155,9 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         }
         (None, None) => Exit::Error,
     };
-    let failed = manifest::entries(&dir.join(manifest::FILE_NAME), manifest_before)
+    let entries = manifest::entries(&dir.join(manifest::FILE_NAME), manifest_before);
+    let held = dump_time(&entries);
+    let failed = entries
         .into_iter()
         .filter(|entry| entry.file.is_none())
         .map(|entry| LostDump {
@@ -171,6 +175,29 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         failed,
         abandoned,
         nothing_because,
+        held,
+    })
+}
+
+/// The time the written dumps of `entries` held the job, from the seconds
+/// each line gives (`None` when no line gives any).
+fn dump_time(entries: &[manifest::Entry]) -> Option<DumpTime> {
+    let seconds = entries
+        .iter()
+        .filter(|e| e.file.is_some())
+        .filter_map(|e| e.seconds)
+        .filter(|s| s.is_finite() && *s >= 0.0);
+    seconds.fold(None, |held, s| {
+        let DumpTime {
+            dumps,
+            seconds,
+            longest,
+        } = held.unwrap_or_default();
+        Some(DumpTime {
+            dumps: dumps + 1,
+            seconds: seconds + s,
+            longest: longest.max(s),
+        })
     })
 }
 

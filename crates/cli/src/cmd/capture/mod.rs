@@ -141,6 +141,7 @@ pub(crate) fn report_files(
         abandoned: captured.abandoned,
         lost: &captured.failed,
         nothing_because: captured.nothing_because.as_deref(),
+        held: captured.held,
     };
     snapdiff_render::capture::write_dumps(&dumps, out)?;
     Ok(())
