@@ -87,8 +87,9 @@ pub(crate) struct CaptureArgs {
     pub(crate) no_stacks: bool,
     /// After each dump of a PyTorch job, find what keeps its live tensors
     /// alive (a global, a local, the autograd graph) and write it beside
-    /// the dump; reports show it as "held by" under each suspect. Costs up
-    /// to SNAPDIFF_OWNERS_BUDGET seconds a dump (default 1).
+    /// the dump; reports show it as "held by" under each suspect. Costs
+    /// about 1-2 s a dump: the search stops at SNAPDIFF_OWNERS_BUDGET
+    /// seconds (default 1), after listing every object of the process.
     #[arg(long)]
     pub(crate) owners: bool,
     /// Do not print the trend report afterwards.

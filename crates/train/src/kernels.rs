@@ -1,7 +1,8 @@
 //! The CUDA kernels of `kernels/`, compiled with NVRTC at run time.
 //!
 //! NVRTC needs no GPU, so compiling is tested everywhere it is installed.
-//! It is found by name on the library path (`libnvrtc.so.12`), or in the
+//! It is found by name on the library path (`libnvrtc.so.12`, or the
+//! unversioned `libnvrtc.so` a CUDA 13 toolkit's `lib64` has), or in the
 //! `nvidia-cuda-nvrtc-cu12` Python wheel, whose library is loaded by its full
 //! path so that cudarc then finds it by name.
 
@@ -26,8 +27,8 @@ pub const MLP_KERNELS: &[&str] = &[
 pub enum KernelError {
     /// NVRTC is not installed.
     #[error(
-        "NVRTC not found: install it with `pip install nvidia-cuda-nvrtc-cu12`, or put libnvrtc.so.12 \
-         on LD_LIBRARY_PATH"
+        "NVRTC not found: install it with `pip install nvidia-cuda-nvrtc-cu12`, or put the folder \
+         holding libnvrtc.so.12 (or a CUDA 13 toolkit's lib64, with libnvrtc.so) on LD_LIBRARY_PATH"
     )]
     NoNvrtc,
     /// A kernel did not compile.

@@ -154,11 +154,19 @@ class _Search:
         # Tensors no root reaches: held by a reference cycle (another
         # Python object refers to them), else from outside Python (C++
         # code: a graph's saved tensor whose Python object PyTorch keeps).
+        # Each look scans the whole heap, so the budget bounds them too,
+        # from the second on (the first is always made, so that a lone
+        # unreached tensor is always told).
         if complete:
             checked = 0
             for tid, block in targets.items():
-                if block in found or tid in self.parent or checked >= _MOST_CHECKED:
+                if block in found or tid in self.parent:
                     continue
+                if checked >= _MOST_CHECKED:
+                    break
+                if checked and time.perf_counter() > self.deadline:
+                    complete = False
+                    break
                 checked += 1
                 referrers = [r for r in gc.get_referrers(tensors[tid]) if r is not tensors]
                 found[block] = _CYCLE if referrers else _NATIVE
