@@ -913,8 +913,9 @@ fn the_cuda_path_records_and_dumps_when_torch_was_imported_first() {
         &out,
         &["--every", "5", "--max-entries", "1234", "--no-report"],
         // SGD: AdamW's step asks the (absent) device about graph capture
-        // once torch.cuda.is_available() says yes.
-        &["--steps", "10", "--optimizer", "sgd"],
+        // once torch.cuda.is_available() says yes. The tensors stay on the
+        // CPU: the stand-in fakes only the memory history's calls.
+        &["--steps", "10", "--optimizer", "sgd", "--device", "cpu"],
     );
     let output = Command::new(SNAPDIFF)
         .args(&args)
