@@ -229,6 +229,36 @@ def test_the_search_stops_at_its_budget_and_says_so():
     gc.collect()
 
 
+class _NoRepr:
+    def __repr__(self):
+        raise RuntimeError("a key whose repr raises")
+
+
+def test_dict_keys_are_named_without_their_repr():
+    """An optimizer's state is keyed by parameters (whose repr formats
+    their values), and a user's key may have a repr that raises: paths
+    name such keys by type and shape, and the search goes on."""
+    torch = pytest.importorskip("torch")
+    from snapdiff.hook import snapdiff_owners
+
+    model = torch.nn.Linear(64, 32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    odd = {_NoRepr(): torch.ones(100)}
+    state = optimizer.state[model.weight]["exp_avg"]
+    blocks = [
+        (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        for t in (state, *odd.values())
+    ]
+    del state
+    found = snapdiff_owners.find(torch, blocks)
+    owners = sorted(o["owner"] for o in found["blocks"].values())
+    assert len(owners) == 2, found
+    assert any(o.endswith("optimizer.state[<Parameter 32x64>]['exp_avg']") for o in owners), owners
+    assert any(o.endswith("odd[<_NoRepr>]") for o in owners), owners
+
+
 def test_a_recording_with_owners_says_held_by_in_trend_and_its_report(tmp_path):
     torch = pytest.importorskip("torch")
     model = torch.nn.Linear(64, 64)

@@ -436,6 +436,23 @@ def _hop(parent, child, previous, objects):
     return f".<{name}>", None
 
 
+_PLAIN_KEYS = (str, bytes, int, float, bool, type(None))
+
+
 def _short(key):
-    text = repr(key)
+    """A dict key as a path writes it: plain values by their repr, a tensor
+    by its type and shape (`<Parameter 512x512>`: an optimizer's state is
+    keyed by parameters, whose repr formats every value), anything else by
+    its type. Never a repr of user code, which may be slow or raise."""
+    if type(key) in _PLAIN_KEYS or (
+        type(key) is tuple and all(type(k) in _PLAIN_KEYS for k in key)
+    ):
+        text = repr(key)
+    else:
+        shape = getattr(key, "shape", None) if hasattr(type(key), "shape") else None
+        try:
+            dims = "x".join(str(int(d)) for d in shape) if shape is not None else None
+        except Exception:
+            dims = None
+        text = f"<{type(key).__name__} {dims}>" if dims else f"<{type(key).__name__}>"
     return text if len(text) <= 40 else text[:37] + "..."
