@@ -233,6 +233,10 @@ class _NoRepr:
     def __repr__(self):
         raise RuntimeError("a key whose repr raises")
 
+    @property
+    def shape(self):
+        raise RuntimeError("and whose shape raises")
+
 
 def test_dict_keys_are_named_without_their_repr():
     """An optimizer's state is keyed by parameters (whose repr formats

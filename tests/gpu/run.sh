@@ -125,7 +125,8 @@ PY
 check cuda-out-of-memory-dump oom_job
 
 # The Hugging Face Trainer and Lightning callbacks, on CUDA (their tests use
-# it when torch sees it), with this build's command.
+# it when torch sees it), with this build's command. SNAPDIFF_REQUIRE_RAY is
+# the Python suite's switch that fails, not skips, a missing framework.
 integrations() {
     PATH="$bin:$PATH" PYTHONPATH="$PWD/python" SNAPDIFF_REQUIRE_RAY=1 \
         python3 -m pytest -q -p no:cacheprovider python/tests/test_integrations.py

@@ -449,8 +449,8 @@ def _short(key):
     ):
         text = repr(key)
     else:
-        shape = getattr(key, "shape", None) if hasattr(type(key), "shape") else None
-        try:
+        try:  # a user's `shape` property may raise too
+            shape = getattr(key, "shape", None) if hasattr(type(key), "shape") else None
             dims = "x".join(str(int(d)) for d in shape) if shape is not None else None
         except Exception:
             dims = None
