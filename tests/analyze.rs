@@ -438,6 +438,47 @@ fn summary_names_the_sites_holding_the_most_memory() {
     assert!(frag["free_bytes"].as_u64().unwrap() >= frag["largest_free_block"].as_u64().unwrap());
 }
 
+
+#[test]
+fn a_culprit_line_is_shown_with_its_largest_stack() {
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    let mut merged = 0;
+    for file in &files {
+        let summary = |by: &str| {
+            let args = ["summary", "--json", "--top", "1000", "--by", by];
+            let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+            args.insert(1, file.as_os_str());
+            snapdiff(args).expect_code(0).json()["top_sites"]
+                .as_array()
+                .unwrap()
+                .clone()
+        };
+        let by_stack = summary("stack");
+        for row in summary("culprit") {
+            let stacks: Vec<&Value> = by_stack
+                .iter()
+                .filter(|s| culprit_of(s) == culprit_of(&row))
+                .collect();
+            if stacks.len() > 1 {
+                merged += 1;
+            }
+            // The most bytes, then the smallest key: whatever order the
+            // stacks were grouped in.
+            let largest = stacks
+                .iter()
+                .max_by_key(|s| {
+                    let key = s["key"].as_str().unwrap();
+                    (s["bytes"].as_u64().unwrap(), std::cmp::Reverse(key))
+                })
+                .unwrap();
+            assert_eq!(row["key"], largest["key"], "{}: {row:#}", file.display());
+        }
+    }
+    // ftcourse-finetune's notebook cell alone reaches its line by 7 stacks.
+    assert!(merged >= 3, "{merged} merged rows");
+}
 #[test]
 fn compare_says_when_only_the_cache_grew() {
     use snapdiff::{Allocator, AllocatorConfig, HostBackend, Stream};

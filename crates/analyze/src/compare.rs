@@ -109,14 +109,13 @@ pub struct Comparison {
 /// [`Site::stacks`] counts them. What `compare` does unless the rules ask
 /// for rows by stack, and what other reports of [`GroupDiff`]s can do too.
 pub(crate) fn rows_by_culprit(groups: Vec<GroupDiff>) -> Vec<GroupDiff> {
-    merge_rows(groups, |g| culprit_line(&g.site), merge_diffs)
+    let size = |g: &GroupDiff| (g.bytes_before.max(g.bytes_after), g.site.key);
+    merge_rows(groups, |g| culprit_line(&g.site), size, merge_diffs)
 }
 
 /// Adds the site of `other` to `into`: two stacks whose culprit is the same line.
 fn merge_diffs(into: &mut GroupDiff, other: GroupDiff) {
-    let size = |g: &GroupDiff| g.bytes_before.max(g.bytes_after);
-    let (own, theirs) = (size(into), size(&other));
-    into.site.absorb(own, other.site, theirs);
+    into.site.absorb(other.site);
     into.blocks_before += other.blocks_before;
     into.blocks_after += other.blocks_after;
     into.bytes_before += other.bytes_before;

@@ -302,9 +302,9 @@ pub(crate) fn live_breakdown(
         sites = merge_rows(
             sites,
             |s| (culprit_line(&s.site), s.category),
+            |s| (s.bytes, s.site.key),
             |into, other| {
-                let own = into.bytes;
-                into.site.absorb(own, other.site, other.bytes);
+                into.site.absorb(other.site);
                 into.blocks += other.blocks;
                 into.bytes += other.bytes;
                 into.before_recording |= other.before_recording;

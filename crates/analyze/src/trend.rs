@@ -34,8 +34,7 @@ use crate::stack_key::{StackKey, StackKeys};
 /// Adds suspect `other` to `into`: two stacks whose culprit is the same
 /// line, whose series add up checkpoint by checkpoint.
 fn merge_suspects(into: &mut Suspect, other: Suspect) {
-    let own = into.growth_bytes;
-    into.site.absorb(own, other.site, other.growth_bytes);
+    into.site.absorb(other.site);
     into.growth_bytes += other.growth_bytes;
     into.growth_per_checkpoint += other.growth_per_checkpoint;
     let add = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a + b);
@@ -356,7 +355,12 @@ pub fn trend_of_series(
         });
     }
     if !options.rules.rows_by_stack() {
-        suspects = merge_rows(suspects, |s| culprit_line(&s.site), merge_suspects);
+        suspects = merge_rows(
+            suspects,
+            |s| culprit_line(&s.site),
+            |s| (s.growth_bytes, s.site.key),
+            merge_suspects,
+        );
     }
     suspects.sort_by(|a, b| {
         b.growth_bytes

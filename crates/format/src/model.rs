@@ -486,6 +486,16 @@ impl Totals {
             }
         }
     }
+
+    /// Adds the totals of other segments.
+    pub fn merge(&mut self, other: &Totals) {
+        self.segments += other.segments;
+        self.blocks += other.blocks;
+        self.reserved_bytes += other.reserved_bytes;
+        self.allocated_bytes += other.allocated_bytes;
+        self.active_bytes += other.active_bytes;
+        self.requested_bytes += other.requested_bytes;
+    }
 }
 
 impl Snapshot {
