@@ -438,7 +438,6 @@ fn summary_names_the_sites_holding_the_most_memory() {
     assert!(frag["free_bytes"].as_u64().unwrap() >= frag["largest_free_block"].as_u64().unwrap());
 }
 
-
 #[test]
 fn a_culprit_line_is_shown_with_its_largest_stack() {
     let Some(files) = shared_torch_fixtures() else {

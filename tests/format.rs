@@ -398,6 +398,40 @@ fn segments_shared_with_other_keys_still_read_there() {
     }
 }
 
+/// Segments are made as the pickle runs, blocks and all; one found where
+/// the schema cannot follow (host segments beside a dict that is not one)
+/// is still kept whole, as a generic value, and the host allocator's
+/// segments that can be followed are a device of their own.
+#[test]
+fn host_segments_read_or_are_kept_whole() {
+    let dir = tempdir();
+    let script = "import pickle, sys\n\
+        def seg(a):\n\
+        \x20   return {'device': 0, 'address': a, 'total_size': 2 << 20, 'stream': 0,\n\
+        \x20           'segment_type': 'small', 'note': 'kept',\n\
+        \x20           'blocks': [{'address': a, 'size': 2 << 20, 'requested_size': 100,\n\
+        \x20                       'state': 'active_allocated', 'frames': []}]}\n\
+        for name, host in (('odd', [seg(4096), {'weird': 1}]), ('plain', [seg(4096)])):\n\
+        \x20   top = {'segments': [seg(1 << 30)], 'device_traces': [[]], 'host_segments': host}\n\
+        \x20   pickle.dump(top, open(f'{sys.argv[1]}/{name}.pickle', 'wb'), protocol=4)\n";
+    python_script(script, &[dir.path().as_os_str()]);
+    let odd = read_path(dir.path().join("odd.pickle")).unwrap();
+    assert_eq!(odd.segments.len(), 1);
+    let (_, kept) = odd
+        .extra
+        .iter()
+        .find(|(k, _)| k == "host_segments")
+        .unwrap();
+    let text = format!("{kept:?}");
+    for part in ["4096", "kept", "active_allocated", "100", "weird"] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    let plain = read_path(dir.path().join("plain.pickle")).unwrap();
+    let devices: Vec<u32> = plain.segments.iter().map(|s| s.device).collect();
+    assert_eq!(devices, [0, snapdiff_format::PINNED_HOST_DEVICE]);
+    assert_eq!(plain.segments[1].blocks[0].requested_size, 100);
+}
+
 /// A segment's blocks are held as a run while the pickle is read; a list
 /// of thousands (written in batches of 1000) reads whole and in order, a
 /// list given to two segments is refused, and a run where another list is

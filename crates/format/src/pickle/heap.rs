@@ -72,6 +72,9 @@ pub(crate) enum Container {
         start: u32,
         len: u32,
     },
+    /// A segment dict, now an index into the lowerer's segment store, its
+    /// blocks taken into it.
+    Segment(u32),
     /// A container already read into the snapshot through its only handle
     /// and freed (see [`Heap::free_read`]).
     Read,
@@ -240,6 +243,11 @@ impl<'a> Heap<'a> {
         };
     }
 
+    /// Settles empty dict `id` as segment `i` of the lowerer's store.
+    pub(crate) fn settle_segment(&mut self, id: u32, i: u32) {
+        self.containers[id as usize] = Container::Segment(i);
+    }
+
     /// A new empty dict, on a spare vector when there is one.
     pub(super) fn new_dict(&mut self) -> u32 {
         let entries = self.spare_dicts.pop().unwrap_or_default();
@@ -354,6 +362,7 @@ pub(crate) fn describe(heap: &Heap, v: Val) -> &'static str {
             Container::Block(_) => "a block dict",
             Container::Events { .. } => "a list of trace events",
             Container::Blocks { .. } => "a list of blocks",
+            Container::Segment(_) => "a segment dict",
             Container::Read => "a value already read",
         },
     }

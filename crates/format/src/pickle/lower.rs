@@ -1,8 +1,9 @@
 //! Turning pickled dicts into typed records, with PyTorch's schema.
 //!
 //! The same functions serve two moments. While the pickle runs, every
-//! completed dict that looks like a frame, a trace event or a block is
-//! lowered at once (errors are ignored then: the dict simply stays generic).
+//! completed dict that looks like a frame, a trace event, a block or a
+//! segment is lowered at once (errors are ignored then: the dict simply
+//! stays generic).
 //! After it runs, [`Lowerer`] walks the result from the top with the schema
 //! in hand, picks up the lowered records and converts whatever is still
 //! generic, reporting problems with their path (`segments[3].blocks[0].size`).
@@ -18,11 +19,12 @@ use rustc_hash::{FxBuildHasher, FxHashMap};
 use crate::events::Events;
 use crate::intern::Interner;
 use crate::model::{
-    Action, Block, BlockState, Frame, FrameId, HistoryEntry, StackId, StrId, ThinVec, TraceEvent,
+    Action, Block, BlockState, Frame, FrameId, HistoryEntry, PINNED_HOST_DEVICE, Pool, Segment,
+    StackId, StrId, ThinVec, TraceEvent,
 };
 use crate::pickle::heap::{
-    Container, Failure, Heap, Key, Record, Val, at, describe, entries, i64_of, index, int, items,
-    key_text, missing, pair_of, str_handle, str_of, u64_of,
+    Container, Failure, Heap, Key, Record, Val, at, bool_of, describe, entries, i64_of, index, int,
+    items, key_text, missing, pair_of, str_handle, str_of, u32_of, u64_of,
 };
 use crate::value::Value;
 
@@ -34,6 +36,9 @@ const MAX_RESERVED_INDEX: usize = 4096;
 
 /// How deep generic values (settings, unknown keys) may nest.
 const MAX_DEPTH: usize = 64;
+
+/// Segments of at most this size without a `segment_type` belong to the small pool.
+const SMALL_SEGMENT_SIZE: u64 = 2 << 20;
 
 /// Typed records lowered so far, and the interning tables behind them.
 #[derive(Default)]
@@ -78,6 +83,11 @@ pub(crate) struct Lowerer {
     blocks: BlockStore,
     /// Whether each lowered block was already put into a list.
     block_placed: Vec<bool>,
+    /// Segments lowered while the pickle ran, until the schema pass takes
+    /// them; see [`Lowerer::lower_segment`].
+    segments: Vec<Option<Segment>>,
+    /// How many of `segments` were taken: the store is freed when all are.
+    segments_taken: usize,
     /// Bytes of generic values still allowed to be produced: bounds the
     /// expansion of a pickle that shares one container or string many times
     /// over, to a small multiple of the file's size.
@@ -793,6 +803,167 @@ impl Lowerer {
         }
     }
 
+    /// Lowers a segment dict whose `entries` are all there is of it (as
+    /// PyTorch writes each: its fields, then its list of blocks, each block
+    /// lowered already) into the segment store, and returns its index. Its
+    /// blocks are taken at once, while they and the dict are in cache: made
+    /// after the parse, a million blocks' segments took a quarter of a
+    /// large file's reading. Anything else is left to the schema pass to
+    /// convert or to report, with nothing taken.
+    pub(crate) fn lower_segment(&mut self, heap: &Heap, entries: &[[Val; 2]]) -> Option<u32> {
+        if !entries.iter().any(|&[k, _]| heap.key(k) == Key::Blocks) {
+            return None;
+        }
+        let (mut segment, _, blocks) = self.segment_fields(heap, entries, false).ok()?;
+        if !blocks.iter().all(|&b| self.untaken_block(heap, b)) {
+            return None;
+        }
+        self.take_segment_blocks(heap, &mut segment, &blocks).ok()?;
+        self.segments.push(Some(segment));
+        Some(self.segments.len() as u32 - 1)
+    }
+
+    /// Whether `v` is a lowered block still in the store.
+    fn untaken_block(&self, heap: &Heap, v: Val) -> bool {
+        let i = match v {
+            Val::Block(i) => i,
+            Val::Obj(id) => match heap.containers[id as usize] {
+                Container::Block(i) => i,
+                _ => return false,
+            },
+            _ => return false,
+        };
+        self.blocks.get(i).is_some()
+    }
+
+    /// Lowered segment `i`: taken out of the store, or with `keep` copied,
+    /// the store keeping it for other readers of its dict. `host` makes it
+    /// the pinned host allocator's, whatever device it named.
+    pub(crate) fn lowered_segment(
+        &mut self,
+        i: u32,
+        host: bool,
+        keep: bool,
+    ) -> Result<Segment, Failure> {
+        let twice = || ": the same segment dict appears twice".to_owned();
+        let slot = self.segments.get_mut(i as usize).ok_or_else(twice)?;
+        let mut segment = match keep {
+            true => slot.clone().ok_or_else(twice)?,
+            false => slot.take().ok_or_else(twice)?,
+        };
+        if !keep {
+            self.segments_taken += 1;
+            if self.segments_taken == self.segments.len() {
+                self.segments = Vec::new();
+            }
+        }
+        if host {
+            segment.device = PINNED_HOST_DEVICE;
+        }
+        Ok(segment)
+    }
+
+    /// The fields of a segment dict of `entries`, all but its blocks; the
+    /// handle of its list of blocks, and the list's items. `host`: the
+    /// pinned host allocator's segment, one device whatever it says.
+    pub(crate) fn segment_fields<'h>(
+        &mut self,
+        heap: &'h Heap,
+        entries: &[[Val; 2]],
+        host: bool,
+    ) -> Result<(Segment, Val, std::borrow::Cow<'h, [Val]>), Failure> {
+        let mut seg = Segment::default();
+        if host {
+            seg.device = PINNED_HOST_DEVICE;
+        }
+        let mut pool = None;
+        let (mut has_address, mut has_total) = (false, false);
+        let mut block_vals = std::borrow::Cow::Borrowed(&[][..]);
+        let mut blocks = Val::None;
+        for &[k, v] in entries {
+            // Matched as the file spells it; the key's text for messages and
+            // `extra` is made only where needed (a segment has a dozen keys).
+            let field = match k {
+                Val::Str(id) => heap.str(id),
+                _ => "",
+            };
+            let wrap = |f: Failure| at(&key_text(heap, k), f);
+            match field {
+                // The host allocator's segments are one device, whatever they say.
+                "device" if host => {}
+                "device" => seg.device = u32_of(heap, v).map_err(wrap)?,
+                "address" => {
+                    seg.address = u64_of(heap, v).map_err(wrap)?;
+                    has_address = true;
+                }
+                "total_size" => {
+                    seg.total_size = u64_of(heap, v).map_err(wrap)?;
+                    has_total = true;
+                }
+                "stream" => seg.stream = i64_of(heap, v).map_err(wrap)?,
+                "segment_type" => {
+                    let name = str_of(heap, v).map_err(wrap)?;
+                    pool = Some(Pool::from_name(name).ok_or_else(|| {
+                        wrap(format!(
+                            "unknown segment type {}",
+                            crate::visible::quoted(name)
+                        ))
+                    })?);
+                }
+                "segment_pool_id" => seg.pool_id = pair_of(heap, v).map_err(wrap)?,
+                "is_expandable" => seg.is_expandable = bool_of(heap, v).map_err(wrap)?,
+                "frames" => seg.stack = self.stack(heap, v).map_err(wrap)?,
+                "blocks" => {
+                    block_vals = items(heap, v).map_err(wrap)?;
+                    blocks = v;
+                }
+                "allocated_size" => seg.allocated_size = Some(u64_of(heap, v).map_err(wrap)?),
+                "active_size" => seg.active_size = Some(u64_of(heap, v).map_err(wrap)?),
+                "requested_size" => seg.requested_size = Some(u64_of(heap, v).map_err(wrap)?),
+                _ => {
+                    let value = self.value(heap, v, 1).map_err(wrap)?;
+                    seg.extra.push((key_text(heap, k), value));
+                }
+            }
+        }
+        if !has_address {
+            return Err(": missing 'address'".to_owned());
+        }
+        if !has_total {
+            return Err(": missing 'total_size'".to_owned());
+        }
+        seg.pool = pool.unwrap_or(if seg.total_size <= SMALL_SEGMENT_SIZE {
+            Pool::Small
+        } else {
+            Pool::Large
+        });
+        Ok((seg, blocks, block_vals))
+    }
+
+    /// Moves the blocks `items` into `seg`, giving those without an address
+    /// (older files leave it out) the one after the block before, as
+    /// PyTorch's viewer does.
+    pub(crate) fn take_segment_blocks(
+        &mut self,
+        heap: &Heap,
+        seg: &mut Segment,
+        items: &[Val],
+    ) -> Result<(), Failure> {
+        let mut next_address = seg.address;
+        seg.blocks.reserve_exact(items.len());
+        for (i, &b) in items.iter().enumerate() {
+            let (mut block, has_address) = self
+                .take_block(heap, b)
+                .map_err(|f| at("blocks", index(i, f)))?;
+            if !has_address {
+                block.address = next_address;
+            }
+            next_address = block.address.wrapping_add(block.size);
+            seg.blocks.push(block);
+        }
+        Ok(())
+    }
+
     /// Takes the lowered event behind `v`, or converts a generic event dict.
     pub(crate) fn take_event(&mut self, heap: &Heap, v: Val) -> Result<TraceEvent, Failure> {
         // An event moved out with a whole tail of events is past the end of
@@ -929,6 +1100,7 @@ impl Lowerer {
                     }
                     Value::List(out)
                 }
+                Container::Segment(i) => self.charged_segment(*i)?,
                 Container::Read => {
                     return Err(": the same segment dict or block list appears twice".to_owned());
                 }
@@ -953,6 +1125,14 @@ impl Lowerer {
         match self.blocks.get(i) {
             Some(b) => self.charged(self.block_value(b)),
             None => Err(": the same block dict appears twice".to_owned()),
+        }
+    }
+
+    /// Lowered segment `i` back as a generic value, its size taken from the budget.
+    fn charged_segment(&mut self, i: u32) -> Result<Value, Failure> {
+        match self.segments.get(i as usize) {
+            Some(Some(s)) => self.charged(self.segment_value(s)),
+            _ => Err(": the same segment dict appears twice".to_owned()),
         }
     }
 
@@ -1005,19 +1185,65 @@ impl Lowerer {
 
     /// A lowered block found where the schema has no place for one, back in PyTorch's form.
     fn block_value(&self, b: &StoredBlock) -> Value {
+        let extra = b.rare.as_ref().map_or(&[][..], |rare| &rare.1[..]);
+        let fields = (b.address, b.size, b.requested_size, b.state, b.stack);
+        self.block_fields_value(fields, extra)
+    }
+
+    /// A block's address, size, requested size, state and stack, and its
+    /// keys the model has no field for, in PyTorch's form.
+    fn block_fields_value(
+        &self,
+        (address, size, requested_size, state, stack): (u64, u64, u64, BlockState, Option<StackId>),
+        extra: &[(String, Value)],
+    ) -> Value {
         let mut m = vec![
-            ("address".to_owned(), Value::Int(b.address.into())),
-            ("size".to_owned(), Value::Int(b.size.into())),
+            ("address".to_owned(), Value::Int(address.into())),
+            ("size".to_owned(), Value::Int(size.into())),
             (
                 "requested_size".to_owned(),
-                Value::Int(b.requested_size.into()),
+                Value::Int(requested_size.into()),
             ),
-            ("state".to_owned(), Value::Str(b.state.name().to_owned())),
-            ("frames".to_owned(), self.stack_value(b.stack)),
+            ("state".to_owned(), Value::Str(state.name().to_owned())),
+            ("frames".to_owned(), self.stack_value(stack)),
         ];
-        if let Some(rare) = &b.rare {
-            m.extend(rare.1.iter().cloned());
+        m.extend(extra.iter().cloned());
+        Value::Map(m)
+    }
+
+    /// A lowered segment found where the schema has no place for one, back
+    /// in PyTorch's form.
+    fn segment_value(&self, s: &Segment) -> Value {
+        let int = |i: i128| Value::Int(i);
+        let blocks = s.blocks.iter().map(|b| {
+            let fields = (b.address, b.size, b.requested_size, b.state, b.stack);
+            self.block_fields_value(fields, &b.extra)
+        });
+        let mut m = vec![
+            ("device".to_owned(), int(s.device.into())),
+            ("address".to_owned(), int(s.address.into())),
+            ("total_size".to_owned(), int(s.total_size.into())),
+            ("stream".to_owned(), int(s.stream.into())),
+            (
+                "segment_type".to_owned(),
+                Value::Str(s.pool.name().to_owned()),
+            ),
+            (
+                "segment_pool_id".to_owned(),
+                Value::List(vec![int(s.pool_id.0.into()), int(s.pool_id.1.into())]),
+            ),
+            ("is_expandable".to_owned(), Value::Bool(s.is_expandable)),
+            ("frames".to_owned(), self.stack_value(s.stack)),
+            ("blocks".to_owned(), Value::List(blocks.collect())),
+        ];
+        for (key, size) in [
+            ("allocated_size", s.allocated_size),
+            ("active_size", s.active_size),
+            ("requested_size", s.requested_size),
+        ] {
+            m.extend(size.map(|size| (key.to_owned(), int(size.into()))));
         }
+        m.extend(s.extra.iter().cloned());
         Value::Map(m)
     }
 }
@@ -1070,13 +1296,17 @@ const BLOCK_CHUNK: usize = 1 << 17;
 /// been taken. Segments take their blocks in the order the pickle gave them,
 /// so while the segments are built each block is held once, in the store or
 /// in its segment, rather than twice (on a file of a million blocks, 95 MB
-/// of the peak).
+/// of the peak). A segment lowered as the pickle runs takes its blocks at
+/// once, and the chunk it empties is kept to be filled again: memory that
+/// is touched for the first time costs a page fault every 4 KiB.
 #[derive(Default)]
 struct BlockStore {
     /// `None` once every block in it has been taken.
     chunks: Vec<Option<BlockChunk>>,
     /// Blocks taken from each chunk.
     taken: Vec<usize>,
+    /// A whole chunk emptied, for the next chunk to reuse.
+    spare: Option<BlockChunk>,
 }
 
 impl BlockStore {
@@ -1086,12 +1316,12 @@ impl BlockStore {
         if self.chunks.last().is_none_or(full) {
             // The first chunk grows as a small file needs; later ones are
             // whole from the start, so a large file copies none.
-            let capacity = if self.chunks.is_empty() {
-                0
-            } else {
-                BLOCK_CHUNK
+            let chunk = match self.spare.take() {
+                Some(spare) => spare,
+                None if self.chunks.is_empty() => Vec::new(),
+                None => Vec::with_capacity(BLOCK_CHUNK),
             };
-            self.chunks.push(Some(Vec::with_capacity(capacity)));
+            self.chunks.push(Some(chunk));
             self.taken.push(0);
         }
         let index = (self.chunks.len() - 1) * BLOCK_CHUNK;
@@ -1121,8 +1351,12 @@ impl BlockStore {
         let chunk = self.chunks.get_mut(c)?.as_mut()?;
         let block = chunk.get_mut(i)?.take()?;
         self.taken[c] += 1;
-        if self.taken[c] == BLOCK_CHUNK {
-            self.chunks[c] = None;
+        if self.taken[c] == BLOCK_CHUNK
+            && let Some(mut emptied) = self.chunks[c].take()
+            && emptied.capacity() == BLOCK_CHUNK
+        {
+            emptied.clear();
+            self.spare = Some(emptied);
         }
         Some(block)
     }

@@ -667,10 +667,20 @@ impl<'a> Machine<'a> {
                             self.record_in_place_of(target, list);
                             continue;
                         }
+                        if let Some(segment) = self.lower.lower_segment(&self.heap, pairs) {
+                            // Its list of blocks stays: a handle to it may
+                            // come later, and must find its blocks taken.
+                            self.heap.settle_segment(target, segment);
+                            self.stack.truncate(mark);
+                            continue;
+                        }
                     }
                     match &mut self.heap.containers[target as usize] {
                         Container::Dict(v) => v.extend_from_slice(pairs),
-                        Container::Frame(_) | Container::Event(_) | Container::Block(_) => {
+                        Container::Frame(_)
+                        | Container::Event(_)
+                        | Container::Block(_)
+                        | Container::Segment(_) => {
                             return Err(self.changed_after_complete(op, at));
                         }
                         _ => return Err(self.not_a(op, at, "dict")),
@@ -1048,9 +1058,10 @@ impl<'a> Machine<'a> {
                 v.extend(items);
                 Ok(())
             }
-            Container::Frame(_) | Container::Event(_) | Container::Block(_) => {
-                Err(self.changed_after_complete(op, at))
-            }
+            Container::Frame(_)
+            | Container::Event(_)
+            | Container::Block(_)
+            | Container::Segment(_) => Err(self.changed_after_complete(op, at)),
             _ => Err(self.not_a(op, at, "dict")),
         }
     }

@@ -17,7 +17,8 @@
 //! - every completed frame, frame list, trace event and block is turned into
 //!   its typed, interned record at once (`lower.rs`), so a file of millions
 //!   of events never exists as millions of dicts, and the containers those
-//!   dicts were made in are freed as they are lowered;
+//!   dicts were made in are freed as they are lowered; a segment is made as
+//!   soon as its dict is complete, taking its blocks while they are in cache;
 //! - a record whose keys and values are all memo gets and numbers, as
 //!   PyTorch writes every event and block, is read straight from its
 //!   bytes (`Machine::flat_record`), with no dict made;
@@ -34,8 +35,7 @@
 //!
 //! What is left of the memory is the records themselves, blocks in a
 //! compact form until their segment takes them, the memo at 8 bytes a slot
-//! (`memo.rs`), and the containers not yet read; the segment dicts and
-//! block lists are freed as the segments are read. The figures are in
+//! (`memo.rs`), and the containers not yet read. The figures are in
 //! `docs/performance.md`.
 
 mod halves;
@@ -55,17 +55,14 @@ use std::borrow::Cow;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::Events;
-use crate::model::{Annotation, DeviceTrace, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot};
+use crate::model::{Annotation, DeviceTrace, Meta, PINNED_HOST_DEVICE, Segment, Snapshot};
 use crate::read::Threads;
 use heap::{
-    Container, Failure, Heap, Val, at, bool_of, entries, here, i64_of, index, items, key_text,
-    pair_of, str_of, u32_of, u64_of,
+    Container, Failure, Heap, Val, at, entries, here, i64_of, index, items, key_text, str_of,
+    u32_of,
 };
 use lower::Lowerer;
 use machine::Half;
-
-/// Segments of at most this size without a `segment_type` belong to the small pool.
-const SMALL_SEGMENT_SIZE: u64 = 2 << 20;
 
 /// Reads a snapshot pickle. `container` names what held it (e.g. "torch.save zip")
 /// for [`Meta::source`].
@@ -250,91 +247,26 @@ fn host_segments(lower: &mut Lowerer, heap: &Heap, v: Val) -> Result<Vec<Segment
     Ok(out)
 }
 
-/// The segment dict `v`, and the handle of its list of blocks.
+/// The segment dict `v`, and the handle of its list of blocks (none for a
+/// segment lowered while the pickle ran, which took its blocks then). A
+/// lowered one stays for other readers where other keys hold its dict too,
+/// or where it is the host allocator's (whose list falls back to a generic
+/// value when this reader cannot follow it).
 fn segment(
     lower: &mut Lowerer,
     heap: &Heap,
     v: Val,
     host: bool,
 ) -> Result<(Segment, Val), Failure> {
-    let mut seg = Segment::default();
-    if host {
-        seg.device = PINNED_HOST_DEVICE;
+    if let Val::Obj(id) = v
+        && let Container::Segment(i) = heap.containers[id as usize]
+    {
+        let keep = host || !heap.unshared(v);
+        return Ok((lower.lowered_segment(i, host, keep)?, Val::None));
     }
-    let mut pool = None;
-    let (mut has_address, mut has_total) = (false, false);
-    let mut block_vals: Cow<[Val]> = Cow::Borrowed(&[]);
-    let mut blocks = Val::None;
-    for &[k, v] in entries(heap, v).map_err(here)? {
-        // Matched as the file spells it; the key's text for messages and
-        // `extra` is made only where needed (a segment has a dozen keys).
-        let field = match k {
-            Val::Str(id) => heap.str(id),
-            _ => "",
-        };
-        let wrap = |f: Failure| at(&key_text(heap, k), f);
-        match field {
-            // The host allocator's segments are one device, whatever they say.
-            "device" if host => {}
-            "device" => seg.device = u32_of(heap, v).map_err(wrap)?,
-            "address" => {
-                seg.address = u64_of(heap, v).map_err(wrap)?;
-                has_address = true;
-            }
-            "total_size" => {
-                seg.total_size = u64_of(heap, v).map_err(wrap)?;
-                has_total = true;
-            }
-            "stream" => seg.stream = i64_of(heap, v).map_err(wrap)?,
-            "segment_type" => {
-                let name = str_of(heap, v).map_err(wrap)?;
-                pool = Some(Pool::from_name(name).ok_or_else(|| {
-                    wrap(format!(
-                        "unknown segment type {}",
-                        crate::visible::quoted(name)
-                    ))
-                })?);
-            }
-            "segment_pool_id" => seg.pool_id = pair_of(heap, v).map_err(wrap)?,
-            "is_expandable" => seg.is_expandable = bool_of(heap, v).map_err(wrap)?,
-            "frames" => seg.stack = lower.stack(heap, v).map_err(wrap)?,
-            "blocks" => {
-                block_vals = items(heap, v).map_err(wrap)?;
-                blocks = v;
-            }
-            "allocated_size" => seg.allocated_size = Some(u64_of(heap, v).map_err(wrap)?),
-            "active_size" => seg.active_size = Some(u64_of(heap, v).map_err(wrap)?),
-            "requested_size" => seg.requested_size = Some(u64_of(heap, v).map_err(wrap)?),
-            _ => {
-                let value = lower.value(heap, v, 1).map_err(wrap)?;
-                seg.extra.push((key_text(heap, k), value));
-            }
-        }
-    }
-    if !has_address {
-        return Err(": missing 'address'".to_owned());
-    }
-    if !has_total {
-        return Err(": missing 'total_size'".to_owned());
-    }
-    seg.pool = pool.unwrap_or(if seg.total_size <= SMALL_SEGMENT_SIZE {
-        Pool::Small
-    } else {
-        Pool::Large
-    });
-    let mut next_address = seg.address;
-    seg.blocks.reserve_exact(block_vals.len());
-    for (i, &b) in block_vals.iter().enumerate() {
-        let (mut block, has_address) = lower
-            .take_block(heap, b)
-            .map_err(|f| at("blocks", index(i, f)))?;
-        if !has_address {
-            // Older files leave the address out; PyTorch's viewer computes it the same way.
-            block.address = next_address;
-        }
-        next_address = block.address.wrapping_add(block.size);
-        seg.blocks.push(block);
-    }
+    let (mut seg, blocks, items) =
+        lower.segment_fields(heap, entries(heap, v).map_err(here)?, host)?;
+    lower.take_segment_blocks(heap, &mut seg, &items)?;
     Ok((seg, blocks))
 }
 
@@ -448,7 +380,7 @@ mod tests {
     //! `LONG1` ints), which CPython's pickler does not write.
 
     use super::*;
-    use crate::model::Frame;
+    use crate::model::{Frame, Pool};
     use crate::value::Value;
 
     /// A tiny emitter of the opcodes the C++ pickler uses; with `memoize`,
