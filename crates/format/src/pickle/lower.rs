@@ -85,9 +85,9 @@ pub(crate) struct Lowerer {
     block_placed: Vec<bool>,
     /// Segments lowered while the pickle ran, until the schema pass takes
     /// them; see [`Lowerer::lower_segment`].
-    segments: Vec<Option<Segment>>,
-    /// How many of `segments` were taken: the store is freed when all are.
-    segments_taken: usize,
+    segments: Vec<Segment>,
+    /// Whether each lowered segment was already taken.
+    segment_taken: Vec<bool>,
     /// Bytes of generic values still allowed to be produced: bounds the
     /// expansion of a pickle that shares one container or string many times
     /// over, to a small multiple of the file's size.
@@ -207,6 +207,9 @@ impl Lowerer {
             // A block dict takes at least 48 pickled bytes too.
             blocks: BlockStore::default(),
             block_placed: Vec::with_capacity(len / 48),
+            // A segment dict takes at least 256 pickled bytes with its block.
+            segments: Vec::with_capacity(len / 256),
+            segment_taken: Vec::with_capacity(len / 256),
             frames: Vec::with_capacity(len / 32),
             pending_frames: Vec::with_capacity(len / 32),
             // Not so for a hash table: its inserts land all over it, touching
@@ -819,7 +822,8 @@ impl Lowerer {
             return None;
         }
         self.take_segment_blocks(heap, &mut segment, &blocks).ok()?;
-        self.segments.push(Some(segment));
+        self.segments.push(segment);
+        self.segment_taken.push(false);
         Some(self.segments.len() as u32 - 1)
     }
 
@@ -845,22 +849,41 @@ impl Lowerer {
         host: bool,
         keep: bool,
     ) -> Result<Segment, Failure> {
-        let twice = || ": the same segment dict appears twice".to_owned();
-        let slot = self.segments.get_mut(i as usize).ok_or_else(twice)?;
-        let mut segment = match keep {
-            true => slot.clone().ok_or_else(twice)?,
-            false => slot.take().ok_or_else(twice)?,
-        };
-        if !keep {
-            self.segments_taken += 1;
-            if self.segments_taken == self.segments.len() {
-                self.segments = Vec::new();
-            }
+        let i = i as usize;
+        if self.segment_taken.get(i) != Some(&false) {
+            return Err(": the same segment dict appears twice".to_owned());
         }
+        let mut segment = if keep {
+            self.segments[i].clone()
+        } else {
+            self.segment_taken[i] = true;
+            std::mem::take(&mut self.segments[i])
+        };
         if host {
             segment.device = PINNED_HOST_DEVICE;
         }
         Ok(segment)
+    }
+
+    /// All the lowered segments, if `items`, a list of segments, holds them
+    /// all in order, none taken or held anywhere else: PyTorch's segment
+    /// list, moved out whole rather than copied segment by segment.
+    pub(crate) fn take_segment_run(&mut self, heap: &Heap, items: &[Val]) -> Option<Vec<Segment>> {
+        if items.len() != self.segments.len() || self.segment_taken.iter().any(|&t| t) {
+            return None;
+        }
+        let in_order = items.iter().enumerate().all(|(k, &v)| match v {
+            Val::Obj(id) => {
+                matches!(heap.containers[id as usize], Container::Segment(i) if i as usize == k)
+                    && heap.unshared(v)
+            }
+            _ => false,
+        });
+        if !in_order {
+            return None;
+        }
+        self.segment_taken.fill(true);
+        Some(std::mem::take(&mut self.segments))
     }
 
     /// The fields of a segment dict of `entries`, all but its blocks; the
@@ -1130,8 +1153,8 @@ impl Lowerer {
 
     /// Lowered segment `i` back as a generic value, its size taken from the budget.
     fn charged_segment(&mut self, i: u32) -> Result<Value, Failure> {
-        match self.segments.get(i as usize) {
-            Some(Some(s)) => self.charged(self.segment_value(s)),
+        match self.segment_taken.get(i as usize) {
+            Some(false) => self.charged(self.segment_value(&self.segments[i as usize])),
             _ => Err(": the same segment dict appears twice".to_owned()),
         }
     }

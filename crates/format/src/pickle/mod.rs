@@ -219,6 +219,9 @@ fn read_pairs(
 /// are freed from the heap once read, unless the pickle shares them: on a
 /// file of a million blocks they would hold 70 MB to the end of the read.
 fn segments(lower: &mut Lowerer, heap: &mut Heap, v: Val) -> Result<Vec<Segment>, Failure> {
+    if let Some(all) = lower.take_segment_run(heap, &items(heap, v).map_err(here)?) {
+        return Ok(all);
+    }
     let n = items(heap, v).map_err(here)?.len();
     let free = heap.unshared(v);
     let mut out = Vec::with_capacity(n);
