@@ -3,13 +3,15 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
 use serde::Serialize;
-use snapdiff_format::{Action, BlockState, Pool, Snapshot, Totals};
+use snapdiff_format::{BlockState, Pool, Snapshot, Totals};
 
 use crate::culprit::CulpritRules;
 use crate::group::{self, LiveByStack, Site, SiteNamer, merge_rows};
 use crate::stack_key::{StackKey, StackKeys};
+
+/// A device, pool, private pool and stream, what totals are kept by.
+type PoolKey = (u32, Pool, (i64, i64), i64);
 
 /// Totals of one device, pool (private pools apart) and stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -95,40 +97,12 @@ impl Default for SummaryOptions {
 /// Summarizes `snap`, naming the sites that hold the most live memory.
 pub fn summarize(snap: &Snapshot, options: &SummaryOptions) -> Summary {
     let (rules, top) = (&options.rules, options.top);
-    let mut per_pool: BTreeMap<(u32, Pool, (i64, i64), i64), Totals> = BTreeMap::new();
-    let mut frag = Fragmentation::default();
-    let mut live = LiveByStack::new(snap);
-    // One pass over the blocks for every figure: a million blocks are 70 MB
-    // to bring in from memory, and each segment's blocks are in cache for
-    // the second look.
-    for seg in &snap.segments {
-        per_pool
-            .entry((seg.device, seg.pool, seg.pool_id, seg.stream))
-            .or_default()
-            .add_segment(seg);
-        for b in &seg.blocks {
-            match b.state {
-                BlockState::Inactive => {
-                    frag.free_bytes += b.size;
-                    frag.largest_free_block = frag.largest_free_block.max(b.size);
-                }
-                _ => frag.internal_slack_bytes += b.size.saturating_sub(b.requested_size),
-            }
-            live.add(b);
-        }
-    }
-    // Count by action (millions of events, a handful of actions).
-    let mut counts: FxHashMap<Action, u64> = FxHashMap::default();
-    for trace in &snap.traces {
-        for action in trace.events.actions() {
-            *counts.entry(action).or_insert(0) += 1;
-        }
-    }
-    let actions = counts
-        .into_iter()
-        .map(|(action, n)| (action.name().to_owned(), n))
-        .collect();
-    let keys = StackKeys::new(snap);
+    // The blocks' figures on one thread, the events' counts and the stack
+    // keys on the other.
+    let ((per_pool, frag, live), (actions, keys)) = rayon::join(
+        || block_figures(snap),
+        || (action_counts(snap), StackKeys::new(snap)),
+    );
     let groups = live.into_groups(&keys);
     let live: u64 = groups.totals.values().map(|t| t.bytes).sum();
     let namer = SiteNamer::new(snap, rules);
@@ -191,4 +165,42 @@ pub fn summarize(snap: &Snapshot, options: &SummaryOptions) -> Summary {
         fragmentation: frag,
         top_sites,
     }
+}
+
+/// Totals by device, pool and stream, fragmentation, and live blocks by
+/// stack: one pass over the blocks for every figure, as a million blocks
+/// are 70 MB to bring in from memory, and each segment's blocks are in
+/// cache for the second look.
+fn block_figures(snap: &Snapshot) -> (BTreeMap<PoolKey, Totals>, Fragmentation, LiveByStack) {
+    let mut per_pool: BTreeMap<PoolKey, Totals> = BTreeMap::new();
+    let mut frag = Fragmentation::default();
+    let mut live = LiveByStack::new(snap);
+    for seg in &snap.segments {
+        per_pool
+            .entry((seg.device, seg.pool, seg.pool_id, seg.stream))
+            .or_default()
+            .add_segment(seg);
+        for b in &seg.blocks {
+            match b.state {
+                BlockState::Inactive => {
+                    frag.free_bytes += b.size;
+                    frag.largest_free_block = frag.largest_free_block.max(b.size);
+                }
+                _ => frag.internal_slack_bytes += b.size.saturating_sub(b.requested_size),
+            }
+            live.add(b);
+        }
+    }
+    (per_pool, frag, live)
+}
+
+/// Trace events by action name, over all devices.
+fn action_counts(snap: &Snapshot) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for trace in &snap.traces {
+        for (action, n) in trace.events.action_counts() {
+            *counts.entry(action.name().to_owned()).or_insert(0) += n;
+        }
+    }
+    counts
 }

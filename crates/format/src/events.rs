@@ -372,6 +372,29 @@ impl Events {
             .map(|(i, &code)| self.action(i, code))
     }
 
+    /// How many events have each action, in no particular order: counted
+    /// by code, where a hash of each of millions of actions took longer.
+    pub fn action_counts(&self) -> Vec<(Action, u64)> {
+        let mut by_code = [0u64; 256];
+        for &code in &self.actions {
+            by_code[code as usize] += 1;
+        }
+        let mut counts: Vec<(Action, u64)> = (0..=u8::MAX)
+            .filter(|&code| by_code[code as usize] > 0)
+            .filter_map(|code| Some((Action::from_code(code)?, by_code[code as usize])))
+            .collect();
+        for (_, name) in &self.other_actions {
+            match counts
+                .iter_mut()
+                .find(|(a, _)| matches!(a, Action::Other(o) if **o == **name))
+            {
+                Some((_, n)) => *n += 1,
+                None => counts.push((Action::Other(name.clone()), 1)),
+            }
+        }
+        counts
+    }
+
     #[inline(always)]
     fn action(&self, i: usize, code: u8) -> Action {
         Action::from_code(code).unwrap_or_else(|| self.other_action(i))
@@ -584,6 +607,37 @@ impl<'de> Deserialize<'de> for Events {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn action_counts_count_each_action_once_per_event() {
+        let actions = [
+            Action::Alloc,
+            Action::Other("snapshot".into()),
+            Action::FreeCompleted,
+            Action::Alloc,
+            Action::Other("custom".into()),
+            Action::Other("snapshot".into()),
+        ];
+        let events: Events = actions
+            .iter()
+            .map(|action| TraceEvent {
+                action: action.clone(),
+                ..TraceEvent::default()
+            })
+            .collect();
+        let mut counts = events.action_counts();
+        counts.sort_by_key(|(action, _)| action.name().to_owned());
+        let named: Vec<(&str, u64)> = counts.iter().map(|(a, n)| (a.name(), *n)).collect();
+        assert_eq!(
+            named,
+            [
+                ("alloc", 2),
+                ("custom", 1),
+                ("free_completed", 1),
+                ("snapshot", 2)
+            ]
+        );
+    }
 
     #[test]
     fn renumbering_changes_the_ids_present_and_nothing_else() {
