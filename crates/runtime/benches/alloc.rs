@@ -20,6 +20,18 @@ fn nested(depth: usize, f: &mut dyn FnMut()) {
     }
 }
 
+/// [`nested`] under another name: the same depth through other return
+/// addresses.
+#[inline(never)]
+fn nested_elsewhere(depth: usize, f: &mut dyn FnMut()) {
+    if depth == 0 {
+        f()
+    } else {
+        nested_elsewhere(depth - 1, f);
+        black_box(depth);
+    }
+}
+
 fn alloc_free(c: &mut Criterion) {
     let mut group = c.benchmark_group("alloc_free");
     let configs = [
@@ -74,6 +86,35 @@ fn alloc_free(c: &mut Criterion) {
             })
         });
     }
+    // Allocations from two places in turn, each 12 frames below a shared
+    // caller through functions of its own: each stack is unwound up to
+    // where the two paths part.
+    let a = Allocator::with_config(
+        HostBackend::with_capacity(1 << 30),
+        AllocatorConfig {
+            stack_capture: StackCapture::Cfi,
+            ..Default::default()
+        },
+    );
+    drop(a.alloc(4096, Stream::DEFAULT).unwrap());
+    let mut alloc = || {
+        drop(black_box(
+            a.alloc(black_box(4096), Stream::DEFAULT).unwrap(),
+        ))
+    };
+    let mut turn = false;
+    group.bench_function("30 frames, call-frame tables, two places in turn", |b| {
+        nested(13, &mut || {
+            b.iter(|| {
+                turn = !turn;
+                if turn {
+                    nested(12, &mut alloc)
+                } else {
+                    nested_elsewhere(12, &mut alloc)
+                }
+            })
+        })
+    });
     group.finish();
 }
 
