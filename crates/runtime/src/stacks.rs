@@ -22,8 +22,9 @@ pub(crate) const MAX_FRAMES: usize = 64;
 pub enum StackCapture {
     /// Unwind with the call-frame information (`.eh_frame`) that every
     /// module carries, whatever its build, through framehop's unwind rules,
-    /// cached per address: about 0.5 µs for 30 frames once warm (see
-    /// docs/performance.md). Falls back to [`StackCapture::Unwind`] where
+    /// cached per address, and stopping where the walk meets the thread's
+    /// last one: about 0.3 µs for 50 frames in a loop that allocates from
+    /// one place (see docs/performance.md). Falls back to [`StackCapture::Unwind`] where
     /// the tables cannot be read (outside Linux on x86_64 and aarch64).
     Cfi,
     /// Walk frame pointers: tens of nanoseconds for a deep stack, but it
