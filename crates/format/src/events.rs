@@ -147,6 +147,35 @@ impl<T: Copy + Default + PartialEq> Column<T> {
             Column::Each(values) => values.truncate(n),
         }
     }
+
+    /// Adds `other`'s values after these.
+    fn append(&mut self, other: Column<T>) {
+        let n = other.len();
+        match (&mut *self, other) {
+            (Column::Same { value, len }, Column::Same { value: v, .. })
+                if *len == 0 || n == 0 || *value == v =>
+            {
+                if *len == 0 {
+                    *value = v;
+                }
+                *len += n;
+            }
+            (_, other) => {
+                if let Column::Same { value, len } = *self {
+                    let mut values = Vec::with_capacity(len + n);
+                    values.resize(len, value);
+                    *self = Column::Each(values);
+                }
+                let Column::Each(values) = self else {
+                    unreachable!("made a vector above")
+                };
+                match other {
+                    Column::Each(more) => values.extend_from_slice(&more),
+                    Column::Same { value, len } => values.resize(values.len() + len, value),
+                }
+            }
+        }
+    }
 }
 
 /// Equal when the values are, however they are stored.
@@ -224,6 +253,22 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
 
     fn reserve(&mut self, n: usize) {
         self.present.reserve(n.div_ceil(64));
+    }
+
+    /// Adds `other`'s values after these: its bitmap shifted to follow.
+    fn append(&mut self, other: Optional<T>) {
+        let (n, m) = (self.values.len(), other.values.len());
+        let shift = n % 64;
+        if shift == 0 {
+            self.present.extend_from_slice(&other.present);
+        } else {
+            for word in other.present {
+                *self.present.last_mut().expect("a word for the partial one") |= word << shift;
+                self.present.push(word >> (64 - shift));
+            }
+        }
+        self.present.truncate((n + m).div_ceil(64));
+        self.values.append(other.values);
     }
 
     /// Puts `f(v)` in place of each value `v` present.
@@ -424,6 +469,38 @@ impl Events {
         self.user_metadata.truncate(len);
         self.alloc_seq.truncate(side_start(&self.alloc_seq, len));
         self.details.truncate(side_start(&self.details, len));
+    }
+
+    /// Adds `other`'s events after these (a trace read in two parts).
+    pub(crate) fn append(&mut self, other: Events) {
+        let n = self.len();
+        let Events {
+            actions,
+            other_actions,
+            address,
+            size,
+            stream,
+            time_us,
+            stack,
+            compile_context,
+            user_metadata,
+            alloc_seq,
+            details,
+        } = other;
+        self.actions.extend_from_slice(&actions);
+        self.other_actions
+            .extend(other_actions.into_iter().map(|(i, a)| (i + n, a)));
+        self.address.extend_from_slice(&address);
+        self.size.extend_from_slice(&size);
+        self.stream.append(stream);
+        self.time_us.append(time_us);
+        self.stack.append(stack);
+        self.compile_context.append(compile_context);
+        self.user_metadata.append(user_metadata);
+        self.alloc_seq
+            .extend(alloc_seq.into_iter().map(|(i, s)| (i + n, s)));
+        self.details
+            .extend(details.into_iter().map(|(i, d)| (i + n, d)));
     }
 
     /// Moves the events from index `at` on into a store of their own.

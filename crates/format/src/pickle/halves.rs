@@ -10,6 +10,14 @@
 //! the second's frames, stacks and strings are renumbered into the first's
 //! ([`join`]), as one thread would have numbered them.
 //!
+//! A long trace (recorded with a large `max_entries`) takes more of the
+//! time than the segments before it: the skim then goes on into the trace
+//! and the second half starts at a batch of events where the work splits
+//! evenly (`skim::find_balanced`), with the list of devices and the
+//! devices before stood in for. The first half pauses there inside the
+//! trace, the events of the device the split cuts are joined, and the
+//! second half's devices are numbered on from it.
+//!
 //! Whatever goes wrong in the second half (a value the first half's part
 //! must make, a malformed trace, a first half that got to the split before
 //! the skim did), the file reads, or fails, exactly as it does on one
@@ -19,16 +27,17 @@
 //! such files.
 
 use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
 use crate::error::Result;
-use crate::model::{FrameId, Snapshot, StackId, StrId};
+use crate::model::{FrameId, PINNED_HOST_DEVICE, Snapshot, StackId, StrId};
+use crate::pickle::heap::{Container, Val};
 use crate::pickle::machine::{self, FirstHalf, Ran};
-use crate::pickle::skim;
+use crate::pickle::skim::{self, InTrace};
 use crate::read::{Progress, Threads};
 
 /// Pickles from this size are read in two halves, where two cores are free
@@ -46,6 +55,8 @@ pub(crate) struct SplitPoint {
     /// Set when the halves will not meet: the first half went past the
     /// split, read the whole file or failed, or the second half failed.
     abandoned: AtomicBool,
+    /// Set, before `at`, when the split is inside the trace.
+    in_trace: OnceLock<InTrace>,
 }
 
 impl SplitPoint {
@@ -57,6 +68,7 @@ impl SplitPoint {
             at: AtomicUsize::new(SplitPoint::UNKNOWN),
             pairs: AtomicUsize::new(0),
             abandoned: AtomicBool::new(false),
+            in_trace: OnceLock::new(),
         }
     }
 
@@ -76,7 +88,15 @@ impl SplitPoint {
         let at = skim.map_or(SplitPoint::NONE, |s| s.at.max(1));
         self.pairs
             .store(skim.map_or(0, |s| s.pairs), Ordering::Relaxed);
+        if let Some(in_trace) = skim.and_then(|s| s.in_trace) {
+            _ = self.in_trace.set(in_trace);
+        }
         self.at.store(at, Ordering::Release);
+    }
+
+    /// Where in the trace the split is, if it is inside it.
+    fn in_trace(&self) -> Option<&InTrace> {
+        self.in_trace.get()
     }
 
     /// How many pairs of the top dict come before the split.
@@ -116,16 +136,19 @@ pub(crate) fn read(data: &[u8], threads: Threads, progress: Option<Progress>) ->
     if data.len() < TWO_HALVES_FROM || cores < 2 || threads == Threads::One {
         return machine::run(data, progress).map(Read::Whole);
     }
-    read_in_two(data, progress, false)
+    read_in_two(data, progress, None)
 }
 
 /// Reads `data` in two halves, whatever its size (see the module's doc).
-/// With `skim_first`, the skim is done before the first half starts (for
-/// tests: on a small file the first half may reach the split before the
-/// skim has found it, and read on alone).
-fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Result<Read<'_>> {
+/// With `skimmed`, the split is that one, found before the first half
+/// starts (for tests: on a small file the first half may reach the split
+/// before the skim has found it, and read on alone).
+fn read_in_two(
+    data: &[u8],
+    progress: Option<Progress>,
+    skimmed: Option<Option<skim::Split>>,
+) -> Result<Read<'_>> {
     let split = Arc::new(SplitPoint::new());
-    let skimmed = skim_first.then(|| skim::find(data));
     if let Some(skim) = &skimmed {
         split.found(skim.as_ref());
     }
@@ -137,17 +160,23 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
             let split = split.clone();
             move || {
                 let skim = skimmed.unwrap_or_else(|| {
-                    let skim = skim::find(data);
+                    let skim = skim::find_balanced(data);
                     split.found(skim.as_ref());
                     skim
                 })?;
-                let at = skim.at;
+                let (at, in_trace) = (skim.at, skim.in_trace);
                 let progress = Progress::with_pages(
                     move |done| _ = second_at.send(done),
                     pages.map(|p| p.from(at)),
                 );
-                let Ok(half) = machine::run_second_half(data, skim, split.clone(), Some(progress))
-                else {
+                let half = machine::run_second_half(data, skim, split.clone(), Some(progress));
+                let half = match (half, in_trace) {
+                    (Ok(mut half), Some(t)) => {
+                        drop_stand_ins(&mut half, t.devices_before).then_some(half)
+                    }
+                    (half, _) => half.ok(),
+                };
+                let Some(half) = half else {
                     // Most often early, at a value it cannot read back: the
                     // first half, told now, reads on without pausing.
                     split.abandon();
@@ -155,7 +184,9 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
                 };
                 let not_utf8 = half.heap.not_utf8;
                 let has_segments = super::has_segments(&half.heap, &half.pairs);
-                Some((super::snapshot_of(half).ok()?, not_utf8, has_segments))
+                let continued = in_trace.map(|t| t.devices_before);
+                let snap = super::snapshot_of(half).ok()?;
+                Some((snap, not_utf8, has_segments, continued))
             }
         });
         let first = machine::run_first_half(data, split.clone(), progress);
@@ -170,7 +201,7 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
                 return Err(e);
             }
         };
-        let (first, mut progress) = match paused.into_pairs(split.pairs()) {
+        let (first, mut progress) = match paused.into_pairs(split.pairs(), split.in_trace()) {
             Ok(first) => first,
             Err(paused) => {
                 split.abandon();
@@ -196,11 +227,11 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
             }
         }
         match second.join() {
-            Ok(Some((second, second_not_utf8, second_has_segments))) => {
+            Ok(Some((second, second_not_utf8, second_has_segments, continued))) => {
                 if !has_segments && !second_has_segments {
                     return Err(super::not_snapshot("a dict without 'segments'"));
                 }
-                join(&mut snap, second);
+                join(&mut snap, second, continued);
                 Ok(Read::Joined(Joined {
                     snap,
                     protocol,
@@ -214,12 +245,33 @@ fn read_in_two(data: &[u8], progress: Option<Progress>, skim_first: bool) -> Res
     })
 }
 
+/// Takes the stand-ins for the devices before the split, `devices` of
+/// them, out of the list of devices of a second half split inside the trace
+/// (its first pair's value); false if that list is not as the second half
+/// began it.
+fn drop_stand_ins(half: &mut machine::Half, devices: usize) -> bool {
+    let Some(&[_, Val::Obj(list)]) = half.pairs.first() else {
+        return false;
+    };
+    match &mut half.heap.containers[list as usize] {
+        Container::List(items)
+            if items.len() > devices && items[..devices].iter().all(|v| *v == Val::None) =>
+        {
+            items.drain(..devices);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Adds `second`, read from the part of a file after the split, to `first`,
 /// read from the part before it: the second's frames, stacks and strings
 /// take the first's ids where the first has them, and new ids after the
 /// first's in the order the second met them, as one reader would number
-/// them.
-pub(crate) fn join(first: &mut Snapshot, second: Snapshot) {
+/// them. With `continued`, the split was inside the events of that device:
+/// the second's devices are numbered on from it, and its events go on
+/// from the first's.
+pub(crate) fn join(first: &mut Snapshot, second: Snapshot, continued: Option<usize>) {
     let frames: Vec<FrameId> = renumber(&mut first.frames, second.frames, |f| f);
     let stacks: Vec<StackId> = renumber(&mut first.stacks, second.stacks, |stack| {
         stack.into_iter().map(|f| frames[f as usize]).collect()
@@ -243,6 +295,17 @@ pub(crate) fn join(first: &mut Snapshot, second: Snapshot) {
     let mut traces = second.traces;
     for trace in &mut traces {
         trace.events.renumber(&stacks, &strings);
+    }
+    if let Some(device) = continued {
+        for trace in traces.iter_mut().filter(|t| t.device != PINNED_HOST_DEVICE) {
+            trace.device += device as u32;
+        }
+        let split_in = first.traces.iter_mut().find(|t| t.device == device as u32);
+        if let Some(before) = split_in
+            && traces.first().is_some_and(|t| t.device == device as u32)
+        {
+            before.events.append(traces.remove(0).events);
+        }
     }
     first.segments.extend(segments);
     first.traces.extend(traces);
@@ -315,9 +378,64 @@ mod tests {
     }
 
     fn in_two(data: &[u8]) -> crate::Result<(Snapshot, bool)> {
-        let read = read_in_two(data, None, true)?;
+        split_at(data, skim::find_balanced(data))
+    }
+
+    fn split_at(data: &[u8], split: Option<skim::Split>) -> crate::Result<(Snapshot, bool)> {
+        let read = read_in_two(data, None, Some(split))?;
         let split = matches!(read, Read::Joined(..));
         Ok((snapshot_read(read, None)?, split))
+    }
+
+    /// A real trace (cs336-medium-128-training's) given to three devices,
+    /// as this crate writes a PyTorch pickle: a split in the second or
+    /// third device's events has devices before it.
+    fn three_devices() -> Vec<u8> {
+        let path = pickles()
+            .into_iter()
+            .find(|p| p.ends_with("cs336-medium-128-training.pickle"))
+            .unwrap();
+        let mut snap = on_one_thread(&std::fs::read(path).unwrap()).unwrap();
+        let events = snap.traces[0].events.clone();
+        snap.traces = (0..3)
+            .map(|device| crate::model::DeviceTrace {
+                device,
+                events: events.clone(),
+            })
+            .collect();
+        let mut data = Vec::new();
+        crate::pickle::write_torch_pickle(&snap, &mut data).unwrap();
+        data
+    }
+
+    #[test]
+    fn real_snapshots_split_inside_their_trace_read_as_on_one_thread() {
+        let mut splits = 0;
+        let mut devices_before = 0;
+        let files = pickles().into_iter().map(|path| {
+            let data = std::fs::read(&path).unwrap();
+            (path.display().to_string(), data)
+        });
+        for (path, data) in files.chain([("three devices".to_owned(), three_devices())]) {
+            let one = on_one_thread(&data).unwrap();
+            // A split at each of 24 places through the file, where the
+            // trace has a batch of events there.
+            let mut places = std::collections::BTreeSet::new();
+            for k in 0..24 {
+                let split = skim::find(&data, |_| Some(data.len() * k / 24));
+                if let Some(split) = split.filter(|s| s.in_trace.is_some())
+                    && places.insert(split.at)
+                {
+                    devices_before += split.in_trace.as_ref().unwrap().devices_before;
+                    let (two, was_split) = split_at(&data, Some(split)).unwrap();
+                    assert!(was_split, "{path}");
+                    assert!(one == two, "{path} split inside its trace");
+                    splits += 1;
+                }
+            }
+        }
+        assert!(splits >= 40, "{splits} splits inside a trace");
+        assert!(devices_before >= 10, "splits after a first device");
     }
 
     #[test]

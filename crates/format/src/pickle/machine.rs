@@ -28,7 +28,7 @@ use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, MemoRef, Record, Val
 use crate::pickle::lower::Lowerer;
 use crate::pickle::memo::Memo;
 use crate::pickle::opcodes::{self, *};
-use crate::pickle::skim::Split;
+use crate::pickle::skim::{InTrace, Split};
 use crate::read::{PROGRESS_EVERY, Progress};
 
 mod foreign;
@@ -204,10 +204,43 @@ impl<'a> Paused<'a> {
     /// behind them and the pickle's protocol, and the progress the machine
     /// was telling (for the caller to tell on); itself back unless the stack
     /// holds just the dict, its mark, and `pairs` pairs, as the skim found.
+    ///
+    /// Paused inside the trace (`in_trace`), the lists of devices' events so
+    /// far are first added to the list of devices, as its APPENDS or APPEND
+    /// would, and the key and that list are one more pair.
     pub(crate) fn into_pairs(
-        self,
-        pairs: usize,
+        mut self,
+        mut pairs: usize,
+        in_trace: Option<&InTrace>,
     ) -> std::result::Result<(Half<'a>, Option<Progress>), Paused<'a>> {
+        if let Some(t) = in_trace {
+            let m = &mut self.0;
+            // The key, the list of devices, and its events lists so far.
+            let devices = 1 + 2 * pairs + 2;
+            let is_list = |v: &Val, events: bool| match v {
+                Val::Obj(id) => match m.heap.containers[*id as usize] {
+                    Container::List(_) => true,
+                    Container::Events { .. } => events,
+                    _ => false,
+                },
+                _ => false,
+            };
+            // So that adding them cannot fail half done.
+            let laid_out = match t.devices_batched {
+                true => m.marks == [1, devices] && m.stack.len() == devices + t.devices_before + 1,
+                false => m.marks == [1] && m.stack.len() == devices + 1,
+            } && is_list(&m.stack[devices - 1], false)
+                && m.stack[devices..].iter().all(|v| is_list(v, true));
+            let at = m.pos;
+            let closed = match t.devices_batched {
+                true => laid_out && m.appends(APPENDS, at).is_ok(),
+                false => laid_out && m.append(APPEND, at).is_ok(),
+            };
+            if !closed {
+                return Err(self);
+            }
+            pairs += 1;
+        }
         let m = &self.0;
         if m.marks != [1] || m.stack.len() != 1 + 2 * pairs || !m.far_memo.is_empty() {
             return Err(self);
@@ -270,6 +303,21 @@ pub(crate) fn run_second_half(
     m.stack.push(Val::Obj(top));
     m.marks.push(1);
     m.stack.resize(1 + 2 * skim.pairs, Val::None);
+    if let Some(t) = &skim.in_trace {
+        // Inside the trace: the key, a list of devices whose first ones
+        // (the first half's) are stood in for, and a new list for the rest
+        // of the events of the device the split is in.
+        let Some((key, _)) = m.foreign_value(t.key_at, 0) else {
+            return Err(m.error_at(ErrorKind::Malformed, "the second half found no trace key"));
+        };
+        m.stack.push(key);
+        m.stack.push(Val::Obj(m.heap.new_list()));
+        if t.devices_batched {
+            m.marks.push(m.stack.len());
+        }
+        m.stack.resize(m.stack.len() + t.devices_before, Val::None);
+        m.stack.push(Val::Obj(m.heap.new_list()));
+    }
     let end = m.execute_whole()?;
     let pairs = match (end, &m.heap.containers[top as usize]) {
         (Val::Obj(id), Container::Dict(pairs)) if id == top => pairs[skim.pairs..].to_vec(),
@@ -607,36 +655,8 @@ impl<'a> Machine<'a> {
                     self.stack.push(v);
                     self.lower_top();
                 }
-                APPEND => {
-                    let item = self.pop(op, at)?;
-                    let target = self.top_container(op, at)?;
-                    if !self.lower.fill_list(&mut self.heap, target, &[item]) {
-                        self.place_one(item, at)?;
-                        self.extend(target, std::iter::once(item), op, at)?;
-                    }
-                }
-                APPENDS | ADDITEMS => {
-                    let mark = self.pop_mark(op, at)?;
-                    let target = self.container_below(mark, op, at)?;
-                    // A fresh list of frames (the common case): straight to a stack.
-                    if self
-                        .lower
-                        .fill_list(&mut self.heap, target, &self.stack[mark..])
-                    {
-                        self.stack.truncate(mark);
-                        continue;
-                    }
-                    self.place(mark, at)?;
-                    self.lower.unlower_list(&mut self.heap, target);
-                    match &mut self.heap.containers[target as usize] {
-                        Container::List(v) | Container::Set(v) => {
-                            v.extend_from_slice(&self.stack[mark..])
-                        }
-                        _ => return Err(self.not_a(op, at, "list")),
-                    }
-                    self.stack.truncate(mark);
-                    self.lower.lower_list(&mut self.heap, target);
-                }
+                APPEND => self.append(op, at)?,
+                APPENDS | ADDITEMS => self.appends(op, at)?,
                 SETITEM => {
                     let value = self.pop(op, at)?;
                     let key = self.pop(op, at)?;
@@ -986,6 +1006,41 @@ impl<'a> Machine<'a> {
                 opcodes::name(op)
             ),
         )
+    }
+
+    /// APPEND: the value on top into the list below it.
+    fn append(&mut self, op: u8, at: usize) -> Result<()> {
+        let item = self.pop(op, at)?;
+        let target = self.top_container(op, at)?;
+        if !self.lower.fill_list(&mut self.heap, target, &[item]) {
+            self.place_one(item, at)?;
+            self.extend(target, std::iter::once(item), op, at)?;
+        }
+        Ok(())
+    }
+
+    /// APPENDS (and ADDITEMS): the values above the innermost mark into the
+    /// list (or set) below it.
+    fn appends(&mut self, op: u8, at: usize) -> Result<()> {
+        let mark = self.pop_mark(op, at)?;
+        let target = self.container_below(mark, op, at)?;
+        // A fresh list of frames (the common case): straight to a stack.
+        if self
+            .lower
+            .fill_list(&mut self.heap, target, &self.stack[mark..])
+        {
+            self.stack.truncate(mark);
+            return Ok(());
+        }
+        self.place(mark, at)?;
+        self.lower.unlower_list(&mut self.heap, target);
+        match &mut self.heap.containers[target as usize] {
+            Container::List(v) | Container::Set(v) => v.extend_from_slice(&self.stack[mark..]),
+            _ => return Err(self.not_a(op, at, "list")),
+        }
+        self.stack.truncate(mark);
+        self.lower.lower_list(&mut self.heap, target);
+        Ok(())
     }
 
     /// The container just below `mark` (which was just popped): the target

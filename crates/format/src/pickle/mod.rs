@@ -27,8 +27,9 @@
 //!   list and a segment's block list are held as runs of records, not a
 //!   handle each;
 //! - a file of 8 MiB or more is read on two threads, the segments on one
-//!   and the trace on the other (`halves.rs`), unless its reader asks for
-//!   one (`Reader::one_thread`, for files read beside others);
+//!   and the trace on the other, or, for a long trace, split inside it
+//!   (`halves.rs`), unless its reader asks for one (`Reader::one_thread`,
+//!   for files read beside others);
 //! - empty strings are compared without `memcmp`, whose AVX-512 form takes
 //!   a microcode assist on an empty allocation's dangling pointer (100 ns,
 //!   on every event's empty `user_metadata`).

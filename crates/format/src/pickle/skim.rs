@@ -11,145 +11,287 @@
 
 use crate::pickle::opcodes::*;
 
-/// Where the top dict's `device_traces` key is written, and what the
-/// machine would hold there.
+/// Where the halves meet: the top dict's `device_traces` key, or a point
+/// inside the trace; and what the machine would hold there.
 pub(crate) struct Split {
-    /// The position of the opcode that writes the key.
+    /// The position of the opcode that writes the key, or of the MARK that
+    /// opens a batch of a device's events.
     pub(crate) at: usize,
     /// How many key-value pairs of the top dict are on the stack there,
-    /// above its mark.
+    /// above its mark (before the key).
     pub(crate) pairs: usize,
     /// For each memo slot written before `at`, the position of the opcode
     /// that made its value (the one just before the MEMOIZE or PUT).
     pub(crate) made_at: Vec<u32>,
+    /// Set when the split is inside the trace.
+    pub(crate) in_trace: Option<InTrace>,
+}
+
+/// A split inside the trace, at the MARK of a batch of events after the
+/// first (Python's pickler writes a list 1000 items to an APPENDS): above
+/// the top dict's
+/// pairs are the key, the list of devices, and the event lists of the
+/// devices so far, the last one being filled.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InTrace {
+    /// The position of the opcode that writes the key.
+    pub(crate) key_at: usize,
+    /// How many devices come before the one whose events the split is in.
+    pub(crate) devices_before: usize,
+    /// Whether the devices are added to their list by one APPENDS (two or
+    /// more devices), not one APPEND.
+    pub(crate) devices_batched: bool,
 }
 
 /// The key the trace is written under.
 const TRACE_KEY: &[u8] = b"device_traces";
 
+/// Where a file is split, with the work on each side about the same: at
+/// the top dict's `device_traces` key, or, when the trace is long enough
+/// that the part after the key would take longer, inside the trace.
+///
+/// The split is chosen by bytes, weighed by what each costs to read:
+/// segments about three times what a trace does, and the skim of the part
+/// before the split (which the second thread does first) about 0.4 of it
+/// (measured on the real-shaped files of `bench/make_real_shaped.py`, whose
+/// halves split at the key end within 10% of each other).
+pub(crate) fn find_balanced(data: &[u8]) -> Option<Split> {
+    let len = data.len();
+    find(data, |key_at| {
+        let (segments, trace) = (key_at, len - key_at);
+        // The trace's bytes before the split, `s`, that make the two parts
+        // equal: SEGMENT * segments + TRACE * s = SKIM * (segments + s) +
+        // TRACE * (trace - s).
+        let s = (TRACE * trace).checked_sub((SEGMENT - SKIM) * segments)? / (2 * TRACE - SKIM);
+        // A split a little past the key gains less than the skim costs.
+        (s > trace / 10).then_some(key_at + s)
+    })
+}
+
+/// The cost of reading a byte of segments, of trace, and of skimming a
+/// byte, in tenths of a trace byte's (see [`find_balanced`]).
+const SEGMENT: usize = 30;
+const TRACE: usize = 10;
+const SKIM: usize = 4;
+
 /// Finds the top dict's `device_traces` key in `data`, a pickle of a dict
-/// written in protocol 2 or later. `None` if there is none, or if the
-/// pickle holds anything a snapshot does not (an object, a protocol 0 text
+/// written in protocol 2 or later; then, if `inside` gives a position for
+/// the key's, the first MARK of a batch of a device's events from there on
+/// (the key if there is none). `None` if there is no key, or if the pickle
+/// holds anything a snapshot does not (an object, a protocol 0 text
 /// opcode, a memo slot written out of order, a file past 4 GiB).
-pub(crate) fn find(data: &[u8]) -> Option<Split> {
+pub(crate) fn find(data: &[u8], inside: impl FnOnce(usize) -> Option<usize>) -> Option<Split> {
     // Positions are kept in 32 bits.
     u32::try_from(data.len()).ok()?;
-    let mut pos = 0;
-    let mut depth = 0usize;
-    let mut marks: Vec<usize> = Vec::new();
-    // Reserved for a slot every 16 bytes, as the machine reserves its memo.
-    let mut made_at: Vec<u32> = Vec::with_capacity(data.len() / 16);
-    let mut top_is_dict = false;
-    let mut previous = 0usize;
-    // The length of an argument of `n` little-endian bytes at `pos`.
-    let length = |pos: usize, n: usize| -> Option<usize> {
-        let b = data.get(pos..pos + n)?;
-        let mut word = [0u8; 8];
-        word[..n].copy_from_slice(b);
-        usize::try_from(u64::from_le_bytes(word)).ok()
+    let mut skim = Skim {
+        // Reserved for a slot every 16 bytes, as the machine reserves its memo.
+        made_at: Vec::with_capacity(data.len() / 16),
+        at_key: None,
     };
-    loop {
-        let at = pos;
-        let op = *data.get(at)?;
-        pos += 1;
-        // Values below the innermost mark are not the opcode's to take.
-        let fence = || marks.last().copied().unwrap_or(0);
-        // The stack depth the opcode leaves, from the depth it finds.
-        match op {
-            PROTO => pos += 1,
-            FRAME => pos += 8,
-            MARK => marks.push(depth),
-            POP => depth = depth.checked_sub(1).filter(|&d| d >= fence())?,
-            POP_MARK | APPENDS | SETITEMS | ADDITEMS => depth = marks.pop()?,
-            LIST | TUPLE | DICT | FROZENSET => depth = marks.pop()? + 1,
-            TUPLE1 => {}
-            TUPLE2 | APPEND => depth = depth.checked_sub(1).filter(|&d| d > fence())?,
-            TUPLE3 | SETITEM => depth = depth.checked_sub(2).filter(|&d| d > fence())?,
-            DUP | NONE | NEWTRUE | NEWFALSE | EMPTY_LIST | EMPTY_TUPLE | EMPTY_SET => depth += 1,
-            EMPTY_DICT => {
-                top_is_dict |= depth == 0;
-                depth += 1;
-            }
-            BINGET | LONG_BINGET => {
-                // Two thirds of a snapshot's opcodes are memo gets, in runs
-                // (a frame list is one): stepped over in a loop of their own,
-                // whose branches predict far better than the dispatch.
-                let mut get = at;
-                loop {
-                    depth += 1;
-                    let next = get + if data[get] == BINGET { 2 } else { 5 };
-                    match data.get(next) {
-                        Some(&(BINGET | LONG_BINGET)) => get = next,
-                        _ => {
-                            pos = next;
-                            break;
-                        }
-                    }
-                }
-                previous = get;
-                continue;
-            }
-            BININT1 => {
-                pos += 1;
-                depth += 1;
-            }
-            BININT2 => {
-                pos += 2;
-                depth += 1;
-            }
-            BININT => {
-                pos += 4;
-                depth += 1;
-            }
-            BINFLOAT => {
-                pos += 8;
-                depth += 1;
-            }
-            LONG1 | SHORT_BINBYTES => {
-                pos += 1 + length(pos, 1)?;
-                depth += 1;
-            }
-            LONG4 | BINBYTES => {
-                pos += 4 + length(pos, 4)?;
-                depth += 1;
-            }
-            BINBYTES8 | BYTEARRAY8 => {
-                pos += 8 + length(pos, 8)?;
-                depth += 1;
-            }
-            SHORT_BINUNICODE | BINUNICODE | BINUNICODE8 => {
-                let width = match op {
-                    SHORT_BINUNICODE => 1,
-                    BINUNICODE => 4,
-                    _ => 8,
-                };
-                let n = length(pos, width)?;
-                let text = data.get(pos + width..(pos + width).checked_add(n)?)?;
-                // A key of the top dict: above its one mark, at an even place.
-                if text == TRACE_KEY && top_is_dict && marks == [1] && (depth - 1).is_multiple_of(2)
-                {
-                    return Some(Split {
-                        at,
-                        pairs: (depth - 1) / 2,
-                        made_at,
-                    });
-                }
-                pos += width + n;
-                depth += 1;
-            }
-            MEMOIZE => made_at.push(previous as u32),
-            BINPUT | LONG_BINPUT => {
-                let width = if op == BINPUT { 1 } else { 4 };
-                // Python's and PyTorch's picklers number the slots in order.
-                if length(pos, width)? != made_at.len() {
+    match skim.run(data, inside) {
+        Some(split) => Some(split),
+        // No batch of events where `inside` said: the key.
+        None => {
+            let (key, slots) = skim.at_key?;
+            let mut made_at = skim.made_at;
+            made_at.truncate(slots);
+            Some(Split { made_at, ..key })
+        }
+    }
+}
+
+/// What a skim has found so far.
+struct Skim {
+    /// The position that made each memo slot's value.
+    made_at: Vec<u32>,
+    /// The split at the key and the memo slots written before it, once the
+    /// key is found and the skim goes on for a split inside the trace.
+    at_key: Option<(Split, usize)>,
+}
+
+impl Skim {
+    fn run(&mut self, data: &[u8], inside: impl FnOnce(usize) -> Option<usize>) -> Option<Split> {
+        let mut inside = Some(inside);
+        // From where a split inside the trace is looked for, once the key is found.
+        let mut split_from = usize::MAX;
+        let made_at = &mut self.made_at;
+        let at_key = &mut self.at_key;
+        let mut pos = 0;
+        let mut depth = 0usize;
+        let mut marks: Vec<usize> = Vec::new();
+        let mut top_is_dict = false;
+        let mut previous = 0usize;
+        // The opcode that made the last value (memo writes left out).
+        let mut last_op = 0u8;
+        // Whether the skim, past the key, has been inside the list of devices.
+        let mut in_devices = false;
+        // The length of an argument of `n` little-endian bytes at `pos`.
+        let length = |pos: usize, n: usize| -> Option<usize> {
+            let b = data.get(pos..pos + n)?;
+            let mut word = [0u8; 8];
+            word[..n].copy_from_slice(b);
+            usize::try_from(u64::from_le_bytes(word)).ok()
+        };
+        loop {
+            let at = pos;
+            let op = *data.get(at)?;
+            pos += 1;
+            if let Some((key, _)) = at_key {
+                // The list of devices is at this depth once made.
+                let base = 3 + 2 * key.pairs;
+                if depth > base {
+                    in_devices = true;
+                } else if in_devices && marks.len() == 1 {
+                    // Its last batch is past: no split inside the trace.
                     return None;
                 }
-                made_at.push(previous as u32);
-                pos += width;
             }
-            _ => return None,
+            // Values below the innermost mark are not the opcode's to take.
+            let fence = || marks.last().copied().unwrap_or(0);
+            // The stack depth the opcode leaves, from the depth it finds.
+            match op {
+                PROTO => pos += 1,
+                FRAME => pos += 8,
+                MARK => {
+                    if let Some((key, _)) = at_key
+                    && at >= split_from
+                    // Not a list's first MARK: the machine runs that one
+                    // with the list's EMPTY_LIST and MEMOIZE, and would not
+                    // stop at it.
+                    && last_op == APPENDS
+                    {
+                        // A batch of events of the list on top: the list of
+                        // devices at `base` holds them under its batch's mark,
+                        // or, with one device, under none.
+                        let base = 3 + 2 * key.pairs;
+                        let batched = marks.len() == 2 && marks[1] == base && depth > base;
+                        let single = marks.len() == 1 && depth == base + 1;
+                        if batched || single {
+                            return Some(Split {
+                                at,
+                                pairs: key.pairs,
+                                made_at: std::mem::take(made_at),
+                                in_trace: Some(InTrace {
+                                    key_at: key.at,
+                                    devices_before: depth - base - 1,
+                                    devices_batched: batched,
+                                }),
+                            });
+                        }
+                    }
+                    marks.push(depth)
+                }
+                POP => depth = depth.checked_sub(1).filter(|&d| d >= fence())?,
+                POP_MARK | APPENDS | SETITEMS | ADDITEMS => depth = marks.pop()?,
+                LIST | TUPLE | DICT | FROZENSET => depth = marks.pop()? + 1,
+                TUPLE1 => {}
+                TUPLE2 | APPEND => depth = depth.checked_sub(1).filter(|&d| d > fence())?,
+                TUPLE3 | SETITEM => depth = depth.checked_sub(2).filter(|&d| d > fence())?,
+                DUP | NONE | NEWTRUE | NEWFALSE | EMPTY_LIST | EMPTY_TUPLE | EMPTY_SET => {
+                    depth += 1
+                }
+                EMPTY_DICT => {
+                    top_is_dict |= depth == 0;
+                    depth += 1;
+                }
+                BINGET | LONG_BINGET => {
+                    // Two thirds of a snapshot's opcodes are memo gets, in runs
+                    // (a frame list is one): stepped over in a loop of their own,
+                    // whose branches predict far better than the dispatch.
+                    let mut get = at;
+                    loop {
+                        depth += 1;
+                        let next = get + if data[get] == BINGET { 2 } else { 5 };
+                        match data.get(next) {
+                            Some(&(BINGET | LONG_BINGET)) => get = next,
+                            _ => {
+                                pos = next;
+                                break;
+                            }
+                        }
+                    }
+                    previous = get;
+                    last_op = BINGET;
+                    continue;
+                }
+                BININT1 => {
+                    pos += 1;
+                    depth += 1;
+                }
+                BININT2 => {
+                    pos += 2;
+                    depth += 1;
+                }
+                BININT => {
+                    pos += 4;
+                    depth += 1;
+                }
+                BINFLOAT => {
+                    pos += 8;
+                    depth += 1;
+                }
+                LONG1 | SHORT_BINBYTES => {
+                    pos += 1 + length(pos, 1)?;
+                    depth += 1;
+                }
+                LONG4 | BINBYTES => {
+                    pos += 4 + length(pos, 4)?;
+                    depth += 1;
+                }
+                BINBYTES8 | BYTEARRAY8 => {
+                    pos += 8 + length(pos, 8)?;
+                    depth += 1;
+                }
+                SHORT_BINUNICODE | BINUNICODE | BINUNICODE8 => {
+                    let width = match op {
+                        SHORT_BINUNICODE => 1,
+                        BINUNICODE => 4,
+                        _ => 8,
+                    };
+                    let n = length(pos, width)?;
+                    let text = data.get(pos + width..(pos + width).checked_add(n)?)?;
+                    // A key of the top dict: above its one mark, at an even place.
+                    if text == TRACE_KEY
+                        && at_key.is_none()
+                        && top_is_dict
+                        && marks == [1]
+                        && (depth - 1).is_multiple_of(2)
+                    {
+                        let split = Split {
+                            at,
+                            pairs: (depth - 1) / 2,
+                            made_at: Vec::new(),
+                            in_trace: None,
+                        };
+                        match inside.take().and_then(|inside| inside(at)) {
+                            Some(from) => split_from = from,
+                            None => {
+                                let made_at = std::mem::take(made_at);
+                                return Some(Split { made_at, ..split });
+                            }
+                        }
+                        *at_key = Some((split, made_at.len()));
+                    }
+                    pos += width + n;
+                    depth += 1;
+                }
+                MEMOIZE => made_at.push(previous as u32),
+                BINPUT | LONG_BINPUT => {
+                    let width = if op == BINPUT { 1 } else { 4 };
+                    // Python's and PyTorch's picklers number the slots in order.
+                    if length(pos, width)? != made_at.len() {
+                        return None;
+                    }
+                    made_at.push(previous as u32);
+                    pos += width;
+                }
+                _ => return None,
+            }
+            previous = at;
+            if !matches!(op, MEMOIZE | BINPUT | LONG_BINPUT | FRAME) {
+                last_op = op;
+            }
         }
-        previous = at;
     }
 }
 
@@ -164,7 +306,7 @@ mod tests {
 
     #[test]
     fn the_trace_key_is_found_with_the_memo_before_it() {
-        let split = find(PYTHON_PICKLE).expect("found");
+        let split = find(PYTHON_PICKLE, |_| None).expect("found");
         assert_eq!(&PYTHON_PICKLE[split.at + 2..split.at + 15], TRACE_KEY);
         assert_eq!(split.pairs, 1);
         // The dict, "segments", the list, the segment dict, "a", "x".
@@ -190,12 +332,12 @@ mod tests {
     fn a_key_inside_a_value_is_not_the_top_dicts() {
         // `{"segments": [{"device_traces": 1}]}`: the key is one level down.
         let data = b"\x80\x04\x95\x27\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x08segments\x94]\x94}\x94\x8c\x0ddevice_traces\x94K\x01sas.";
-        assert!(find(data).is_none());
+        assert!(find(data, |_| None).is_none());
     }
 
     #[test]
     fn objects_and_truncation_give_up() {
-        assert!(find(b"\x80\x04}\x94(\x8c\x01a\x94c").is_none());
-        assert!(find(&PYTHON_PICKLE[..30]).is_none());
+        assert!(find(b"\x80\x04}\x94(\x8c\x01a\x94c", |_| None).is_none());
+        assert!(find(&PYTHON_PICKLE[..30], |_| None).is_none());
     }
 }

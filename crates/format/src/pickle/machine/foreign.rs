@@ -38,7 +38,7 @@ impl Machine<'_> {
     }
 
     /// The value made at `at`, and the position after it and its memo put.
-    fn foreign_value(&mut self, at: usize, depth: usize) -> Option<(Val, usize)> {
+    pub(super) fn foreign_value(&mut self, at: usize, depth: usize) -> Option<(Val, usize)> {
         if depth > MAX_DEPTH {
             return None;
         }
