@@ -169,6 +169,7 @@ impl<T: Copy + Default + PartialEq> Column<T> {
                 let Column::Each(values) = self else {
                     unreachable!("made a vector above")
                 };
+                values.reserve_exact(n);
                 match other {
                     Column::Each(more) => values.extend_from_slice(&more),
                     Column::Same { value, len } => values.resize(values.len() + len, value),
@@ -258,6 +259,7 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
     /// Adds `other`'s values after these: its bitmap shifted to follow.
     fn append(&mut self, other: Optional<T>) {
         let (n, m) = (self.values.len(), other.values.len());
+        self.present.reserve_exact(other.present.len());
         let shift = n % 64;
         if shift == 0 {
             self.present.extend_from_slice(&other.present);
@@ -474,6 +476,12 @@ impl Events {
     /// Adds `other`'s events after these (a trace read in two parts).
     pub(crate) fn append(&mut self, other: Events) {
         let n = self.len();
+        // Exactly: the store is whole after this, and doubling it would
+        // hold a third more than it needs.
+        let more = other.len();
+        self.actions.reserve_exact(more);
+        self.address.reserve_exact(more);
+        self.size.reserve_exact(more);
         let Events {
             actions,
             other_actions,

@@ -50,14 +50,20 @@ const TRACE_KEY: &[u8] = b"device_traces";
 /// the top dict's `device_traces` key, or, when the trace is long enough
 /// that the part after the key would take longer, inside the trace.
 ///
-/// The split is chosen by bytes, weighed by what each costs to read:
+/// The split is chosen by bytes, weighed by what each costs: reading
 /// segments about three times what a trace does, and the skim of the part
-/// before the split (which the second thread does first) about 0.4 of it
-/// (measured on the real-shaped files of `bench/make_real_shaped.py`, whose
-/// halves split at the key end within 10% of each other).
+/// before the split (which the second thread does first) about 0.4 of it.
+/// These are fitted to the real-shaped files of `bench/make_real_shaped.py`,
+/// whose halves split at the key end within 10% of each other, and to a
+/// 265 MiB trace (`fixtures/make_torch_format.py --large 5000000`), which
+/// read fastest split at 60% to 65% of the way through (0.58 – 0.65 s,
+/// against 0.65 – 0.93 s at 45% to 55% and 0.66 – 0.73 s at 70%).
 pub(crate) fn find_balanced(data: &[u8]) -> Option<Split> {
     let len = data.len();
     find(data, |key_at| {
+        if len < SPLIT_INSIDE_TRACE_FROM {
+            return None;
+        }
         let (segments, trace) = (key_at, len - key_at);
         // The trace's bytes before the split, `s`, that make the two parts
         // equal: SEGMENT * segments + TRACE * s = SKIM * (segments + s) +
@@ -67,6 +73,13 @@ pub(crate) fn find_balanced(data: &[u8]) -> Option<Split> {
         (s > trace / 10).then_some(key_at + s)
     })
 }
+
+/// Files from this size may be split inside their trace. Each half keeps
+/// a memo slot for every value before the split, so a smaller one would
+/// take more memory than it is worth: a 36 MiB trace (the test
+/// `a_long_trace_is_held_in_less_memory_than_its_pickle_takes`) read in
+/// 0.07 s instead of 0.10 s, but at 1.31x the file, against 1.12x.
+const SPLIT_INSIDE_TRACE_FROM: usize = 64 << 20;
 
 /// The cost of reading a byte of segments, of trace, and of skimming a
 /// byte, in tenths of a trace byte's (see [`find_balanced`]).
