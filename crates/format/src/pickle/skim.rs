@@ -59,19 +59,23 @@ const TRACE_KEY: &[u8] = b"device_traces";
 /// read fastest split at 60% to 65% of the way through (0.58 – 0.65 s,
 /// against 0.65 – 0.93 s at 45% to 55% and 0.66 – 0.73 s at 70%).
 pub(crate) fn find_balanced(data: &[u8]) -> Option<Split> {
-    let len = data.len();
-    find(data, |key_at| {
-        if len < SPLIT_INSIDE_TRACE_FROM {
-            return None;
-        }
-        let (segments, trace) = (key_at, len - key_at);
-        // The trace's bytes before the split, `s`, that make the two parts
-        // equal: SEGMENT * segments + TRACE * s = SKIM * (segments + s) +
-        // TRACE * (trace - s).
-        let s = (TRACE * trace).checked_sub((SEGMENT - SKIM) * segments)? / (2 * TRACE - SKIM);
-        // A split a little past the key gains less than the skim costs.
-        (s > trace / 10).then_some(key_at + s)
-    })
+    find(data, |key_at| balanced_split(data.len(), key_at))
+}
+
+/// Where inside the trace to split a file of `len` bytes whose trace key
+/// is at `key_at`; `None` to split at the key (see [`find_balanced`]).
+fn balanced_split(len: usize, key_at: usize) -> Option<usize> {
+    if len < SPLIT_INSIDE_TRACE_FROM {
+        return None;
+    }
+    // In 64 bits: ten times a file of up to 4 GiB.
+    let (segments, trace) = (key_at as u64, (len - key_at) as u64);
+    // The trace's bytes before the split, `s`, that make the two parts
+    // equal: SEGMENT * segments + TRACE * s = SKIM * (segments + s) +
+    // TRACE * (trace - s).
+    let s = (TRACE * trace).checked_sub((SEGMENT - SKIM) * segments)? / (2 * TRACE - SKIM);
+    // A split a little past the key gains less than the skim costs.
+    (s > trace / 10).then_some(key_at + s as usize)
 }
 
 /// Files from this size may be split inside their trace. Each half keeps
@@ -83,9 +87,9 @@ const SPLIT_INSIDE_TRACE_FROM: usize = 64 << 20;
 
 /// The cost of reading a byte of segments, of trace, and of skimming a
 /// byte, in tenths of a trace byte's (see [`find_balanced`]).
-const SEGMENT: usize = 30;
-const TRACE: usize = 10;
-const SKIM: usize = 4;
+const SEGMENT: u64 = 30;
+const TRACE: u64 = 10;
+const SKIM: u64 = 4;
 
 /// Finds the top dict's `device_traces` key in `data`, a pickle of a dict
 /// written in protocol 2 or later; then, if `inside` gives a position for
@@ -339,6 +343,23 @@ mod tests {
                 SHORT_BINUNICODE
             ]
         );
+    }
+
+    #[test]
+    fn only_a_large_file_whose_trace_outweighs_its_segments_splits_inside_it() {
+        const MIB: usize = 1 << 20;
+        // The real-shaped files: segments before 30%, 27% and 34% of the
+        // file, read in about the time of the trace after them.
+        assert_eq!(balanced_split(213 * MIB, 64 * MIB), None);
+        assert_eq!(balanced_split(584 * MIB, 155 * MIB), None);
+        assert_eq!(balanced_split(980 * MIB, 335 * MIB), None);
+        // A trace alone: 62.5% of the way through.
+        assert_eq!(balanced_split(265 * MIB, 0), Some(265 * MIB * 5 / 8));
+        // A short one, split at its key whatever its shape.
+        assert_eq!(balanced_split(36 * MIB, 0), None);
+        // More trace than segments by weight: inside, where 3 x 40 MiB
+        // + 160 MiB = 0.4 x 200 MiB + 200 MiB.
+        assert_eq!(balanced_split(400 * MIB, 40 * MIB), Some(200 * MIB));
     }
 
     #[test]
