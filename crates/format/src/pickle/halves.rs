@@ -11,10 +11,11 @@
 //! ([`join`]), as one thread would have numbered them.
 //!
 //! A long trace (recorded with a large `max_entries`) takes more of the
-//! time than the segments before it: the skim then goes on into the trace
-//! and the second half starts at a batch of events where the work splits
-//! evenly (`skim::find_balanced`), with the list of devices and the
-//! devices before stood in for. The first half pauses there inside the
+//! time than the segments before it: in a file of 64 MiB or more (smaller
+//! ones would pay more in memory than they gain), the skim then goes on
+//! into the trace and the second half starts at a batch of events where
+//! the work splits evenly (`skim::find_balanced`), with the list of
+//! devices and the devices before stood in for. The first half pauses there inside the
 //! trace, the events of the device the split cuts are joined, and the
 //! second half's devices are numbered on from it.
 //!
