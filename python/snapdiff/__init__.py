@@ -17,7 +17,9 @@ it too) and gives Python:
   runs;
 - in notebooks, results shown as the offline report, and `%load_ext
   snapdiff` for the `%%snapdiff` cell magic;
-- a pytest plugin: `@pytest.mark.snapdiff(max_leak="1 MiB", warmup=2,
+- `SnapdiffLeak`, what the callbacks raise when training keeps more than
+  their `max_growth` (or `max_leak` a step);
+- a pytest plugin: `@pytest.mark.snapdiff(max_growth="1 MiB", warmup=2,
   steps=10)` and the `snapdiff_steps` fixture fail a test whose steps keep
   memory.
 """
@@ -36,7 +38,9 @@ from snapdiff._api import (
     trend,
 )
 from snapdiff._fleet import Fleet, FleetLeak, Imbalance, RankVerdict, fleet
+from snapdiff._limits import SnapdiffLeak
 from snapdiff._recording import Recording, recording
+
 
 def load_ipython_extension(ipython):
     """`%load_ext snapdiff`: the `%%snapdiff` cell magic and `%snapdiff
@@ -58,6 +62,7 @@ __all__ = [
     "RankVerdict",
     "Recording",
     "Site",
+    "SnapdiffLeak",
     "Suspect",
     "Trend",
     "compare",

@@ -19,7 +19,6 @@ itself, and the page as a whole by `html.escape` here.
 import argparse
 import html
 import os
-import re
 import shlex
 import shutil
 import tempfile
@@ -63,11 +62,12 @@ _PARSER.add_argument("--every", type=int, default=1)
 _PARSER.add_argument("--warmup", type=int, default=1)
 
 
-def _cells_named(text, extra=()):
-    """`text` with the kernel's id of each cell run so far (`notebook cell
-    3137782118`, from its file `ipykernel_PID/3137782118.py`) replaced by
-    the cell's number as IPython shows it (`cell In[4]`). `extra` holds
-    (number, code) pairs of code run without history (the magic's cell)."""
+def cell_file_names(extra=()):
+    """{file: name}: the file the kernel compiled each cell run so far into
+    (`/tmp/ipykernel_PID/3137782118.py`) and the name IPython gives cell N
+    (`<ipython-input-N-3137782118>`), which snapdiff shows as IPython does,
+    `cell In[N]`. `extra` holds (number, code) pairs of code run without
+    history (the magic's cell). Empty outside IPython."""
     try:
         from IPython import get_ipython
 
@@ -75,17 +75,24 @@ def _cells_named(text, extra=()):
         history = list(enumerate(shell.history_manager.input_hist_raw))
         names = {}
         for number, code in [*history, *extra]:
-            if code:
-                path = shell.compile.get_code_name(code, code, number)
-                names[os.path.splitext(os.path.basename(path))[0]] = number
+            # History keeps a cell without its last newlines; the kernel
+            # named its file after the cell as typed, most often with one.
+            for typed in (code, code + "\n") if code else ():
+                path = shell.compile.get_code_name(typed, typed, number)
+                stem = os.path.splitext(os.path.basename(path))[0]
+                names[path] = f"<ipython-input-{number}-{stem}>"
+        return names
     except Exception:
-        return text
+        return {}
 
-    def name(match):
-        number = names.get(match.group(1))
-        return match.group(0) if number is None else f"cell In[{number}]"
 
-    return re.sub(r"notebook cell (\d+)", name, text)
+def running_cell():
+    """The number IPython shows for the cell running now, `In[N]`: the last
+    one its history holds (IPython 8 and 9 both store a cell before running
+    it; their `execution_count` differ inside it, by one)."""
+    from IPython import get_ipython
+
+    return len(get_ipython().history_manager.input_hist_raw) - 1
 
 
 class _Verdict:
@@ -93,17 +100,14 @@ class _Verdict:
     it reads lie in `folder`, removed when the verdict is dropped or the
     kernel exits."""
 
-    def __init__(self, files, warmup, cell=(), folder=None):
+    def __init__(self, files, warmup, folder=None):
         self.files = files
         self.warmup = warmup
-        self.cell = cell
         if folder is not None:
             weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
 
     def text(self):
-        return _cells_named(
-            text_of("trend", self.files, ["--warmup", str(self.warmup)]), self.cell
-        )
+        return text_of("trend", self.files, ["--warmup", str(self.warmup)])
 
     def _repr_html_(self):
         return report_html(self.files, self.text())
@@ -123,7 +127,7 @@ def snapdiff_magic(line, cell=None):
         if not words or words[0] != "report" or len(words) < 2:
             print("usage: %snapdiff report FILE...  (or %%snapdiff [--every N] [--warmup K] on a cell)")
             return None
-        display(HTML(report_html(words[1:], _cells_named(text_of("trend", words[1:])))))
+        display(HTML(report_html(words[1:], text_of("trend", words[1:]))))
         return None
     args = _PARSER.parse_args(shlex.split(line))
     import torch.optim.optimizer as optimizer
@@ -134,13 +138,15 @@ def snapdiff_magic(line, cell=None):
     # Steps are optimizer steps, counted as capture counts them.
     recording = Recording(folder, every=args.every)
     capture = recording._capture
+    # A first line in place of the magic's, so that lines are the cell's
+    # own (a blank one would be stripped).
+    code = "# %%snapdiff\n" + cell
+    ran = [(running_cell(), code)]
+    # The dumps name the cells' files as IPython numbers the cells.
+    capture.settings.file_names = lambda: cell_file_names(ran)
     recording.start()
     hook = optimizer.register_optimizer_step_post_hook(capture.guarded(capture.after_step))
     try:
-        # A first line in place of the magic's, so that lines are the
-        # cell's own (a blank one would be stripped).
-        code = "# %%snapdiff\n" + cell
-        number = get_ipython().execution_count
         get_ipython().run_cell(code)
     finally:
         hook.remove()
@@ -153,7 +159,7 @@ def snapdiff_magic(line, cell=None):
             f"a verdict needs {args.warmup + 3} (--every {args.every}, --warmup {args.warmup})"
         )
         return None
-    return _Verdict(files, args.warmup, [(number, code)], folder)
+    return _Verdict(files, args.warmup, folder)
 
 
 def load(ipython):

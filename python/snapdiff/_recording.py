@@ -29,6 +29,7 @@ class _Settings:
         self.interval = None
         self.requests = None
         self.stack_root = None
+        self.file_names = None
         self.owners = False
 
 
@@ -69,10 +70,16 @@ class Recording:
         self._capture.dump(reason)
 
     def stop(self, final_dump=True):
-        """Dumps once more (`-exit`) and stops recording."""
+        """Dumps once more (`-exit`) and stops recording: the recorder, the
+        dump thread and any signal handler installed for it are undone.
+        Stopping again does nothing."""
         capture = self._capture
+        if capture.stopped:
+            return
         if final_dump:
             capture.dump("exit")
+        capture.stopped = True  # CUDA's recording, if not begun, never begins
+        capture.uninstall()
         capture.recording = False
         if capture.cpu is not None:
             capture.cpu.stop()

@@ -26,21 +26,7 @@ import tempfile
 import pytest
 
 from snapdiff._cli import run
-
-_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4,
-          "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
-          "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
-
-
-def parse_size(text):
-    """`"1 MiB"`, `"512KiB"`, `4096` -> bytes."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"{text!r}: expected a size such as '1 MiB' or 4096")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
+from snapdiff._limits import Limit
 
 def pytest_addoption(parser):
     parser.addoption(
@@ -124,35 +110,11 @@ class Steps:
         args = ["trend", self.folder, "--warmup", str(self.warmup)]
         _, out, _ = run([*args, "--json"])
         report = json.loads(out)
-        per_step = sum(
-            s.get("growth_per_step") or s["growth_per_checkpoint"] for s in report["suspects"]
-        )
         self.report = report
-        kept = report["suspected_bytes"] if self.limit.in_all else per_step
-        if kept > self.limit.bytes:
+        if self.limit.over(report):
             _, text, _ = run([*args, "--frames", "6", "--full-paths"])
             self.request.node._snapdiff_failed = True
-            said = "kept after warm-up" if self.limit.in_all else "a step kept after warm-up"
-            pytest.fail(
-                f"snapdiff: {_size(kept)} {said}, over the {_size(self.limit.bytes)} "
-                f"allowed ({self.limit.name})\n\n{text}",
-                pytrace=False,
-            )
-
-
-class Limit:
-    """What a leak test may keep: `max_growth` bytes in all after warm-up,
-    or (`max_leak`, the earlier form) bytes per step."""
-
-    def __init__(self, options):
-        if "max_growth" in options and "max_leak" in options:
-            raise ValueError("give max_growth or max_leak, not both")
-        self.in_all = "max_leak" not in options
-        self.name = "max_growth" if self.in_all else "max_leak"
-        try:
-            self.bytes = parse_size(options.get(self.name, 0))
-        except ValueError as e:
-            raise ValueError(f"{self.name}={e}") from None
+            pytest.fail(f"snapdiff: {self.limit.says(report)}\n\n{text}", pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -164,13 +126,6 @@ def pytest_runtest_call(item):
     if isinstance(steps, Steps):
         steps.finish()
     return result
-
-
-def _size(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ cell."""
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -81,8 +82,18 @@ def test_a_notebook_shows_the_leaking_cells_line_and_nothing_for_the_clean_one(t
     # The verdict, escaped, and the offline report in a sandboxed frame.
     text = html.unescape(leaking_html)
     assert "1 site keeps growing" in text, leaking
-    # Named as IPython names the cell: its number, not the kernel's file id.
-    assert "cell In[3], line 4" in text, text[:2000]
+    # Named as IPython names the cell (on IPython 8 and 9): its number, not
+    # the kernel's file id, in the text and in the page.
+    verdict, page = text.split("<iframe", 1)
+    assert "cell In[3], line 4" in verdict, verdict[:2000]
+    assert "ipython-input-3-" in page
+    kernel_file = re.search(r"ipykernel_\d+/\d+\.py", page)
+    assert not kernel_file, page[kernel_file.start() - 300:kernel_file.end() + 100]
+    # The text's tables are laid out with the names they show.
+    tables = re.findall(r"^┌.*?^└.*?$", verdict, flags=re.M | re.S)
+    assert tables, verdict
+    for table in tables:
+        assert len({len(row) for row in table.splitlines()}) == 1, table
     assert '<iframe sandbox="allow-scripts"' in leaking_html
     assert "http://" not in text.split("srcdoc=")[0] and "https://" not in text.split("srcdoc=")[0]
     assert "nothing here looks like a leak" in html.unescape(clean_html), clean

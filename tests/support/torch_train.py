@@ -8,10 +8,12 @@ it up and expect the report to name that line.
 """
 
 import argparse
+import gc
 import json
 import os
 import sys
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +50,15 @@ def parse():
     p.add_argument("--step-seconds", type=float, default=0.0)
     p.add_argument("--accounting", help="write the model's own storage accounting here")
     p.add_argument(
+        "--keep-tensors", type=int, default=0,
+        help="keep this many small tensors alive throughout (a large process: slow dumps)",
+    )
+    p.add_argument(
+        "--new-optimizer-at", type=int, default=0,
+        help="at this step, drop the model and its optimizer and train a new pair "
+        "(stderr says whether the old optimizer was freed)",
+    )
+    p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto",
         help="where tensors live; auto: CUDA when torch sees it, as the recorder chooses",
     )
@@ -83,6 +94,7 @@ def train(args):
         opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     state = torch.ones(64, device=on)
     losses, cache = [], {}
+    kept_alive = [torch.zeros(4) for _ in range(args.keep_tensors)]
     if args.leak_rank is not None and args.rank != args.leak_rank:
         args.leak = None
     data = batches(args)
@@ -101,6 +113,16 @@ def train(args):
             cache[step] = features.detach().clone()  # leaks with --leak cache-dict
         if step == args.raise_at:
             raise RuntimeError(f"failing on purpose at step {step}")
+        if step == args.new_optimizer_at:
+            # Drops the model and its optimizer for a new pair; says on
+            # stderr whether the old optimizer was freed (nothing of the
+            # job's holds it now).
+            dropped = weakref.ref(opt)
+            del model, opt, features, logits, loss
+            gc.collect()
+            print(f"old optimizer freed: {dropped() is None}", file=sys.stderr, flush=True)
+            model = Net().to(on)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-2)
         time.sleep(args.step_seconds)
     if args.accounting:
         account(model, opt, args.accounting)

@@ -62,8 +62,8 @@ impl Culprit {
             _ => {
                 let location = match (file.as_str(), self.line) {
                     (file, line) if notebook_cell(file).is_some() => {
-                        let cell = notebook_cell(file).unwrap_or_default();
-                        format!("  notebook cell {cell}, line {line}")
+                        let cell = notebook_cell(file).map(|c| c.to_string());
+                        format!("  {}, line {line}", cell.unwrap_or_default())
                     }
                     ("" | "??", _) => String::new(),
                     (file, 0) => format!("  {file}"),

@@ -21,8 +21,10 @@ use crate::stack_key::is_noise;
 pub enum FrameClass {
     /// The program's own source: a culprit.
     User,
-    /// A cell of a Jupyter notebook (IPython names it `…/ipykernel_N/M.py`):
-    /// the program's own code too, shown as "notebook cell M".
+    /// A cell of a Jupyter notebook (a kernel names it `…/ipykernel_N/M.py`,
+    /// IPython's terminal `<ipython-input-N-HASH>`): the program's own code
+    /// too, shown as "notebook cell M" or, where its number is known, as
+    /// IPython shows it: "cell In[N]".
     NotebookCell,
     /// An installed or known library: torch, site-packages, crates.
     Library,
@@ -121,12 +123,12 @@ pub fn classify(frame: &Frame) -> FrameClass {
     if RUST_STD_NAMES.iter().any(|p| name.starts_with(p)) {
         return FrameClass::StandardLibrary;
     }
+    if notebook_cell(file).is_some() {
+        return FrameClass::NotebookCell;
+    }
     if file.starts_with('<') {
         // `<frozen runpy>`, `<string>`, `<stdin>`, `<built-in>`.
         return FrameClass::StandardLibrary;
-    }
-    if notebook_cell(file).is_some() {
-        return FrameClass::NotebookCell;
     }
     if is_generated_file(file) {
         return FrameClass::Generated;
@@ -180,9 +182,34 @@ pub fn classify(frame: &Frame) -> FrameClass {
     FrameClass::User
 }
 
-/// The cell number of an IPython notebook cell's file: `/tmp/ipykernel_4181/3105878423.py`,
-/// or a bare `3105878423.py`.
-pub(crate) fn notebook_cell(file: &str) -> Option<&str> {
+/// A notebook cell, named by its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotebookCell<'a> {
+    /// A kernel's cell file, by the id in its name: `3105878423` of
+    /// `/tmp/ipykernel_4181/3105878423.py` (or a bare `3105878423.py`).
+    Id(&'a str),
+    /// A cell whose number IPython gave: `3` of `<ipython-input-3-1f0a9c>`
+    /// (IPython's terminal names cells so, and snapdiff's notebook magic
+    /// names a kernel's cells so in its dumps).
+    Number(&'a str),
+}
+
+impl std::fmt::Display for NotebookCell<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotebookCell::Id(id) => write!(f, "notebook cell {id}"),
+            NotebookCell::Number(n) => write!(f, "cell In[{n}]"),
+        }
+    }
+}
+
+/// The notebook cell whose code `file` holds, if it is one.
+pub(crate) fn notebook_cell(file: &str) -> Option<NotebookCell<'_>> {
+    if let Some(rest) = file.strip_prefix("<ipython-input-") {
+        let (number, _) = rest.strip_suffix('>')?.split_once('-')?;
+        let digits = !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit());
+        return digits.then_some(NotebookCell::Number(number));
+    }
     let base = segments(file).last()?;
     let cell = base.strip_suffix(".py")?;
     if cell.is_empty() || !cell.bytes().all(|b| b.is_ascii_digit()) {
@@ -190,8 +217,8 @@ pub(crate) fn notebook_cell(file: &str) -> Option<&str> {
     }
     let parent = segments(file).rev().nth(1);
     match parent {
-        None => Some(cell),
-        Some(p) if starts_with_ci(p, "ipykernel_") => Some(cell),
+        None => Some(NotebookCell::Id(cell)),
+        Some(p) if starts_with_ci(p, "ipykernel_") => Some(NotebookCell::Id(cell)),
         Some(_) => None,
     }
 }
@@ -303,6 +330,7 @@ mod tests {
             NotebookCell,
         ),
         ("<module>", "3105878423.py", 1, NotebookCell),
+        ("<module>", "<ipython-input-3-1f0a9c2b>", 4, NotebookCell),
         // Libraries: virtual environments, conda, Debian, user site, eggs, zips.
         (
             "convert",
@@ -507,12 +535,23 @@ mod tests {
 
     #[test]
     fn notebook_cells_are_numbered() {
+        let shown = |file| notebook_cell(file).map(|c| c.to_string());
         assert_eq!(
-            notebook_cell("/tmp/ipykernel_4181/3105878423.py"),
-            Some("3105878423")
+            shown("/tmp/ipykernel_4181/3105878423.py").as_deref(),
+            Some("notebook cell 3105878423")
         );
-        assert_eq!(notebook_cell("3105878423.py"), Some("3105878423"));
-        assert_eq!(notebook_cell("/home/ana/2024.py"), None);
-        assert_eq!(notebook_cell("/tmp/ipykernel_1/cell.py"), None);
+        assert_eq!(
+            shown("3105878423.py").as_deref(),
+            Some("notebook cell 3105878423")
+        );
+        assert_eq!(
+            shown("<ipython-input-12-a3f09c1e>").as_deref(),
+            Some("cell In[12]")
+        );
+        assert_eq!(shown("/home/ana/2024.py"), None);
+        assert_eq!(shown("/tmp/ipykernel_1/cell.py"), None);
+        assert_eq!(shown("<ipython-input-x-a3f09c1e>"), None);
+        assert_eq!(shown("<ipython-input-3>"), None);
+        assert_eq!(shown("<string>"), None);
     }
 }

@@ -34,6 +34,10 @@ pub(crate) struct Entry {
     pub(crate) error: Option<String>,
     /// How long writing the dump (and its owners) held the process.
     pub(crate) seconds: Option<f64>,
+    /// Interval dumps the process skipped so far, a dump being written.
+    pub(crate) skipped: Option<u64>,
+    /// The interval in seconds, where this dump widened it.
+    pub(crate) interval: Option<f64>,
 }
 
 /// The entries of the manifest at `path` after its first `from` bytes; lines

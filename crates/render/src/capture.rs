@@ -29,6 +29,12 @@ pub struct DumpTime {
     pub seconds: f64,
     /// Seconds of the longest one.
     pub longest: f64,
+    /// Interval dumps not taken because a dump was being written, summed
+    /// over the job's processes.
+    pub skipped_ticks: u64,
+    /// The widest interval a process moved to because its dumps took
+    /// more than a tenth of its time, in seconds.
+    pub widened_to: Option<f64>,
 }
 
 /// What a captured job left in its folder.
@@ -83,6 +89,21 @@ pub fn write_dumps(dumps: &Dumps<'_>, out: &mut dyn Write) -> io::Result<()> {
             plural(held.dumps),
             duration(held.longest)
         )?;
+        if held.skipped_ticks > 0 {
+            writeln!(
+                out,
+                "{} interval dump{} not taken: a dump was still being written",
+                held.skipped_ticks,
+                plural(held.skipped_ticks as usize)
+            )?;
+        }
+        if let Some(widened) = held.widened_to {
+            writeln!(
+                out,
+                "dumps took more than a tenth of the job's time: the interval widened to {}",
+                duration(widened)
+            )?;
+        }
     }
     if dumps.abandoned > 0 {
         writeln!(

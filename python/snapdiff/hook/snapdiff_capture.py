@@ -12,8 +12,17 @@ Rules it keeps so that it cannot hurt the job:
 - every feature is installed on its own; one that cannot be prints one
   `snapdiff:` line and the others still work;
 - nothing it does raises into the program or changes its exit code;
-- signal handlers only queue a request; a dump thread serves it, so a
-  signal that lands during a dump waits for it instead of deadlocking;
+- signals come first: SIGTERM takes at most one exit dump, waiting at most
+  EXIT_DUMP_SECONDS for it, then ends the job by SIGTERM's default action
+  (so its status is the one it would have had); queued dumps are dropped;
+- requests coalesce (at most one pending per reason); an interval tick
+  while a dump runs is skipped and counted, and when dumps take more than
+  a tenth of the job's time the interval widens (said in the manifest);
+- SIGUSR1 only queues a request, which the dump thread serves;
+- nothing of the job is kept: the optimizer whose steps are counted is
+  held by a weak reference;
+- files are created new (`O_EXCL`, `O_NOFOLLOW`), never through a link
+  another user planted in a shared folder;
 - CUDA recording starts when the process initialises CUDA itself, never
   before, so processes that do not use CUDA are left alone;
 - DataLoader workers record and dump nothing: children, forked or started
@@ -23,20 +32,29 @@ Rules it keeps so that it cannot hurt the job:
 """
 
 import atexit
+import errno
 import itertools
 import json
 import os
 import pickle
-import queue
+import secrets
 import signal
 import sys
 import threading
 import time
+import weakref
 
 MANIFEST = "manifest.jsonl"
 # How often each process looks for a dump asked of `snapdiff capture` (a
 # stat of one file: a few microseconds).
 REQUEST_POLL_SECONDS = 0.2
+# How long a terminating signal waits for the exit dump (behind a dump
+# already running) before the job ends without it.
+EXIT_DUMP_SECONDS = 2.0
+# The share of the job's time dumps may take before the interval widens.
+MAX_DUMP_SHARE = 0.10
+# Flags of every file the hook creates: new, never through a link.
+CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 
 
 def warn(message):
@@ -59,6 +77,9 @@ class Settings:
         # (file, function) whose callers are left out of every stack: set
         # by the pytest plugin to the test function.
         self.stack_root = None
+        # A function giving {file: name} for frames' files to be named
+        # otherwise in each dump: set by the notebook magic, for cells.
+        self.file_names = None
         self.entries = int(environ.get("SNAPDIFF_TRACE_ENTRIES") or 100000)
         self.stacks = environ.get("SNAPDIFF_STACKS", "1") != "0"
         # Whether each dump is followed by the owners of its live blocks
@@ -84,6 +105,40 @@ def spawned_child():
     return "--multiprocessing-fork" in argv
 
 
+class Requests:
+    """Dumps asked for and not yet taken: at most one pending per reason
+    (a second request while one waits is the same request), served in the
+    order they came. Closed, it drops what is pending and takes no more.
+    Signal handlers put requests too, so the lock is re-entrant."""
+
+    def __init__(self):
+        self._changed = threading.Condition(threading.RLock())
+        self._pending = []
+        self._closed = False
+
+    def put(self, reason):
+        """Asks for a dump; False when one for `reason` already waits."""
+        with self._changed:
+            if self._closed or reason in self._pending:
+                return False
+            self._pending.append(reason)
+            self._changed.notify()
+            return True
+
+    def take(self):
+        """The next request, waiting for one; None once closed."""
+        with self._changed:
+            while not self._pending and not self._closed:
+                self._changed.wait()
+            return None if self._closed else self._pending.pop(0)
+
+    def close(self):
+        with self._changed:
+            self._closed = True
+            self._pending.clear()
+            self._changed.notify_all()
+
+
 class Capture:
     """The capture of one process."""
 
@@ -99,15 +154,27 @@ class Capture:
         self.cpu = None  # the CPU recorder, when torch sees no CUDA device
         self.steps = 0
         self.rank = None  # this process's rank, once known
-        self.pacer = None  # the optimizer whose steps are counted
-        self.requests = queue.SimpleQueue()
+        # A weak reference to the optimizer whose steps are counted: the
+        # job's model and optimizer state are freed when it drops them.
+        self.pacer = None
+        self.requests = Requests()
         self.dump_lock = threading.Lock()
+        self.dumping = False  # whether a dump is being written now
         self.stopping = threading.Event()
+        self.terminating = False  # a terminating signal is being served
+        self.stopped = False  # a recording from Python was stopped for good
+        self.started = time.monotonic()
+        self.dump_seconds = 0.0  # time all dumps took so far
+        self.last_seconds = 0.0  # time the last dump took
+        self.exit_deadline = None  # when the exit dump must be done by
+        self.interval = settings.interval  # widened when dumps take too long
+        self.skipped = 0  # interval ticks that came while a dump ran
         self.failures = 0
         self.last_failure = None
         self.dumps = 0  # dumps written
         self.written = []  # their names, in order
         self.previous_handlers = {}
+        self.threads = []  # the threads started, for `uninstall`
 
     # -- installing ----------------------------------------------------------
 
@@ -130,10 +197,12 @@ class Capture:
                 warn(f"cannot install {what} ({type(e).__name__}: {e})")
 
     def install_signals(self):
+        """SIGUSR1 asks for a dump (after the job's own handler, if any);
+        SIGTERM, where the job keeps its default action, is served by
+        `on_terminate`. Undone by `uninstall`."""
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("torch was first imported off the main thread")
         usr1 = signal.getsignal(signal.SIGUSR1)
-        self.previous_handlers[signal.SIGUSR1] = usr1
 
         def on_usr1(signum, frame):
             self.requests.put("signal")
@@ -141,18 +210,22 @@ class Capture:
                 usr1(signum, frame)
 
         signal.signal(signal.SIGUSR1, on_usr1)
-        # SIGTERM: dump, then end as the job would have. Only where the job
-        # keeps the default (which ends it without running anything).
+        self.previous_handlers[signal.SIGUSR1] = (usr1, on_usr1)
+        # Only where the job keeps the default (which ends it without
+        # running anything): a handler of the job's own is left alone.
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            self.previous_handlers[signal.SIGTERM] = signal.SIG_DFL
-            signal.signal(signal.SIGTERM, lambda signum, frame: self.requests.put("sigterm"))
+            signal.signal(signal.SIGTERM, self.on_terminate)
+            self.previous_handlers[signal.SIGTERM] = (signal.SIG_DFL, self.on_terminate)
 
     def install_dump_thread(self):
-        threading.Thread(target=self.serve, name="snapdiff-dumps", daemon=True).start()
+        self.start_thread(self.serve, "snapdiff-dumps")
         if self.settings.requests:
-            threading.Thread(
-                target=self.guarded(self.watch_requests), name="snapdiff-requests", daemon=True
-            ).start()
+            self.start_thread(self.guarded(self.watch_requests), "snapdiff-requests")
+
+    def start_thread(self, target, name):
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
 
     def watch_requests(self):
         """Requests from `snapdiff capture`, which owns SIGUSR1: for each
@@ -195,14 +268,16 @@ class Capture:
             except ImportError:  # capture's start-up hook, a top-level module
                 import snapdiff_cpu_recorder
 
-            self.cpu = snapdiff_cpu_recorder.CpuRecorder(self.settings.entries)
+            self.cpu = snapdiff_cpu_recorder.CpuRecorder(
+                self.settings.entries, stacks=self.settings.stacks
+            )
             self.cpu.start()
             self.recording = True
             warn("torch sees no CUDA device; recording CPU tensors with snapdiff's CPU recorder")
 
     def start_cuda(self):
-        if self.waiting_for_step:
-            return  # a forked child that has not stepped: maybe a worker
+        if self.waiting_for_step or self.stopped:
+            return  # a forked child that has not stepped (maybe a worker), or stopped
         torch = self.torch
         entries = self.settings.entries
         torch.cuda.memory._record_memory_history(
@@ -232,9 +307,12 @@ class Capture:
             self.start_recording()
 
     def after_step(self, opt, args, kwargs):
-        if self.pacer is None:
-            self.pacer = opt
-        if opt is not self.pacer:
+        """Counts the steps of one optimizer, the pacer: the first to step,
+        and after it is freed, the next one that steps."""
+        pacer = self.pacer() if self.pacer is not None else None
+        if pacer is None:
+            self.pacer, pacer = weakref.ref(opt), opt
+        if opt is not pacer:
             return
         self.steps += 1
         every = self.settings.every
@@ -242,21 +320,34 @@ class Capture:
             self.dump("step")
 
     def install_interval(self):
-        interval = self.settings.interval
-        if not interval:
+        if not self.interval:
             return
 
         def tick():
-            while not self.stopping.wait(interval):
-                self.requests.put("interval")
+            while not self.stopping.wait(self.interval):
+                # A tick while a dump runs (or one waits) is not queued.
+                if self.dumping or not self.requests.put("interval"):
+                    self.skipped += 1
 
-        threading.Thread(target=tick, name="snapdiff-interval", daemon=True).start()
+        self.start_thread(tick, "snapdiff-interval")
 
     def install_exit(self):
         atexit.register(self.guarded(self.at_exit))
 
     def install_fork(self):
         os.register_at_fork(after_in_child=self.guarded(self.forked))
+
+    def uninstall(self):
+        """Undoes what `install_signals` and the threads did: the handlers
+        the job had come back (where ours are still in place), the threads
+        end, and pending requests are dropped."""
+        self.stopping.set()
+        self.requests.close()
+        if threading.current_thread() is threading.main_thread():
+            for signum, (previous, ours) in self.previous_handlers.items():
+                if signal.getsignal(signum) is ours:
+                    signal.signal(signum, previous)
+        self.previous_handlers = {}
 
     # -- running -------------------------------------------------------------
 
@@ -279,78 +370,163 @@ class Capture:
         own, with its own steps and dump thread (threads do not survive a
         fork)."""
         self.recording = False
-        self.stopping.set()
         if self.cpu is not None:
             self.cpu.pause()
-        for signum, handler in self.previous_handlers.items():
-            signal.signal(signum, handler)
+        self.uninstall()
         self.pid = os.getpid()
         self.steps = 0
         self.rank = None
         self.pacer = None
-        self.requests = queue.SimpleQueue()
+        self.requests = Requests()
         self.dump_lock = threading.Lock()
+        self.dumping = False
         self.stopping = threading.Event()
+        self.terminating = False
+        self.started = time.monotonic()
+        self.dump_seconds = 0.0
+        self.last_seconds = 0.0
+        self.exit_deadline = None
+        self.skipped = 0
+        self.threads = []
         self.waiting_for_step = True
         self.forked_child = True
 
     def serve(self):
         """The dump thread: serves requests from signals and the timer."""
         while True:
-            reason = self.requests.get()
+            reason = self.requests.take()
             if reason is None:
                 return
-            if reason == "sigterm":
-                self.dump("exit")
-                self.report_failures()
-                os._exit(128 + signal.SIGTERM)
             self.dump(reason)
+
+    def on_terminate(self, signum, frame):
+        """SIGTERM where the job has no handler of its own: the exit dump
+        before any queued one, within EXIT_DUMP_SECONDS of the signal, then
+        the default action, so the job ends as it would have (by the
+        signal). A second SIGTERM meanwhile ends it at once."""
+        if self.terminating or os.getpid() != self.pid:
+            end_by(signum)
+        self.terminating = True
+        try:
+            self.last_dump(deadline=time.monotonic() + EXIT_DUMP_SECONDS)
+            self.report_failures()
+        except BaseException:
+            pass
+        end_by(signum)
 
     def at_exit(self):
         if os.getpid() != self.pid:
             return
-        self.stopping.set()
-        self.requests.put(None)
-        self.dump("exit")
+        self.last_dump()
         self.report_failures()
+
+    def last_dump(self, deadline=None):
+        """The exit dump, before anything queued (which is dropped), waiting
+        at most EXIT_DUMP_SECONDS for a dump already being written. With a
+        `deadline` (a terminating signal), the dump is given up when, as
+        long as the last one took, it would end past it, and the owners
+        search gets only the time left."""
+        self.stopping.set()
+        self.requests.close()
+        if not self.recording:
+            return
+        acquired = self.dump_lock.acquire(timeout=EXIT_DUMP_SECONDS)
+        if acquired and deadline is not None and time.monotonic() + self.last_seconds > deadline:
+            self.dump_lock.release()
+            acquired = False
+        if not acquired:
+            warn(
+                f"the exit snapshot could not be written within {EXIT_DUMP_SECONDS:g} s "
+                "(a dump was being written); the job ends without it"
+            )
+            return
+        try:
+            self.exit_deadline = deadline
+            self.dump_locked("exit")
+        finally:
+            self.dump_lock.release()
 
     # -- dumping -------------------------------------------------------------
 
     def dump(self, reason):
         """Writes one snapshot; a failure is counted and reported, never raised."""
+        with self.dump_lock:
+            if self.stopping.is_set() and reason not in ("exit", "oom"):
+                return  # the process is ending: only its exit dump is taken
+            self.dump_locked(reason)
+
+    def dump_locked(self, reason):
+        """`dump`, holding the dump lock."""
         if not self.recording or os.getpid() != self.pid:
             return
         if self.cpu is not None and self.cpu.storages_seen == 0:
             return  # a launcher of ranks, say: it made no tensor
         if reason == "signal" and self.settings.requests:
             append_byte(self.settings.requests + ".served")
-        with self.dump_lock:
-            started = time.perf_counter()
-            who, rank = self.who()
-            stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")
-            folder = self.settings.dir
-            temporary = os.path.join(folder, f".{stem}.{self.pid}.tmp")
-            try:
-                snapshot = self.write(temporary)
-                name = place(temporary, folder, stem)
-            except Exception as e:
-                remove(temporary)
-                self.failed(f"{stem}.pickle", e)
-                self.note({"file": None, "error": str(e)}, rank, reason)
-                return
-            self.dumps += 1
-            self.written.append(name)
-            entry = {"file": name}
-            if snapshot is not None and getattr(self.settings, "owners", False):
-                entry["owners"] = self.write_owners(snapshot, name)
-            # How long this dump held the process, owners included.
-            entry["seconds"] = round(time.perf_counter() - started, 4)
-            self.note(entry, rank, reason)
+        self.dumping = True
+        try:
+            self.write_dump(reason)
+        finally:
+            self.dumping = False
+
+    def write_dump(self, reason):
+        started = time.perf_counter()
+        who, rank = self.who()
+        stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")
+        folder = self.settings.dir
+        # Unique, so that nobody can plant it; the pid last, for capture's
+        # cleanup of a killed process's half-written dump.
+        temporary = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.{self.pid}.tmp")
+        try:
+            snapshot = self.write(temporary)
+            name = place(temporary, folder, stem)
+        except Exception as e:
+            remove(temporary)
+            self.failed(f"{stem}.pickle", e)
+            self.note({"file": None, "error": str(e)}, rank, reason)
+            return
+        self.dumps += 1
+        self.written.append(name)
+        entry = {"file": name}
+        if getattr(self.settings, "owners", False):
+            entry["owners"] = self.write_owners(snapshot, name)
+        # How long this dump held the process, owners included.
+        seconds = time.perf_counter() - started
+        entry["seconds"] = round(seconds, 4)
+        widened = self.pace(seconds, reason)
+        if widened:
+            entry["interval"] = round(widened, 3)
+        if self.skipped:
+            entry["skipped"] = self.skipped
+        self.note(entry, rank, reason)
+
+    def pace(self, seconds, reason):
+        """Counts a dump's time; after an interval dump, when dumps took
+        more than MAX_DUMP_SHARE of the job's time so far, widens the
+        interval to keep this dump under that share, says so once and
+        returns the new interval (else None)."""
+        self.dump_seconds += seconds
+        self.last_seconds = seconds
+        if reason != "interval" or not self.interval:
+            return None
+        elapsed = time.monotonic() - self.started
+        wanted = seconds / MAX_DUMP_SHARE
+        if self.dump_seconds <= MAX_DUMP_SHARE * elapsed or wanted <= self.interval:
+            return None
+        first = self.interval == self.settings.interval
+        self.interval = wanted
+        if first:
+            warn(
+                f"dumps took {self.dump_seconds / elapsed:.0%} of the job's time; interval "
+                f"dumps now every {wanted:.1f} s instead of {self.settings.interval:g} s"
+            )
+        return wanted
 
     def write_owners(self, snapshot, name):
         """Writes the owners of the dump's live blocks beside it
         (`NAME.owners.json`) and returns that file's name; None when it
         could not be written (said once, as failed dumps are)."""
+        temporary = None
         try:
             try:  # in the snapdiff package
                 from . import snapdiff_owners
@@ -362,32 +538,41 @@ class Capture:
                 for b in segment.get("blocks", ())
                 if b.get("state") == "active_allocated"
             ]
-            owners = snapdiff_owners.find(self.torch, blocks)
+            seconds = None
+            if self.exit_deadline is not None:
+                seconds = self.exit_deadline - time.monotonic()
+                if seconds <= 0:
+                    raise TimeoutError("no time left before the job ends")
+                seconds = min(seconds, snapdiff_owners.budget())
+            owners = snapdiff_owners.find(self.torch, blocks, seconds=seconds)
             owners_name = name.rsplit(".", 1)[0] + ".owners.json"
-            path = os.path.join(self.settings.dir, owners_name)
-            temporary = os.path.join(self.settings.dir, f".{owners_name}.{self.pid}.tmp")
-            with open(temporary, "w") as f:
+            folder = self.settings.dir
+            temporary = os.path.join(folder, f".{owners_name}.{secrets.token_hex(4)}.tmp")
+            with create_new(temporary, "w") as f:
                 json.dump(owners, f)
-            os.replace(temporary, path)
+            publish(temporary, os.path.join(folder, owners_name))
             return owners_name
         except Exception as e:
+            if temporary is not None:
+                remove(temporary)
             self.failed(f"owners of {name}", e)
             return None
 
     def write(self, path):
-        """Writes the dump to `path`; returns the snapshot written, or None
-        when PyTorch wrote it itself (no owners wanted)."""
-        root = self.settings.stack_root
-        if self.cpu is None and root is None and not getattr(self.settings, "owners", False):
-            self.torch.cuda.memory._dump_snapshot(path)
-            return None
+        """Writes the dump to `path`, a new file; returns the snapshot."""
         if self.cpu is not None:
             snapshot = self.cpu.snapshot()
         else:
+            # What `torch.cuda.memory._dump_snapshot` pickles, into a file
+            # opened here (it would follow a link at `path`).
             snapshot = self.torch.cuda.memory._snapshot()
+        root = self.settings.stack_root
         if root is not None:
             cut_stacks(snapshot, *root)
-        with open(path, "wb") as f:
+        names = self.settings.file_names
+        if names is not None:
+            rename_files(snapshot, names())
+        with create_new(path, "wb") as f:
             pickle.dump(snapshot, f, protocol=4)
         return snapshot
 
@@ -411,7 +596,7 @@ class Capture:
 
     def note(self, entry, rank, reason):
         """Appends the dump's line to the manifest (one write, so lines of
-        several processes never interleave)."""
+        several processes never interleave; never through a link)."""
         device = "cpu"
         if self.cpu is None:
             try:
@@ -424,27 +609,72 @@ class Capture:
         )
         line = (json.dumps(entry) + "\n").encode()
         try:
-            fd = os.open(
-                os.path.join(self.settings.dir, MANIFEST),
-                os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644,
-            )
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            append(os.path.join(self.settings.dir, MANIFEST), line)
         except OSError as e:
             self.failed(MANIFEST, e)
 
     def failed(self, name, error):
         """Reports the first failure in full; later ones are counted."""
         self.failures += 1
-        self.last_failure = f"{name}: {error}"
+        self.last_failure = f"{name}: {describe(error)}"
         if self.failures == 1:
-            warn(f"cannot write {name} ({error}); training goes on")
+            warn(f"cannot write {name} ({describe(error)}); training goes on")
 
     def report_failures(self):
         if self.failures > 1:
             warn(f"{self.failures} snapshot writes failed; the last: {self.last_failure}")
+
+
+def end_by(signum):
+    """Ends this process by `signum`'s default action (as if no handler had
+    been installed); `os._exit` with the shell's status if it lives on."""
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    finally:
+        os._exit(128 + signum)
+
+
+def create_new(path, mode):
+    """Opens `path` for writing as a new file: never one that exists, never
+    through a symbolic link."""
+    return os.fdopen(os.open(path, CREATE_NEW, 0o644), mode)
+
+
+def publish(temporary, final):
+    """Gives the written `temporary` the name `final`, which must not exist
+    (a link planted there is refused, not replaced)."""
+    try:
+        os.link(temporary, final)
+    except FileExistsError:
+        raise
+    except OSError:
+        # A file system without hard links: rename, after checking.
+        if os.path.lexists(final):
+            raise FileExistsError(errno.EEXIST, "exists", final) from None
+        os.rename(temporary, final)
+        return
+    os.unlink(temporary)
+
+
+def append(path, data):
+    """Appends `data` to the file at `path` in one write, creating it if
+    needed; a symbolic link there is refused (OSError)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def describe(error):
+    """An error as one line; a refused link says what it is."""
+    if isinstance(error, OSError) and error.errno == errno.ELOOP:
+        return f"{error.filename}: a symbolic link is there; not followed"
+    if isinstance(error, FileExistsError):
+        return f"{error.filename}: a file is already there; not replaced"
+    return str(error)
 
 
 def place(temporary, folder, stem):
@@ -459,12 +689,48 @@ def place(temporary, folder, stem):
             continue
         except OSError:
             # A file system without hard links: rename, after checking.
-            if os.path.exists(final):
+            if os.path.lexists(final):
                 continue
             os.rename(temporary, final)
             return name
         os.unlink(temporary)
         return name
+
+
+def each_record(snapshot):
+    """Every record of `snapshot` that has frames: segments, blocks, their
+    history, trace events."""
+    for segment in snapshot.get("segments", []):
+        yield segment
+        for block in segment.get("blocks", []):
+            yield block
+            yield from block.get("history", [])
+    for trace in snapshot.get("device_traces", []):
+        yield from trace
+
+
+def rename_files(snapshot, names):
+    """Gives the frames of `snapshot` whose file is a key of `names` that
+    name instead (a notebook's cells: see `snapdiff._notebook`). Frame lists
+    shared between records stay shared; the frames are new dicts."""
+    if not names:
+        return
+    renamed = {}  # id of a frame list -> (it, its renamed copy)
+
+    def rename(frames):
+        done = renamed.get(id(frames))
+        if done is None:
+            new = frames
+            if any(f.get("filename") in names for f in frames):
+                new = [dict(f, filename=names[f["filename"]]) if f.get("filename") in names
+                       else f for f in frames]
+            done = renamed[id(frames)] = (frames, new)
+        return done[1]
+
+    for record in each_record(snapshot):
+        frames = record.get("frames")
+        if isinstance(frames, list):
+            record["frames"] = rename(frames)
 
 
 def cut_stacks(snapshot, filename, name):
@@ -486,20 +752,10 @@ def cut_stacks(snapshot, filename, name):
             cut[id(frames)] = done
         return done[1]
 
-    def cut_in(record):
+    for record in each_record(snapshot):
         frames = record.get("frames")
         if isinstance(frames, list):
             record["frames"] = cut_one(frames)
-
-    for segment in snapshot.get("segments", []):
-        cut_in(segment)
-        for block in segment.get("blocks", []):
-            cut_in(block)
-            for entry in block.get("history", []):
-                cut_in(entry)
-    for trace in snapshot.get("device_traces", []):
-        for event in trace:
-            cut_in(event)
 
 
 def file_size(path):
@@ -513,11 +769,7 @@ def file_size(path):
 def append_byte(path):
     """Appends one byte to the file at `path`; a failure is ignored."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, b".")
-        finally:
-            os.close(fd)
+        append(path, b".")
     except OSError:
         pass
 

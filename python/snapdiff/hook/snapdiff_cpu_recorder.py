@@ -40,12 +40,19 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Frames in these files are the recorder's own machinery, not the program's.
-_MACHINERY = (__file__, "torch/utils/_python_dispatch.py", "torch/_dynamo/")
+# Frames in these files are the recorder's own machinery, not the program's
+# (torch wraps a mode's `__torch_dispatch__` in `torch/_compile.py`).
+_MACHINERY = (
+    __file__, "torch/utils/_python_dispatch.py", "torch/_dynamo/", "torch/_compile.py",
+)
 
 
 def _is_machinery(filename):
     return any(m in filename for m in _MACHINERY)
+
+
+# The frames of every record when stacks are off.
+_NO_FRAMES = []
 # PyTorch's split between the small and the large pool, for `segment_type`.
 _SMALL_SIZE = 1 << 20
 
@@ -69,8 +76,10 @@ class CpuRecorder(TorchDispatchMode):
     """The recorder. `start()` turns it on for the calling thread,
     `snapshot()` returns the snapshot dict `_dump_snapshot` would pickle."""
 
-    def __init__(self, max_entries=100000, warn=None):
+    def __init__(self, max_entries=100000, warn=None, stacks=True):
         super().__init__()
+        # Without stacks (`capture --no-stacks`) every record has no frames.
+        self._stacks_on = bool(stacks)
         # Re-entrant: a weak reference's callback or the garbage collector
         # may run inside a locked section.
         self._lock = threading.RLock()
@@ -293,7 +302,10 @@ class CpuRecorder(TorchDispatchMode):
 
     def _stack(self):
         """The Python stack of the operator's caller, innermost frame first,
-        as a list shared with every other allocation from the same place."""
+        as a list shared with every other allocation from the same place
+        (empty without stacks)."""
+        if not self._stacks_on:
+            return _NO_FRAMES
         f = sys._getframe(2)
         while f is not None and _is_machinery(f.f_code.co_filename):
             f = f.f_back

@@ -1,14 +1,25 @@
 """What both callbacks do: record, dump every N optimizer steps, judge, and
-say the verdict; the frameworks only differ in how they call and log."""
+say the verdict; the frameworks only differ in how they call and log.
+
+The job comes first: a fault of the watch's own (a folder it cannot make,
+a verdict it cannot reach) is one warning and training goes on without
+it; everything it installs (the recording, the CPU recorder, its signal
+handlers and dump thread) is undone when training ends, normally or by an
+exception."""
 
 import json
 import os
+import sys
 
 from snapdiff._cli import run
-from snapdiff.pytest_plugin import parse_size
+from snapdiff._limits import Limit, SnapdiffLeak
 
 # Suspects whose live bytes are logged as metrics each dump.
 TOP_METRICS = 5
+
+
+def warn(message):
+    print(f"snapdiff: {message}", file=sys.stderr, flush=True)
 
 
 class Watch:
@@ -16,14 +27,14 @@ class Watch:
     dumps every `every` optimizer steps into `folder` (named and listed in
     `manifest.jsonl` as `snapdiff capture` does, one set per rank)."""
 
-    def __init__(self, folder, every, warmup, max_leak, owners):
+    def __init__(self, folder, every, warmup, max_growth=None, max_leak=None, owners=False):
         if every < 1:
             raise ValueError(f"every must be a positive number of steps, not {every!r}")
         self.folder = os.fspath(folder)
         self.every = every
         self.warmup = warmup
-        # Bytes a step the suspects may keep; checked once training ends.
-        self.max_leak = None if max_leak is None else parse_size(max_leak)
+        # What the suspects may keep; checked once training ends.
+        self.limit = Limit({"max_growth": max_growth, "max_leak": max_leak}, default=None)
         self.owners = owners
         self.recording = None
         self.report = None
@@ -31,15 +42,24 @@ class Watch:
         self.dumps = 0
 
     def start(self):
+        """Starts recording, with SIGUSR1 asking for a dump and SIGTERM
+        ending the job after its exit dump, as under `snapdiff capture`."""
         from snapdiff._recording import Recording
 
-        self.recording = Recording(self.folder, every=self.every)
-        self.recording._capture.settings.owners = self.owners
-        self.recording.start()
-        try:  # SIGUSR1 asks for a dump now, as under capture
-            self.recording._capture.install_signals()
+        try:
+            recording = Recording(self.folder, every=self.every, owners=self.owners)
+            recording.start()
+        except Exception as e:
+            warn(f"cannot record into {self.folder} ({type(e).__name__}: {e}); "
+                 "training goes on without snapshots")
+            return
+        self.recording = recording
+        capture = recording._capture
+        capture.install_dump_thread()
+        try:
+            capture.install_signals()
         except Exception:
-            pass
+            pass  # off the main thread: dumps still come every N steps
 
     def step(self):
         """One optimizer step done; returns True when it dumped."""
@@ -58,10 +78,14 @@ class Watch:
         mine = self.recording.files()
         if len(mine) < 2:
             return None
-        code, out, _ = run(
-            ["trend", "--warmup", str(self.warmup), "--json", "--top", "0", "--", *mine],
-            check=False,
-        )
+        try:
+            code, out, _ = run(
+                ["trend", "--warmup", str(self.warmup), "--json", "--top", "0", "--", *mine],
+                check=False,
+            )
+        except OSError as e:
+            warn(f"cannot judge the dumps ({e})")
+            return None
         if code not in (0, 1) or not out.strip():
             return None
         report = json.loads(out)
@@ -80,20 +104,30 @@ class Watch:
             metrics[f"snapdiff/live_bytes/{name}"] = s["series"][-1]
         return metrics
 
+    def stop(self):
+        """Undoes everything `start` installed; safe to call again."""
+        recording, self.recording = self.recording, None
+        if recording is not None:
+            recording.stop(final_dump=False)
+        return recording
+
     def finish(self):
         """Stops recording and judges all the dumps; returns the text report
-        (None when there were too few dumps) and whether it is over
-        `max_leak`."""
-        if self.recording is None:
-            return None, False
-        self.recording.stop(final_dump=False)
-        self.report = self.judge()
-        if self.report is None:
-            return None, False
-        mine = self.recording.files()
-        _, text, _ = run(["trend", "--warmup", str(self.warmup), "--", *mine], check=False)
-        per_step = sum(
-            s.get("growth_per_step") or s["growth_per_checkpoint"] for s in self.report["suspects"]
-        )
-        over = self.max_leak is not None and per_step > self.max_leak
-        return text, over
+        (None when there were too few dumps) and the `SnapdiffLeak` to
+        raise when the suspects kept more than the limit (else None)."""
+        recording = self.stop()
+        if recording is None:
+            return None, None
+        self.recording = recording  # for `judge`, which reads its files
+        try:
+            self.report = self.judge()
+            if self.report is None:
+                return None, None
+            mine = recording.files()
+            _, text, _ = run(["trend", "--warmup", str(self.warmup), "--", *mine], check=False)
+        finally:
+            self.recording = None
+        if self.limit.over(self.report):
+            return text, SnapdiffLeak(f"snapdiff: training keeps memory: "
+                                      f"{self.limit.says(self.report)}\n\n{text}")
+        return text, None

@@ -7,9 +7,12 @@ Dumps every N optimizer steps (and on SIGUSR1), per rank, into the folder;
 logs the live bytes of the top growing sites through the module's logger
 (`snapdiff/...`, wherever the trainer logs: TensorBoard, W&B, CSV); at the
 end of training logs the verdict (and prints it on rank 0) and, with
-`max_leak`, raises when the suspects keep more a step. Imports without
-Lightning installed."""
+`max_growth` (in all after warm-up) or `max_leak` (a step), raises
+`snapdiff.SnapdiffLeak` when the suspects keep more. A fault of its own
+never stops training; everything it installs is undone when training ends
+or raises. Imports without Lightning installed."""
 
+from snapdiff._limits import SnapdiffLeak
 from snapdiff.integrations._watch import Watch
 
 try:
@@ -20,16 +23,15 @@ except ImportError:
     except ImportError:  # the class still imports; a Trainer needs Lightning
         _Base = object
 
-
-class SnapdiffLeak(RuntimeError):
-    """Training kept more memory a step than `max_leak` allows."""
+__all__ = ["SnapdiffCallback", "SnapdiffLeak"]
 
 
 class SnapdiffCallback(_Base):
     """See the module's documentation."""
 
-    def __init__(self, folder="snapdiff-snapshots", every=10, warmup=1, max_leak=None, owners=False):
-        self.watch = Watch(folder, every, warmup, max_leak, owners)
+    def __init__(self, folder="snapdiff-snapshots", every=10, warmup=1, max_growth=None,
+                 max_leak=None, owners=False):
+        self.watch = Watch(folder, every, warmup, max_growth, max_leak, owners)
         self._steps = 0
 
     @property
@@ -48,8 +50,11 @@ class SnapdiffCallback(_Base):
                 for name, value in self.watch.metrics.items():
                     pl_module.log(name, float(value), on_step=True, on_epoch=False)
 
+    def on_exception(self, trainer, pl_module, exception):
+        self.watch.stop()
+
     def on_train_end(self, trainer, pl_module):
-        text, over = self.watch.finish()
+        text, leak = self.watch.finish()
         if text is None:
             return
         if trainer.logger is not None:
@@ -59,5 +64,5 @@ class SnapdiffCallback(_Base):
             )
         if trainer.is_global_zero:
             print(text)
-        if over:
-            raise SnapdiffLeak(f"snapdiff: training keeps memory a step, over max_leak\n\n{text}")
+        if leak is not None:
+            raise leak

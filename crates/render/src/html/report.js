@@ -34,7 +34,10 @@ function deviceName(d) {
 function culprit(site) {
   const c = site.culprit;
   if (c.kind === "no_stack") return "(no stack recorded)";
-  const where = c.file && c.file !== "??" ? `  ${c.file}${c.line ? ":" + c.line : ""}` : "";
+  // A notebook cell as IPython names it, as the command shows it.
+  const cellNumber = /^<ipython-input-(\d+)-[^>]*>$/.exec(c.file || "");
+  const where = cellNumber ? `  cell In[${cellNumber[1]}], line ${c.line}`
+    : c.file && c.file !== "??" ? `  ${c.file}${c.line ? ":" + c.line : ""}` : "";
   const r = site.recorded || {};
   const recorded = [["label", r.labels], ["compiled region", r.compiled_regions], ["metadata", r.metadata]]
     .flatMap(([what, values]) => (values || []).map(v => `${what} ${JSON.stringify(v)}`));

@@ -180,24 +180,37 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
 }
 
 /// The time the written dumps of `entries` held the job, from the seconds
-/// each line gives (`None` when no line gives any).
+/// each line gives (`None` when no line gives any), with the interval
+/// dumps skipped and how far the interval widened.
 fn dump_time(entries: &[manifest::Entry]) -> Option<DumpTime> {
-    let seconds = entries
+    let seconds: Vec<f64> = entries
         .iter()
         .filter(|e| e.file.is_some())
         .filter_map(|e| e.seconds)
-        .filter(|s| s.is_finite() && *s >= 0.0);
-    seconds.fold(None, |held, s| {
-        let DumpTime {
-            dumps,
-            seconds,
-            longest,
-        } = held.unwrap_or_default();
-        Some(DumpTime {
-            dumps: dumps + 1,
-            seconds: seconds + s,
-            longest: longest.max(s),
-        })
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .collect();
+    if seconds.is_empty() {
+        return None;
+    }
+    // Each process counts its skipped ticks from its start: its last count.
+    let mut skipped: std::collections::HashMap<Option<u32>, u64> = Default::default();
+    for e in entries {
+        if let Some(n) = e.skipped {
+            let count = skipped.entry(e.pid).or_default();
+            *count = (*count).max(n);
+        }
+    }
+    let widened_to = entries
+        .iter()
+        .filter_map(|e| e.interval)
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .reduce(f64::max);
+    Some(DumpTime {
+        dumps: seconds.len(),
+        seconds: seconds.iter().sum(),
+        longest: seconds.iter().copied().fold(0.0, f64::max),
+        skipped_ticks: skipped.values().sum(),
+        widened_to,
     })
 }
 
