@@ -290,3 +290,37 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     files
 }
+
+#[test]
+fn export_never_writes_through_a_link_planted_in_its_folder() {
+    let dir = tempdir();
+    let dumps = dir.path().join("dumps");
+    crate::util::leaking_training_job(&dumps, 6, 2);
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "a user's own file").unwrap();
+    let out = crate::util::shared_folder(dir.path(), "tables");
+    // Another user plants the names a table was once written under first.
+    for table in snapdiff_fleet::TABLE_FILES {
+        crate::util::plant_link(&victim, &out.join(format!(".{table}.partial")));
+    }
+    snapdiff([
+        "export".as_ref(),
+        dumps.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ])
+    .expect_code(0);
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "a user's own file"
+    );
+    for table in snapdiff_fleet::TABLE_FILES {
+        assert!(out.join(table).is_file() && !out.join(table).is_symlink());
+    }
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && !n.ends_with(".partial"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "temporary files left");
+}

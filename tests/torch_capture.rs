@@ -1064,3 +1064,173 @@ fn a_run_that_dumped_nothing_is_told_why() {
         );
     }
 }
+
+#[test]
+fn sigterm_is_served_before_a_backlog_of_slow_dumps() {
+    if !torch_ready() {
+        return;
+    }
+    // A large process (30,000 tensors: each dump takes a good part of a
+    // second) dumped every 0.1 s: the ticks come faster than the dumps.
+    // SIGTERM must not wait behind them: at most one exit dump, within
+    // 2 s, then SIGTERM's own end.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let child = start_capture(
+        &out,
+        &["--interval", "100ms", "--no-report"],
+        &[
+            "--steps",
+            "100000",
+            "--step-seconds",
+            "0.01",
+            "--keep-tensors",
+            "30000",
+        ],
+    );
+    // Two dumps once training runs (its tensors all made).
+    let training_dumps = || {
+        std::fs::read_to_string(out.join("manifest.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["step"].as_u64().unwrap_or(0) > 0)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while training_dumps() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no dumps of training within two minutes"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let signalled = Instant::now();
+    // SAFETY: signals our own child, which passes SIGTERM on to the job.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let output = wait_bounded(child);
+    let took = signalled.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(128 + 15),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the job ended {took:?} after SIGTERM"
+    );
+    let lines = manifest(&out);
+    // Ticks that came during a dump were skipped and counted, not queued.
+    assert!(
+        lines.iter().any(|l| l["skipped"].as_u64().unwrap_or(0) > 0),
+        "{lines:?}"
+    );
+    // Dumps took more than a tenth of the job's time: the interval widened.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["interval"].as_f64().is_some_and(|s| s > 0.1))
+    );
+    assert!(lines.iter().filter(|l| l["reason"] == "exit").count() <= 1);
+}
+
+#[test]
+fn a_dropped_optimizer_is_freed_and_the_next_one_paces_the_dumps() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let run = capture(
+        &out,
+        &["--every", "5", "--no-report"],
+        &["--steps", "20", "--new-optimizer-at", "8"],
+    );
+    run.expect_code(0);
+    assert!(
+        run.stderr().contains("old optimizer freed: True"),
+        "{}",
+        run.stderr()
+    );
+    assert_dumped(
+        &names(&pickles(&out)),
+        &[
+            "-step5.pickle",
+            "-step10.pickle",
+            "-step15.pickle",
+            "-step20.pickle",
+        ],
+    );
+}
+
+#[test]
+fn a_manifest_link_planted_by_another_user_is_refused_not_followed() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "a user's own file").unwrap();
+    let out = crate::util::shared_folder(dir.path(), "shared");
+    crate::util::plant_link(&victim, &out.join("manifest.jsonl"));
+    let run = capture(&out, &["--every", "5", "--no-report"], &["--steps", "10"]);
+    run.expect_code(0);
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "a user's own file"
+    );
+    let stderr = run.stderr();
+    let refusals: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("manifest.jsonl"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "{stderr}");
+    assert!(refusals[0].contains("a symbolic link is there; not followed"));
+    assert_dumped(&names(&pickles(&out)), &["-step5.pickle", "-step10.pickle"]);
+}
+
+#[test]
+fn no_stacks_is_honoured_and_stacks_start_at_the_programs_frames() {
+    if !torch_ready() {
+        return;
+    }
+    let frames_in = |flags: &[&str]| {
+        let dir = tempdir();
+        let out = dir.path().join("out");
+        let mut all = flags.to_vec();
+        all.extend(["--every", "5", "--no-report"]);
+        capture(&out, &all, &["--steps", "5"]).expect_code(0);
+        // The step's dump (at exit, the job's tensors are gone).
+        let file = out.join(
+            names(&pickles(&out))
+                .into_iter()
+                .find(|n| n.ends_with("-step5.pickle"))
+                .unwrap(),
+        );
+        python_script(
+            "import pickle, sys, json\n\
+             s = pickle.load(open(sys.argv[1], 'rb'))\n\
+             tops = [b['frames'][0]['filename'] if b['frames'] else None\n\
+                     for seg in s['segments'] for b in seg['blocks']]\n\
+             print(json.dumps(tops))",
+            &[file],
+        )
+    };
+    let tops: Vec<Option<String>> = serde_json::from_str(&frames_in(&[])).unwrap();
+    assert!(!tops.is_empty());
+    // The innermost frame is the caller of torch's operator, never torch's
+    // wrapper of the recorder (torch/_compile.py) or the recorder itself.
+    for top in &tops {
+        let top = top.as_deref().unwrap();
+        assert!(
+            !top.ends_with("torch/_compile.py") && !top.ends_with("snapdiff_cpu_recorder.py"),
+            "{top}"
+        );
+    }
+    let tops: Vec<Option<String>> = serde_json::from_str(&frames_in(&["--no-stacks"])).unwrap();
+    assert!(
+        !tops.is_empty() && tops.iter().all(Option::is_none),
+        "{tops:?}"
+    );
+}

@@ -221,3 +221,37 @@ pub fn leaking_training_job(dir: &Path, steps: u32, every: u32) -> Vec<PathBuf> 
     files.sort();
     files
 }
+
+/// A folder every user may write in, as a shared output folder on a
+/// cluster is (mode 0777 without the sticky bit, so that the kernel's
+/// protection of links in sticky folders plays no part), under `parent`
+/// (made traversable).
+pub fn shared_folder(parent: &Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = parent.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// Plants a symbolic link at `link` to `target`, as another user would in
+/// a shared folder: made by `nobody` (uid 65534) when the tests run as
+/// root, else by this user.
+pub fn plant_link(target: &Path, link: &Path) {
+    use std::os::unix::process::CommandExt;
+    let mut ln = std::process::Command::new("ln");
+    ln.arg("-s").arg(target).arg(link);
+    // SAFETY: geteuid only reads this process's credentials.
+    if unsafe { libc::geteuid() } == 0 {
+        ln.uid(65534).gid(65534);
+    }
+    let status = ln.status().unwrap();
+    assert!(
+        status.success(),
+        "ln -s {} {}",
+        target.display(),
+        link.display()
+    );
+    assert!(link.is_symlink());
+}

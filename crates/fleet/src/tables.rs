@@ -103,19 +103,25 @@ fn stacks_schema() -> SchemaRef {
     ]))
 }
 
-/// One table being written: to a hidden file, renamed into place when done.
+/// One table being written: to a hidden file of a name nobody could
+/// plant (made new, never through a link), renamed into place when done
+/// and removed if it is not.
 struct TableFile {
     writer: ArrowWriter<File>,
     schema: SchemaRef,
-    partial: PathBuf,
+    partial: tempfile::TempPath,
     path: PathBuf,
 }
 
 impl TableFile {
     fn create(dir: &Path, name: &str, schema: SchemaRef) -> Result<TableFile, TableError> {
         let path = dir.join(name);
-        let partial = dir.join(format!(".{name}.partial"));
-        let file = File::create(&partial).map_err(|e| file_error(&partial, e))?;
+        let (file, partial) = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".partial")
+            .tempfile_in(dir)
+            .map_err(|e| file_error(dir, format!("cannot create a temporary file: {e}")))?
+            .into_parts();
         let properties = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .set_max_row_group_row_count(Some(ROWS_PER_GROUP))
@@ -143,7 +149,9 @@ impl TableFile {
 
     fn finish(self) -> Result<(), TableError> {
         self.writer.close().map_err(|e| file_error(&self.path, e))?;
-        std::fs::rename(&self.partial, &self.path).map_err(|e| file_error(&self.path, e))
+        self.partial
+            .persist(&self.path)
+            .map_err(|e| file_error(&self.path, e.error))
     }
 }
 

@@ -119,15 +119,38 @@ fn dump_failed(dir: &Path, recorder: &Recorder, reason: &str, error: &str) {
 }
 
 /// Appends `bytes` to the file at `path` in one write (so that lines of
-/// several processes never interleave); a failure is ignored.
+/// several processes never interleave), never through a symbolic link
+/// (one planted in a shared folder would redirect the write); a failure
+/// is said once, never raised.
 fn append(path: &Path, bytes: &[u8]) {
     use std::io::Write;
-    let file = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path);
-    if let Ok(mut file) = file {
-        let _ = file.write_all(bytes);
+    static SAID: Once = Once::new();
+    let mut options = std::fs::OpenOptions::new();
+    options.append(true).create(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW);
+    }
+    let written = options
+        .open(path)
+        .and_then(|mut file| file.write_all(bytes));
+    if let Err(e) = written {
+        #[cfg(unix)]
+        let planted = e.raw_os_error() == Some(libc::ELOOP);
+        #[cfg(not(unix))]
+        let planted = false;
+        SAID.call_once(|| {
+            let why = if planted {
+                "a symbolic link is there; not followed".to_owned()
+            } else {
+                e.to_string()
+            };
+            eprintln!(
+                "snapdiff-runtime: cannot append to {}: {why}",
+                path.display()
+            );
+        });
     }
 }
 
@@ -224,3 +247,25 @@ fn start_signal_thread() {
 
 #[cfg(not(unix))]
 fn start_signal_thread() {}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_that_is_a_planted_link_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let manifest = dir.path().join(MANIFEST);
+        std::os::unix::fs::symlink(&victim, &manifest).unwrap();
+        append(&manifest, b"{\"file\": null}\n");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert!(manifest.is_symlink());
+        // A plain manifest is appended to.
+        let plain = dir.path().join("plain.jsonl");
+        append(&plain, b"a\n");
+        append(&plain, b"b\n");
+        assert_eq!(std::fs::read(&plain).unwrap(), b"a\nb\n");
+    }
+}

@@ -171,6 +171,7 @@ class Capture:
         self.skipped = 0  # interval ticks that came while a dump ran
         self.failures = 0
         self.last_failure = None
+        self.manifest_refused = False  # said once: the manifest cannot be written
         self.dumps = 0  # dumps written
         self.written = []  # their names, in order
         self.previous_handlers = {}
@@ -611,7 +612,9 @@ class Capture:
         try:
             append(os.path.join(self.settings.dir, MANIFEST), line)
         except OSError as e:
-            self.failed(MANIFEST, e)
+            if not self.manifest_refused:
+                self.manifest_refused = True
+                warn(f"cannot write {MANIFEST} ({describe(e)}); dumps go on without it")
 
     def failed(self, name, error):
         """Reports the first failure in full; later ones are counted."""
