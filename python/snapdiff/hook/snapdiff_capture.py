@@ -346,7 +346,7 @@ class Capture:
         self.requests.close()
         if threading.current_thread() is threading.main_thread():
             for signum, (previous, ours) in self.previous_handlers.items():
-                if signal.getsignal(signum) is ours:
+                if signal.getsignal(signum) == ours:
                     signal.signal(signum, previous)
         self.previous_handlers = {}
 

@@ -62,13 +62,12 @@ class SnapdiffCallback(_Base):
         step = getattr(trainer, "training_step", None)
         if step is None:
             return
-        watch = self.watch
-
         def training_step(*args, **kwargs):
             try:
                 return step(*args, **kwargs)
             except BaseException:
-                watch.stop()
+                self._unwrap_the_step()
+                self.watch.stop()
                 raise
 
         trainer.training_step = training_step
