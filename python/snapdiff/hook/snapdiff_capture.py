@@ -340,15 +340,21 @@ class Capture:
 
     def uninstall(self):
         """Undoes what `install_signals` and the threads did: the handlers
-        the job had come back (where ours are still in place), the threads
-        end, and pending requests are dropped."""
+        the job had come back (where ours are still in place), pending
+        requests are dropped and the threads end (a dump being written is
+        waited for, EXIT_DUMP_SECONDS at most)."""
         self.stopping.set()
         self.requests.close()
-        if threading.current_thread() is threading.main_thread():
+        current = threading.current_thread()
+        if current is threading.main_thread():
             for signum, (previous, ours) in self.previous_handlers.items():
                 if signal.getsignal(signum) == ours:
                     signal.signal(signum, previous)
         self.previous_handlers = {}
+        for thread in self.threads:
+            if thread is not current:
+                thread.join(timeout=EXIT_DUMP_SECONDS)
+        self.threads = []
 
     # -- running -------------------------------------------------------------
 
