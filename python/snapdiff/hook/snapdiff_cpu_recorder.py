@@ -60,9 +60,10 @@ _SMALL_SIZE = 1 << 20
 class _Storage:
     """One live storage: which (PyTorch's storage object, by address),
     where its bytes are, how many, the weak reference that tells when it is
-    gone, and the stack that made it."""
+    gone, the stack that made it, and its segment in the snapshots (made at
+    the first dump that holds it, then kept)."""
 
-    __slots__ = ("key", "address", "size", "ref", "frames")
+    __slots__ = ("key", "address", "size", "ref", "frames", "segment")
 
     def __init__(self, key, address, size, ref, frames):
         self.key = key
@@ -70,6 +71,22 @@ class _Storage:
         self.size = size
         self.ref = ref
         self.frames = frames
+        self.segment = None
+
+
+class _Watch(weakref.ref):
+    """A weak reference to a tensor an operator returned, with the key of
+    its storage and its id (under which the recorder keeps it)."""
+
+    __slots__ = ("key", "tensor_id")
+
+    def __new__(cls, tensor, callback, key):
+        return super().__new__(cls, tensor, callback)
+
+    def __init__(self, tensor, callback, key):
+        super().__init__(tensor, callback)
+        self.key = key
+        self.tensor_id = id(tensor)
 
 
 class CpuRecorder(TorchDispatchMode):
@@ -85,13 +102,19 @@ class CpuRecorder(TorchDispatchMode):
         self._lock = threading.RLock()
         self._live = {}  # storage key -> _Storage
         self._at = {}  # data pointer -> _Storage
-        self._watched = {}  # id of a weak reference to a returned tensor -> (it, storage key)
+        self._watched = {}  # id of a returned tensor -> its _Watch
         self._gone = collections.deque()  # keys of storages a tensor let go
-        self._resizes = {}  # operator -> "self", "out" or "": what it may move
-        self._trace = collections.deque(maxlen=max(int(max_entries), 1))
+        self._kinds = {}  # operator -> its kind (see `_kind`)
+        # Events as (action, address, size, time, frames): tuples are made
+        # for every event, PyTorch's dicts at the next dump (`_trace_event`),
+        # once, into `_events`; both hold the last `max_entries`.
+        entries = max(int(max_entries), 1)
+        self._trace = collections.deque(maxlen=entries)
+        self._events = collections.deque(maxlen=entries)
         self._ops_since_sweep = 0
         self._frames = {}  # (code, line) -> frame dict, shared by stacks
-        self._stacks = {}  # tuple of (code, line) -> list of frame dicts
+        self._stacks = {}  # tuple of (code, last instruction) -> list of frame dicts
+        self._machinery = {}  # code -> whether it is the recorder's machinery
         self._paused = False
         self._warn = warn or (lambda message: print(f"snapdiff: {message}", file=sys.stderr))
         self.storages_seen = 0
@@ -120,8 +143,17 @@ class CpuRecorder(TorchDispatchMode):
                 self._settle()
             # An operator that resizes its tensor may move its storage
             # (`resize_`, an `out=` argument) or drop it (`set_`): that
-            # storage is checked after.
-            target = self._moved_by(func, args, kwargs)
+            # storage is checked after. (Most operators are known not to.)
+            kind = self._kinds.get(func)
+            if kind is None:
+                kind = self._kinds[func] = _kind(func)
+            if kind == "inplace":
+                # It returns the tensors it was given, whose storages are
+                # known (or not an operator's): nothing to note.
+                out = func(*args, **(kwargs or {}))
+                self._ops_since_sweep += 1
+                return out
+            target = self._moved_by(kind, args, kwargs) if kind else None
             if target is not None:
                 storage = self._storage_of(target)
                 moved = None if storage is None else self._live.get(storage._cdata)
@@ -149,21 +181,10 @@ class CpuRecorder(TorchDispatchMode):
             self._fail(e)
         return out
 
-    def _moved_by(self, func, args, kwargs):
-        """The CPU tensor whose storage `func` may move or drop: the first
-        argument of `resize_`, `resize_as_` and `set_`, the `out=` argument
-        of an `.out` overload; else None. (Other in-place operators write
-        into the storage they have.)"""
-        kind = self._resizes.get(func)
-        if kind is None:
-            name = func._schema.name
-            if name in ("aten::resize_", "aten::resize_as_", "aten::set_"):
-                kind = "self"
-            elif func._overloadname.startswith("out"):
-                kind = "out"
-            else:
-                kind = ""
-            self._resizes[func] = kind
+    def _moved_by(self, kind, args, kwargs):
+        """The CPU tensor whose storage an operator of `kind` (see `_kind`)
+        may move or drop: the first argument of `resize_`, `resize_as_` and
+        `set_`, the `out=` argument of an `.out` overload; else None."""
         if kind == "self" and args:
             target = args[0]
         elif kind == "out" and kwargs:
@@ -212,15 +233,19 @@ class CpuRecorder(TorchDispatchMode):
             self._note_storage(storage)
 
     def _note(self, tensor):
-        if tensor.device.type != "cpu":
+        if not tensor.is_cpu:
             return
         storage = self._storage_of(tensor)
         if storage is None:
             return
         key = storage._cdata
-        # By the reference's id: references to tensors compare as tensors do.
-        ref = weakref.ref(tensor, self._on_tensor_gone)
-        self._watched[id(ref)] = (ref, key)
+        # Each tensor is watched once (an in-place operator returns the
+        # tensor it was given), for the storage it has now.
+        watch = self._watched.get(id(tensor))
+        if watch is not None and watch() is tensor:
+            watch.key = key
+        else:
+            self._watched[id(tensor)] = _Watch(tensor, self._on_tensor_gone, key)
         known = self._live.get(key)
         if (
             known is not None
@@ -247,16 +272,16 @@ class CpuRecorder(TorchDispatchMode):
             self._live[key] = noted
             self._at[address] = noted
             self.storages_seen += 1
-            self._event("segment_alloc", address, size, now, frames)
-            self._event("alloc", address, size, now, frames)
+            self._trace.append(("segment_alloc", address, size, now, frames))
+            self._trace.append(("alloc", address, size, now, frames))
 
-    def _on_tensor_gone(self, ref):
+    def _on_tensor_gone(self, watch):
         """A watched tensor is going: its storage is checked before the
         next operator (now, the tensor still holds it). Any thread."""
         try:  # a weak reference's callback must never raise (nor print)
-            watched = self._watched.pop(id(ref), None)
-            if watched is not None:
-                self._gone.append(watched[1])
+            if self._watched.get(watch.tensor_id) is watch:
+                del self._watched[watch.tensor_id]
+            self._gone.append(watch.key)
         except Exception:
             pass
 
@@ -274,7 +299,9 @@ class CpuRecorder(TorchDispatchMode):
     def _sweep(self):
         """Notes the end of every storage PyTorch has released. Holds the lock."""
         self._ops_since_sweep = 0
-        gone = [s for s in self._live.values() if s.ref.expired()]
+        # `StorageWeakRef.expired`, without a Python call per storage.
+        expired = torch.UntypedStorage._expired
+        gone = [s for s in self._live.values() if expired(s.ref.cdata)]
         if gone:
             now = _now_us()
             for s in gone:
@@ -285,38 +312,44 @@ class CpuRecorder(TorchDispatchMode):
         del self._live[storage.key]
         if self._at.get(storage.address) is storage:
             del self._at[storage.address]
-        for action in ("free_requested", "free_completed", "segment_free"):
-            self._event(action, storage.address, storage.size, now, storage.frames)
-
-    def _event(self, action, address, size, now, frames):
-        self._trace.append(
-            {
-                "action": action,
-                "addr": address,
-                "size": size,
-                "stream": 0,
-                "time_us": now,
-                "frames": frames,
-            }
-        )
+        address, size, frames = storage.address, storage.size, storage.frames
+        append = self._trace.append
+        append(("free_requested", address, size, now, frames))
+        append(("free_completed", address, size, now, frames))
+        append(("segment_free", address, size, now, frames))
 
     def _stack(self):
         """The Python stack of the operator's caller, innermost frame first,
         as a list shared with every other allocation from the same place
-        (empty without stacks)."""
+        (empty without stacks). Places are told apart by each frame's code
+        and last instruction, which read faster than its line; lines are
+        read only for a stack not seen before."""
         if not self._stacks_on:
             return _NO_FRAMES
         f = sys._getframe(2)
-        while f is not None and _is_machinery(f.f_code.co_filename):
-            f = f.f_back
-        key = []
+        machinery = self._machinery
         while f is not None:
-            key.append((f.f_code, f.f_lineno))
+            code = f.f_code
+            skip = machinery.get(code)
+            if skip is None:
+                skip = machinery[code] = _is_machinery(code.co_filename)
+            if not skip:
+                break
+            f = f.f_back
+        caller = f
+        key = []
+        place = key.append
+        while f is not None:
+            place((f.f_code, f.f_lasti))
             f = f.f_back
         key = tuple(key)
         stack = self._stacks.get(key)
         if stack is None:
-            stack = [self._frame(code, line) for code, line in key]
+            stack = []
+            f = caller
+            while f is not None:
+                stack.append(self._frame(f.f_code, f.f_lineno))
+                f = f.f_back
             self._stacks[key] = stack
         return stack
 
@@ -331,25 +364,37 @@ class CpuRecorder(TorchDispatchMode):
 
     def snapshot(self):
         """The live storages and the trace, as `torch.cuda.memory._snapshot()`
-        lays them out. Safe to call from any thread."""
+        lays them out. Safe to call from any thread. Each record is made
+        once and kept for later dumps (so a dump costs what changed since
+        the last): a caller changes a record only in ways that leave it the
+        same when done again."""
         with self._lock:
             self._settle()
             self._sweep()
             live = sorted(self._live.values(), key=lambda s: s.address)
-            trace = list(self._trace)
+            new_events = list(self._trace)
+            self._trace.clear()
             active = sum(s.size for s in live)
             # PyTorch marks each dump in the trace; later dumps show where it was.
-            self._trace.append(
-                {"action": "snapshot", "addr": 0, "size": active, "stream": 0,
-                 "time_us": _now_us(), "frames": []}
-            )
-        segments = [_segment(s) for s in live]
+            self._trace.append(("snapshot", 0, active, _now_us(), _NO_FRAMES))
+        self._events.extend(_trace_event(*event) for event in new_events)
+        segments = []
+        for storage in live:
+            if storage.segment is None:
+                storage.segment = _segment(storage)
+            segments.append(storage.segment)
         return {
             "segments": segments,
-            "device_traces": [trace],
+            "device_traces": [list(self._events)],
             "snapdiff_recorder": "cpu",
             "snapdiff_skipped_tensors": self.tensors_skipped,
         }
+
+
+def _trace_event(action, address, size, time_us, frames):
+    """One trace event as PyTorch's snapshots lay it out."""
+    return {"action": action, "addr": address, "size": size, "stream": 0,
+            "time_us": time_us, "frames": frames}
 
 
 def _segment(s):
@@ -375,6 +420,21 @@ def _segment(s):
             }
         ],
     }
+
+
+def _kind(func):
+    """What an operator may do to storages: "self" (`resize_`, `resize_as_`
+    and `set_` may move or drop their first argument's), "out" (an `.out`
+    overload may resize its `out=`), "inplace" (it writes into the tensors
+    it was given and returns them: `add_`, `mul_`), else ""."""
+    if func._schema.name in ("aten::resize_", "aten::resize_as_", "aten::set_"):
+        return "self"
+    if func._overloadname.startswith("out"):
+        return "out"
+    returns = func._schema.returns
+    if returns and all(r.alias_info is not None and r.alias_info.is_write for r in returns):
+        return "inplace"
+    return ""
 
 
 def _is_cpu_tensor(value):
