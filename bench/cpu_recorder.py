@@ -1,28 +1,80 @@
-"""Steps per second of the test model with and without the CPU recorder.
+"""What the CPU recorder costs a job, side by side in one run:
+
+- steps per second of the test model (`tests/support/torch_train.py`'s
+  Net, AdamW) without recording, under a dispatch mode that does nothing
+  (the floor: every operator through Python, as any recorder built on
+  `TorchDispatchMode` pays), and under the recorder;
+- how long a dump of a process holding 100,000 live tensors takes: the
+  snapshot and its pickle, the first dump and a later one.
 
     python3 bench/cpu_recorder.py
 """
-import os, sys, time
+import os
+import pickle
+import sys
+import time
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python/snapdiff/hook"))
-import torch, torch.nn.functional as F
 sys.path.insert(0, os.path.join(ROOT, "tests/support"))
-from torch_train import Net
+import snapdiff_cpu_recorder  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch_train import Net  # noqa: E402
 
-def run(steps, record):
+
+class NothingMode(TorchDispatchMode):
+    """The floor: each operator through Python, nothing recorded."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def steps_per_second(steps, mode):
     torch.manual_seed(0)
-    rec = None
-    if record:
-        import snapdiff_cpu_recorder
-        rec = snapdiff_cpu_recorder.CpuRecorder(100000); rec.start()
-    model = Net(); opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(32, 32); y = torch.randint(0, 8, (32,))
-    t = time.perf_counter()
+    if mode is not None:
+        mode.__enter__()
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 32), torch.randint(0, 8, (32,))
+    start = time.perf_counter()
     for _ in range(steps):
-        _, logits = model(x); loss = F.cross_entropy(logits, y)
-        opt.zero_grad(); loss.backward(); opt.step()
-    dt = time.perf_counter() - t
-    if rec: rec.stop()
-    return steps / dt
-for rnd in range(3):
-    print("off %.0f steps/s   on %.0f steps/s" % (run(2000, False), run(2000, True)))
+        _, logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    took = time.perf_counter() - start
+    if mode is not None:
+        mode.__exit__(None, None, None)
+    return steps / took
+
+
+def dump_seconds(tensors):
+    recorder = snapdiff_cpu_recorder.CpuRecorder(100000)
+    recorder.start()
+    kept = [torch.zeros(4) for _ in range(tensors)]
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        snapshot = recorder.snapshot()
+        made = time.perf_counter()
+        pickle.dumps(snapshot, protocol=4)
+        times.append((made - start, time.perf_counter() - made))
+    recorder.stop()
+    del kept
+    return times
+
+
+steps_per_second(200, snapdiff_cpu_recorder.CpuRecorder(100000))  # imports, warm-up
+for _ in range(3):
+    off = steps_per_second(2000, None)
+    floor = steps_per_second(2000, NothingMode())
+    on = steps_per_second(2000, snapdiff_cpu_recorder.CpuRecorder(100000))
+    print(f"off {off:.0f} steps/s   nothing-mode {floor:.0f} ({off / floor:.2f}x)   "
+          f"recorder {on:.0f} ({off / on:.2f}x)")
+(first_made, first_pickled), (later_made, later_pickled) = dump_seconds(100_000)
+print(f"dump of 100,000 tensors: first {first_made * 1000:.0f} ms + pickle "
+      f"{first_pickled * 1000:.0f} ms; later {later_made * 1000:.0f} ms + pickle "
+      f"{later_pickled * 1000:.0f} ms")

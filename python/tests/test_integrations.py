@@ -153,23 +153,21 @@ def tiny_trainer(transformers, tmp_path, callback, steps, model_hook=None):
     return transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
 
 
-def left_installed():
-    """What training left of snapdiff's behind (nothing, when it undid all):
-    a dispatch mode (the CPU recorder), handlers of SIGTERM or SIGUSR1 other
-    than the defaults, snapdiff's threads."""
+def installed():
+    """What of snapdiff's a training could leave behind: the dispatch mode
+    (the CPU recorder), the handlers of SIGTERM and SIGUSR1 (compared with
+    those before it: another test's Ray installs its own), snapdiff's threads."""
     import signal
     import threading
 
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    left = []
-    if _get_current_dispatch_mode() is not None:
-        left.append(f"dispatch mode {_get_current_dispatch_mode()!r}")
-    for signum in (signal.SIGTERM, signal.SIGUSR1):
-        if signal.getsignal(signum) != signal.SIG_DFL:
-            left.append(f"{signal.Signals(signum).name}: {signal.getsignal(signum)!r}")
-    left += [t.name for t in threading.enumerate() if t.name.startswith("snapdiff")]
-    return left
+    return {
+        "dispatch mode": _get_current_dispatch_mode(),
+        "SIGTERM": signal.getsignal(signal.SIGTERM),
+        "SIGUSR1": signal.getsignal(signal.SIGUSR1),
+        "threads": [t.name for t in threading.enumerate() if t.name.startswith("snapdiff")],
+    }
 
 
 def test_the_callbacks_import_without_pytest_and_share_one_leak_error():
@@ -197,18 +195,20 @@ def test_the_trainer_callback_into_an_unwritable_folder_warns_and_training_goes_
     blocker.write_text("not a folder")
     callback = SnapdiffCallback(blocker / "snapshots", every=1, warmup=1)
     trainer = tiny_trainer(transformers, tmp_path, callback, steps=4)
+    before = installed()
     trainer.train()
     assert trainer.state.global_step == 4
     warned = [line for line in capfd.readouterr().err.splitlines() if "snapdiff:" in line]
     assert len(warned) == 1 and "training goes on without snapshots" in warned[0], warned
     assert callback.report is None
-    assert left_installed() == []
+    assert installed() == before
 
 
 @pytest.mark.parametrize("framework", ["transformers", "lightning"])
 def test_a_training_exception_leaves_nothing_installed(tmp_path, framework):
     module = need(framework)
     calls = []
+    before = installed()
 
     def fail_at_third_step(mod, inputs, output):
         calls.append(1)
@@ -247,7 +247,7 @@ def test_a_training_exception_leaves_nothing_installed(tmp_path, framework):
             trainer.fit(Tiny(), torch.utils.data.DataLoader(torch.randn(64, 32), batch_size=4))
     # The recorder, the handlers and the dump thread are gone: a later loop
     # runs as it would without snapdiff.
-    assert left_installed() == []
+    assert installed() == before
     import threading
 
     assert not [t.name for t in threading.enumerate() if t.name.startswith("snapdiff")]
