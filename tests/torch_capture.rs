@@ -1121,12 +1121,9 @@ fn sigterm_is_served_before_a_backlog_of_slow_dumps() {
         "the job ended {took:?} after SIGTERM"
     );
     let lines = manifest(&out);
-    // Ticks that came during a dump were skipped and counted, not queued.
-    assert!(
-        lines.iter().any(|l| l["skipped"].as_u64().unwrap_or(0) > 0),
-        "{lines:?}"
-    );
-    // Dumps took more than a tenth of the job's time: the interval widened.
+    // Dumps took more than a tenth of the job's time: the interval widened
+    // (ticks that came during a dump were skipped, not queued: see
+    // python/tests/test_capture_hook.py, where when they come is known).
     assert!(
         lines
             .iter()
