@@ -1,6 +1,7 @@
 """The capture hook's handling of requests, on real torch (CPU tensors):
 dumps slower than the interval never pile up."""
 
+import os
 import threading
 import time
 
@@ -56,3 +57,59 @@ def test_requests_coalesce_one_per_reason():
     requests.put("signal")
     requests.close()
     assert requests.take() is None and not requests.put("interval")
+
+
+SLOW_STEP_DUMP = """
+import os, sys, time, torch
+from snapdiff.hook import snapdiff_capture
+sys.path.insert(0, os.path.dirname(sys.argv[2]))
+from test_capture_hook import Settings
+
+capture = snapdiff_capture.Capture(torch, Settings(sys.argv[1], None), deferred=False)
+capture.settings.every = 1
+capture.install()
+write = capture.write
+
+def slow_write(path):  # a step dump of a large process, with owners: 6 s
+    time.sleep(6)
+    return write(path)
+
+capture.write = slow_write
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+kept = torch.zeros(64)
+print("stepping", flush=True)
+model(torch.ones(4)).sum().backward()
+optimizer.step()  # dumps: 6 s
+print("stepped", flush=True)
+"""
+
+
+def test_sigterm_during_a_slow_step_dump_ends_the_job_within_its_bound(tmp_path):
+    """A step dump (written on the main thread) holds the job, but not its
+    SIGTERM: the handler runs at the dump's next bytecode, gives the exit
+    dump 2 s (the step's dump holds the lock) and ends the job by SIGTERM.
+    (Inside one long call into C, no Python handler can run until it
+    returns.)"""
+    import signal
+    import subprocess
+    import sys
+
+    job = subprocess.Popen(
+        [sys.executable, "-c", SLOW_STEP_DUMP, str(tmp_path), __file__],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    try:
+        assert job.stdout.readline().strip() == "stepping", job.stderr.read()
+        time.sleep(1.0)  # inside the step's dump
+        signalled = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        out, err = job.communicate(timeout=30)
+    finally:
+        job.kill()
+    took = time.monotonic() - signalled
+    assert job.returncode == -signal.SIGTERM, err
+    assert took < 3.0, f"ended {took:.1f} s after SIGTERM"
+    assert "stepped" not in out
+    assert "the job ends without it" in err
