@@ -24,7 +24,7 @@ pub enum FrameClass {
     /// A cell of a Jupyter notebook (a kernel names it `…/ipykernel_N/M.py`,
     /// IPython's terminal `<ipython-input-N-HASH>`): the program's own code
     /// too, shown as "notebook cell M" or, where its number is known, as
-    /// IPython shows it: "cell In[N]".
+    /// IPython shows it: `cell In[N]`.
     NotebookCell,
     /// An installed or known library: torch, site-packages, crates.
     Library,
