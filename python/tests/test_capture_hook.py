@@ -113,3 +113,25 @@ def test_sigterm_during_a_slow_step_dump_ends_the_job_within_its_bound(tmp_path)
     assert took < 3.0, f"ended {took:.1f} s after SIGTERM"
     assert "stepped" not in out
     assert "the job ends without it" in err
+
+
+def test_the_pacer_is_weak_and_an_optimizer_that_takes_no_weak_reference_still_paces(tmp_path):
+    capture = snapdiff_capture.Capture(torch, Settings(tmp_path, None), deferred=False)
+    model = torch.nn.Linear(2, 2)
+    first = torch.optim.SGD(model.parameters(), lr=0.1)
+    capture.after_step(first, (), {})
+    import gc
+    import weakref
+
+    dropped = weakref.ref(first)
+    del first
+    gc.collect()
+    assert dropped() is None  # the hook kept nothing of it
+
+    class Slotted:  # an optimizer-like object without __weakref__
+        __slots__ = ()
+
+    second = Slotted()
+    for _ in range(3):
+        capture.after_step(second, (), {})
+    assert capture.steps == 4

@@ -312,7 +312,7 @@ class Capture:
         and after it is freed, the next one that steps."""
         pacer = self.pacer() if self.pacer is not None else None
         if pacer is None:
-            self.pacer, pacer = weakref.ref(opt), opt
+            self.pacer, pacer = weak(opt), opt
         if opt is not pacer:
             return
         self.steps += 1
@@ -632,6 +632,15 @@ class Capture:
     def report_failures(self):
         if self.failures > 1:
             warn(f"{self.failures} snapshot writes failed; the last: {self.last_failure}")
+
+
+def weak(obj):
+    """A weak reference to `obj`; for one that takes none (a class with
+    `__slots__` and no `__weakref__`), a strong one, called the same way."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def end_by(signum):
