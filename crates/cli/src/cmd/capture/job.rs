@@ -274,7 +274,8 @@ fn writable_folder(dir: &Path) -> anyhow::Result<PathBuf> {
 
 /// Removes the temporary files of dumps that processes of the job were
 /// writing when they were killed (SIGKILL, the OOM killer): the PyTorch hook
-/// writes `.{stem}.{pid}.tmp` and renames it into place only when whole.
+/// writes `.{stem}.{random}.{pid}.tmp` (older hooks `.{stem}.{pid}.tmp`) and
+/// links it into place only when whole.
 /// Files of processes still alive are left alone. Returns how many went.
 fn remove_abandoned_dumps(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -351,7 +352,9 @@ mod tests {
         let files = [
             (format!(".rank0-step4.{dead}.tmp"), false),
             (format!(".pid{dead}-step9-exit.{dead}.tmp"), false),
+            (format!(".rank2-step6.3fa9c01b.{dead}.tmp"), false),
             (format!(".rank1-step4.{alive}.tmp"), true),
+            (format!(".rank1-step6.77e0d2aa.{alive}.tmp"), true),
             (format!(".notes.{dead}.tmp"), true),
             (format!("rank0-step4.{dead}.tmp"), true),
             ("rank0-step3.pickle".to_owned(), true),
@@ -359,7 +362,7 @@ mod tests {
         for (name, _) in &files {
             std::fs::write(dir.path().join(name), b"partial").unwrap();
         }
-        assert_eq!(remove_abandoned_dumps(dir.path()), 2);
+        assert_eq!(remove_abandoned_dumps(dir.path()), 3);
         for (name, kept) in &files {
             assert_eq!(dir.path().join(name).exists(), *kept, "{name}");
         }
