@@ -558,3 +558,41 @@ fn a_rust_jobs_lost_dumps_are_said_once_and_counted_in_the_verdict() {
         "counted at exit: {stderr}"
     );
 }
+
+#[test]
+fn a_captures_folder_named_file_by_file_reads_as_the_folder() {
+    // `snapdiff trend snapshots/*`, as a shell expands it: the manifest and
+    // the owners files capture writes beside the dumps are passed over.
+    let dir = tempdir();
+    let out = dir.path().join("snapshots");
+    let dumps = crate::util::leaking_training_job(&out, 8, 2);
+    std::fs::write(
+        out.join("manifest.jsonl"),
+        "{\"file\": null, \"error\": \"disk full\", \"reason\": \"step\"}\n",
+    )
+    .unwrap();
+    let first = dumps[0].file_stem().unwrap().to_string_lossy().into_owned();
+    std::fs::write(out.join(format!("{first}.owners.json")), "{\"blocks\": {}}").unwrap();
+    let mut every: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    every.sort();
+    let as_files = snapdiff(
+        ["trend".as_ref(), "--json".as_ref()]
+            .into_iter()
+            .chain(every.iter().map(|p| p.as_os_str())),
+    );
+    let as_folder = snapdiff(["trend".as_ref(), "--json".as_ref(), out.as_os_str()]);
+    as_folder.expect_code(0);
+    assert_eq!(as_files.expect_code(0).json(), as_folder.json());
+    // Given only capture's own files, it says what they are.
+    let only = snapdiff(["trend".as_ref(), out.join("manifest.jsonl").as_os_str()]);
+    assert!(
+        only.expect_code(2)
+            .stderr()
+            .contains("a file capture writes beside its dumps, not a snapshot"),
+        "{}",
+        only.stderr()
+    );
+}

@@ -64,13 +64,26 @@ pub(crate) fn is_snapshot_name(path: &Path) -> bool {
         && !name.ends_with(".owners.json")
 }
 
+/// Whether `path` is one of the files capture writes beside its dumps
+/// (`manifest.jsonl`, `NAME.owners.json`), never a snapshot: passed over
+/// when named too, so that `snapdiff trend snapshots/*` reads a capture's
+/// folder as `snapdiff trend snapshots` does.
+fn is_capture_file(path: &Path) -> bool {
+    path.file_name()
+        .map(|n| n.to_string_lossy())
+        .is_some_and(|n| n == crate::manifest::FILE_NAME || n.ends_with(".owners.json"))
+}
+
 /// `files`, with each folder among them replaced by the snapshot files in
-/// it (by their extension; `manifest.jsonl` and others are passed over).
+/// it (by their extension; `manifest.jsonl` and others are passed over),
+/// and capture's own files passed over.
 pub(crate) fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for path in files {
         if !path.is_dir() {
-            out.push(path.clone());
+            if !is_capture_file(path) {
+                out.push(path.clone());
+            }
             continue;
         }
         let mut found: Vec<PathBuf> = std::fs::read_dir(path)
@@ -87,6 +100,15 @@ pub(crate) fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
         }
         found.sort();
         out.extend(found);
+    }
+    if out.is_empty()
+        && let Some(first) = files.first()
+    {
+        anyhow::bail!(
+            "{}: a file capture writes beside its dumps, not a snapshot (give the snapshots, \
+             or their folder)",
+            first.display()
+        );
     }
     Ok(out)
 }
