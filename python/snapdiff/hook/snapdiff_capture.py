@@ -160,6 +160,9 @@ class Capture:
         self.requests = Requests()
         self.dump_lock = threading.Lock()
         self.dumping = False  # whether a dump is being written now
+        self.dumping_thread = None  # the thread writing it
+        # The signal that ends the job once the dump it interrupted is done.
+        self.ending_by = None
         self.stopping = threading.Event()
         self.terminating = False  # a terminating signal is being served
         self.stopped = False  # a recording from Python was stopped for good
@@ -387,6 +390,8 @@ class Capture:
         self.requests = Requests()
         self.dump_lock = threading.Lock()
         self.dumping = False
+        self.dumping_thread = None
+        self.ending_by = None
         self.stopping = threading.Event()
         self.terminating = False
         self.started = time.monotonic()
@@ -414,12 +419,36 @@ class Capture:
         if self.terminating or os.getpid() != self.pid:
             end_by(signum)
         self.terminating = True
+        deadline = time.monotonic() + EXIT_DUMP_SECONDS
+        if self.dumping_thread == threading.get_ident():
+            self.end_after_this_dump(signum, deadline)
+            return
         try:
-            self.last_dump(deadline=time.monotonic() + EXIT_DUMP_SECONDS)
+            self.last_dump(deadline=deadline)
             self.report_failures()
         except BaseException:
             pass
         end_by(signum)
+
+    def end_after_this_dump(self, signum, deadline):
+        """The signal came in the middle of a dump this same (main) thread
+        is writing, which holds the lock an exit dump needs: the job ends
+        when that dump is done (see `dump_locked`), with the exit dump if
+        there is time, or at `deadline` without it. From now on the signal
+        has its default action: a second one ends the job at once."""
+        signal.signal(signum, signal.SIG_DFL)
+        self.ending_by = signum
+        self.exit_deadline = deadline
+
+        def at_deadline():
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            warn(
+                f"the exit snapshot could not be written within {EXIT_DUMP_SECONDS:g} s "
+                "(a dump was being written); the job ends without it"
+            )
+            os.kill(os.getpid(), signum)
+
+        threading.Thread(target=at_deadline, name="snapdiff-deadline", daemon=True).start()
 
     def at_exit(self):
         if os.getpid() != self.pid:
@@ -471,10 +500,33 @@ class Capture:
         if reason == "signal" and self.settings.requests:
             append_byte(self.settings.requests + ".served")
         self.dumping = True
+        self.dumping_thread = threading.get_ident()
         try:
             self.write_dump(reason)
         finally:
             self.dumping = False
+            self.dumping_thread = None
+        if self.ending_by is not None:
+            self.end_now(reason)
+
+    def end_now(self, interrupted):
+        """After the dump a terminating signal interrupted (see
+        `end_after_this_dump`), for `interrupted` (a reason): the exit dump,
+        unless that was it, when it can be done by the deadline as long as
+        the last dump took; then the signal's end."""
+        self.stopping.set()
+        self.requests.close()
+        if interrupted == "exit":
+            pass
+        elif time.monotonic() + self.last_seconds <= self.exit_deadline:
+            self.write_dump("exit")
+        else:
+            warn(
+                f"the exit snapshot could not be written within {EXIT_DUMP_SECONDS:g} s "
+                "(a dump was being written); the job ends without it"
+            )
+        self.report_failures()
+        end_by(self.ending_by)
 
     def write_dump(self, reason):
         started = time.perf_counter()
