@@ -51,6 +51,11 @@ REQUEST_POLL_SECONDS = 0.2
 # How long a terminating signal waits for the exit dump (behind a dump
 # already running) before the job ends without it.
 EXIT_DUMP_SECONDS = 2.0
+# What a job that ends without its exit dump is told.
+NO_EXIT_DUMP = (
+    f"the exit snapshot could not be written within {EXIT_DUMP_SECONDS:g} s "
+    "(a dump was being written); the job ends without it"
+)
 # The share of the job's time dumps may take before the interval widens.
 MAX_DUMP_SHARE = 0.10
 # Flags of every file the hook creates: new, never through a link.
@@ -442,10 +447,7 @@ class Capture:
 
         def at_deadline():
             time.sleep(max(0.0, deadline - time.monotonic()))
-            warn(
-                f"the exit snapshot could not be written within {EXIT_DUMP_SECONDS:g} s "
-                "(a dump was being written); the job ends without it"
-            )
+            warn(NO_EXIT_DUMP)
             os.kill(os.getpid(), signum)
 
         threading.Thread(target=at_deadline, name="snapdiff-deadline", daemon=True).start()
@@ -471,10 +473,7 @@ class Capture:
             self.dump_lock.release()
             acquired = False
         if not acquired:
-            warn(
-                f"the exit snapshot could not be written within {EXIT_DUMP_SECONDS:g} s "
-                "(a dump was being written); the job ends without it"
-            )
+            warn(NO_EXIT_DUMP)
             return
         try:
             self.exit_deadline = deadline
@@ -521,10 +520,7 @@ class Capture:
         elif time.monotonic() + self.last_seconds <= self.exit_deadline:
             self.write_dump("exit")
         else:
-            warn(
-                f"the exit snapshot could not be written within {EXIT_DUMP_SECONDS:g} s "
-                "(a dump was being written); the job ends without it"
-            )
+            warn(NO_EXIT_DUMP)
         self.report_failures()
         end_by(self.ending_by)
 
