@@ -92,7 +92,7 @@ class Recording:
     def owners(self, blocks=None):
         """What keeps the live tensors alive now, grouped: a list of dicts
         `{"owner", "kind", "container", "blocks", "bytes", "example"}`,
-        most bytes first (see `snapdiff.hook.snapdiff_owners`). `blocks`:
+        the owner of most blocks first (see `snapdiff.hook.snapdiff_owners`). `blocks`:
         (address, size) pairs to ask about; default every live block."""
         from snapdiff.hook import snapdiff_owners
 
@@ -117,7 +117,7 @@ class Recording:
             })
             g["blocks"] += 1
             g["bytes"] += sizes.get(int(address), 0)
-        return sorted(groups.values(), key=lambda g: -g["bytes"])
+        return sorted(groups.values(), key=lambda g: (-g["blocks"], -g["bytes"], g["owner"]))
 
     def files(self):
         """The snapshots this recording has written so far, in step order

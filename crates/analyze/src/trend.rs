@@ -186,6 +186,26 @@ pub struct HeldBy {
     pub blocks_per_step: Option<f64>,
 }
 
+impl HeldBy {
+    /// Orders a site's owners as every report shows them: when some
+    /// gained blocks since warm-up, only those (the ones that held the
+    /// same all along, the line's first blocks say, are left out); the
+    /// owner of more blocks first, then of more bytes, then by name.
+    pub fn order(owners: &mut Vec<HeldBy>) {
+        if owners
+            .iter()
+            .any(|h| h.blocks_per_step.is_some_and(|r| r > 0.0))
+        {
+            owners.retain(|h| h.blocks_per_step.is_some_and(|r| r > 0.0));
+        }
+        owners.sort_by(|a, b| {
+            (b.blocks, b.bytes)
+                .cmp(&(a.blocks, a.bytes))
+                .then_with(|| a.owner.cmp(&b.owner))
+        });
+    }
+}
+
 /// The result of a trend analysis: the suspects, sites whose live memory
 /// keeps growing after warm-up, with the series they were judged on.
 ///

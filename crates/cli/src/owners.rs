@@ -157,7 +157,7 @@ pub(crate) fn add_held_by_to_comparison(
 
 /// The owners of `blocks` (address, bytes), grouped; with the owners at
 /// the end of warm-up and the steps since, how many blocks each group
-/// gained a step, those that gained first.
+/// gained a step; in `HeldBy::order`.
 fn held_by(
     blocks: &[(u64, u64)],
     owners: &Owners,
@@ -191,21 +191,6 @@ fn held_by(
             g.blocks_per_step = Some((g.blocks as f64 - then) / steps as f64);
         }
     }
-    // What keeps the growth alive first: the owners that gained blocks;
-    // those that held the same all along (the line's first blocks, say)
-    // are left out when some gained.
-    if groups
-        .iter()
-        .any(|g| g.blocks_per_step.is_some_and(|r| r > 0.0))
-    {
-        groups.retain(|g| g.blocks_per_step.is_some_and(|r| r > 0.0));
-    }
-    groups.sort_by(|a, b| {
-        let rate = |g: &HeldBy| g.blocks_per_step.unwrap_or(0.0);
-        rate(b)
-            .total_cmp(&rate(a))
-            .then(b.bytes.cmp(&a.bytes))
-            .then(a.owner.cmp(&b.owner))
-    });
+    HeldBy::order(&mut groups);
     groups
 }

@@ -179,17 +179,8 @@ fn add_held_by(trend: &mut Trend, rows: &DeviceRows, stacks: &Stacks, rules: &Cu
                     .map_or(0, |t| t.blocks);
                 h.blocks_per_step = Some((h.blocks as f64 - before as f64) / steps as f64);
             }
-            if held
-                .iter()
-                .any(|h| h.blocks_per_step.is_some_and(|r| r > 0.0))
-            {
-                held.retain(|h| h.blocks_per_step.is_some_and(|r| r > 0.0));
-            }
         }
-        held.sort_by(|a, b| {
-            let rate = |h: &HeldBy| h.blocks_per_step.unwrap_or(0.0);
-            rate(b).total_cmp(&rate(a)).then(b.bytes.cmp(&a.bytes))
-        });
+        HeldBy::order(&mut held);
         suspect.held_by = held;
     }
 }

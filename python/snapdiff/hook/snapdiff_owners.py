@@ -64,6 +64,10 @@ _PLAIN_KEYS = (str, int, float, bool, type(None))
 _BOUND = "bound method"
 # How often (objects looked into, or children of one) the clock is read.
 _CLOCK_EVERY = 256
+# The most tensors, and objects, looked at for a reference cycle before
+# the globals of every library are walked.
+_MOST_CYCLE_TENSORS = 64
+_MOST_CYCLE_OBJECTS = 512
 # A path longer than this many steps keeps its first and last ones.
 _MOST_HOPS = 16
 
@@ -185,6 +189,11 @@ class _Search:
             for roots in (self.user_roots, self.library_frames, self.library_globals):
                 if not wanted <= self.found.keys():
                     self.walk(roots(library), wanted)
+                if roots == self.library_frames and not wanted <= self.found.keys():
+                    # Before the globals of every library: are the tensors
+                    # left in reference cycles (a closer look, much cheaper
+                    # than walking those globals)?
+                    self.tell_cycles(wanted)
             if not wanted <= self.found.keys():
                 everything = gc.get_objects()
                 objects = len(everything)
@@ -467,44 +476,94 @@ class _Search:
 
     # --- what is left --------------------------------------------------------
 
-    def tell_unreached(self, everything, wanted):
-        """The tensors of blocks still without an owner were reached from
-        no root: each is in a reference cycle (garbage) or held from
-        outside Python. Tells them apart as the collector would: an object
-        referred to by more than the unreached objects refer to it is held
-        from outside, and with it all it refers to; the rest is garbage."""
-        ours = {id(self), id(self.__dict__)} | {id(v) for v in self.__dict__.values()}
-        ours.update(id(pair) for pair in self.tensors.values())
-        unreached = {}
-        for o in everything:
-            if id(o) not in self.objects and id(o) not in ours:
-                unreached[id(o)] = o
-        self.out_of_time()
-        inside = dict.fromkeys(unreached, 0)
-        for n, o in enumerate(unreached.values()):
+    def tell_cycles(self, wanted):
+        """Of the few tensors left without an owner (at most
+        `_MOST_CYCLE_TENSORS`), those in a small group of objects that
+        nothing outside the group refers to (a reference cycle: garbage),
+        or that something outside Python holds; found from their
+        referrers, up to `_MOST_CYCLE_OBJECTS` objects. Tensors something
+        else refers to are left to the walk."""
+        left = [
+            (oid, pair[0]) for oid, pair in self.tensors.items()
+            if pair[1] in wanted and pair[1] not in self.found
+        ]
+        if not left or len(left) > _MOST_CYCLE_TENSORS:
+            return
+        group = dict(left)
+        frontier = [t for _, t in left]
+        del left
+        skip = {id(group), id(frontier)} | {id(pair) for pair in self.tensors.values()}
+        while frontier:
+            self.out_of_time()
+            if not self.add_referrers(group, frontier, skip):
+                return  # reached otherwise, or too large to tell: the walk goes on
+        self.tell_apart(group, wanted, searchs_references=2)  # `group`, getrefcount's argument
+
+    def add_referrers(self, group, frontier, skip):
+        """Adds to `group` what refers to the objects of `frontier`, which
+        it then holds instead; False when one was reached otherwise or the
+        group grew too large. (A function of its own, so that no variable
+        of the search still refers to one of them when they are counted.)"""
+        added = []
+        for r in gc.get_referrers(*frontier):
+            rid = id(r)
+            if rid in group or rid in skip:
+                continue
+            if rid in self.objects or type(r) is types.ModuleType:
+                return False
+            if len(group) >= _MOST_CYCLE_OBJECTS:
+                return False
+            group[rid] = r
+            added.append(r)
+        frontier[:] = added
+        return True
+
+    def tell_apart(self, group, wanted, searchs_references):
+        """Names the owner of the tensors in `group` (id -> object), a set
+        of objects nothing outside it refers to through the heap: the
+        group's objects that more refer to than the group's own references
+        (and the search's: `searchs_references`, one more for a tensor, in
+        `self.tensors`) are held from outside Python, and with them what
+        they refer to; the rest is garbage, a reference cycle."""
+        inside = self.references_inside(group)
+        alive = []
+        for oid in list(group):
+            ours = searchs_references + (oid in self.tensors)
+            if sys.getrefcount(group[oid]) - ours > inside[oid]:
+                alive.append(oid)
+        held = set(alive)
+        while alive:
+            self.out_of_time()
+            for r in gc.get_referents(group[alive.pop()]):
+                if id(r) in group and id(r) not in held:
+                    held.add(id(r))
+                    alive.append(id(r))
+        for oid, (_, block) in self.tensors.items():
+            if oid in group and block in wanted and block not in self.found:
+                self.found[block] = _NATIVE if oid in held else _CYCLE
+
+    def references_inside(self, group):
+        """How many references each object of `group` gets from the group."""
+        inside = dict.fromkeys(group, 0)
+        for n, o in enumerate(list(group.values())):
             if n % _CLOCK_EVERY == 0:
                 self.out_of_time()
             for r in gc.get_referents(o):
                 if id(r) in inside:
                     inside[id(r)] += 1
-        del o, r
-        # References the search holds itself: `everything`, `unreached`,
-        # getrefcount's argument, and `self.tensors` for the tensors.
-        alive = []
-        for oid in list(unreached):
-            held_by_search = 3 + (oid in self.tensors)
-            if sys.getrefcount(unreached[oid]) - held_by_search > inside[oid]:
-                alive.append(oid)
-        held = set(alive)
-        while alive:
-            self.out_of_time()
-            for r in gc.get_referents(unreached[alive.pop()]):
-                if id(r) in unreached and id(r) not in held:
-                    held.add(id(r))
-                    alive.append(id(r))
-        for oid, (_, block) in self.tensors.items():
-            if oid in unreached and block in wanted and block not in self.found:
-                self.found[block] = _NATIVE if oid in held else _CYCLE
+        return inside
+
+    def tell_unreached(self, everything, wanted):
+        """The tensors of blocks still without an owner were reached from
+        no root: each is in a reference cycle (garbage) or held from
+        outside Python, told apart among all the objects no root reaches."""
+        ours = {id(self), id(self.__dict__)} | {id(v) for v in self.__dict__.values()}
+        ours.update(id(pair) for pair in self.tensors.values())
+        unreached = {
+            id(o): o for o in everything if id(o) not in self.objects and id(o) not in ours
+        }
+        # `everything`, `unreached`, getrefcount's argument.
+        self.tell_apart(unreached, wanted, searchs_references=3)
         unreached.clear()
 
     # --- names ---------------------------------------------------------------
@@ -598,8 +657,19 @@ class _Search:
             parent = self.objects[pid]
             holder_id = self.parent.get(pid)
             holder = self.objects.get(holder_id) if holder_id is not None else None
-            index = self.hops[pid] = _hops(parent, holder)
+            index = self.hops[pid] = _hops(parent, holder, self.key_text)
         return index
+
+    def key_text(self, key):
+        """A dict key in a path: `_key`, and a tensor by its class and shape
+        (`<Parameter 512x512>`: an optimizer's state is keyed by them)."""
+        if type(key) in self.tensor_types:
+            try:
+                shape = self.tensor_base.shape.__get__(key)
+                return f"<{_type_name(type(key))} {'x'.join(str(int(d)) for d in shape)}>"
+            except Exception:
+                pass
+        return _key(key)
 
     def text(self, path):
         """A path in words (`train.state.previous[3]`), long ones cut in
@@ -796,7 +866,7 @@ def _instance_attributes(obj):
     return None
 
 
-def _hops(parent, holder):
+def _hops(parent, holder, key_text):
     """How `parent` holds each object it refers to: `{id: (text to add to
     the path, the container's type name when it is an element of one,
     else None)}`. `holder`: the object that holds `parent`. An object's
@@ -813,8 +883,8 @@ def _hops(parent, holder):
             if is_attrs and type(k) is str:
                 index.setdefault(id(v), (f".{k}", None))
             else:
-                index.setdefault(id(v), (f"[{_key(k)}]", "dict"))
-            index.setdefault(id(k), (f" key {_key(k)}", "dict"))
+                index.setdefault(id(v), (f"[{key_text(k)}]", "dict"))
+            index.setdefault(id(k), (f" key {key_text(k)}", "dict"))
     elif issubclass(kind, (list, tuple)):
         items = list(list.__iter__(parent) if issubclass(kind, list) else tuple.__iter__(parent))
         if type(holder) is types.FunctionType and _function_closure(holder) is parent:
