@@ -34,6 +34,8 @@ pub(crate) struct Entry {
     pub(crate) error: Option<String>,
     /// How long writing the dump (and its owners) held the process.
     pub(crate) seconds: Option<f64>,
+    /// How much of it finding and writing the owners took (`--owners`).
+    pub(crate) owners_seconds: Option<f64>,
     /// Interval dumps the process skipped so far, a dump being written.
     pub(crate) skipped: Option<u64>,
     /// The interval in seconds, where this dump widened it.

@@ -29,6 +29,11 @@ pub struct DumpTime {
     pub seconds: f64,
     /// Seconds of the longest one.
     pub longest: f64,
+    /// Seconds of the longest one, its owners' search left out.
+    pub longest_without_owners: f64,
+    /// Of those, the seconds finding owners took (`--owners`), in all and
+    /// the longest; `None` without owners.
+    pub owners: Option<(f64, f64)>,
     /// Interval dumps not taken because a dump was being written, summed
     /// over the job's processes.
     pub skipped_ticks: u64,
@@ -89,6 +94,16 @@ pub fn write_dumps(dumps: &Dumps<'_>, out: &mut dyn Write) -> io::Result<()> {
             plural(held.dumps),
             duration(held.longest)
         )?;
+        if let Some((all, longest)) = held.owners {
+            writeln!(
+                out,
+                "  of which finding owners {} (the longest {}); without them {} (the longest dump {})",
+                duration(all),
+                duration(longest),
+                duration((held.seconds - all).max(0.0)),
+                duration(held.longest_without_owners),
+            )?;
+        }
         if held.skipped_ticks > 0 {
             writeln!(
                 out,

@@ -544,7 +544,9 @@ class Capture:
         self.written.append(name)
         entry = {"file": name}
         if getattr(self.settings, "owners", False):
+            searched = time.perf_counter()
             entry["owners"] = self.write_owners(snapshot, name)
+            entry["owners_seconds"] = round(time.perf_counter() - searched, 4)
         # How long this dump held the process, owners included.
         seconds = time.perf_counter() - started
         entry["seconds"] = round(seconds, 4)

@@ -289,6 +289,13 @@ class _Search:
         except Exception:
             return None
 
+    def grad(self, tensor):
+        """The tensor's `.grad` (held by PyTorch, not by a Python object)."""
+        try:
+            return self.tensor_base._grad.__get__(tensor)
+        except Exception:
+            return None
+
     def graph_children(self, node):
         """(child, how) of an autograd node: the next nodes, and the
         tensors it saved for backward (PyTorch's own attributes of its
@@ -465,6 +472,10 @@ class _Search:
             fn = self.grad_fn(obj)
             if fn is not None:
                 yield fn, ("graph",)
+            else:  # a leaf's gradient (a non-leaf's would warn)
+                grad = self.grad(obj)
+                if grad is not None:
+                    yield grad, None
         tracked = gc.is_tracked
         for n, child in enumerate(referents):
             if n % _CLOCK_EVERY == _CLOCK_EVERY - 1:
@@ -658,6 +669,10 @@ class _Search:
             holder_id = self.parent.get(pid)
             holder = self.objects.get(holder_id) if holder_id is not None else None
             index = self.hops[pid] = _hops(parent, holder, self.key_text)
+            if type(parent) in self.tensor_types and self.grad_fn(parent) is None:
+                grad = self.grad(parent)
+                if grad is not None:
+                    index[id(grad)] = (".grad", None)
         return index
 
     def key_text(self, key):
@@ -744,7 +759,23 @@ def _in(file, folders):
     return file.startswith(folders) or file.startswith("<frozen ")
 
 
+_LIBRARY_FOLDERS = {}
+
+
 def _library_folders():
+    """`_find_library_folders()`, kept while `sys.path` and the working
+    folder stay the same (each dump asks)."""
+    try:
+        key = (tuple(p for p in sys.path if type(p) is str), os.getcwd())
+    except OSError:
+        key = None
+    if key not in _LIBRARY_FOLDERS:
+        _LIBRARY_FOLDERS.clear()
+        _LIBRARY_FOLDERS[key] = _find_library_folders()
+    return _LIBRARY_FOLDERS[key]
+
+
+def _find_library_folders():
     """Where installed packages and the standard library live: their
     frames (torch's optimizer wrapper, pytest's runner) are not roots, and
     their modules' globals come after the user's. Every site folder, the

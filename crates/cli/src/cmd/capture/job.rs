@@ -183,15 +183,18 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
 /// each line gives (`None` when no line gives any), with the interval
 /// dumps skipped and how far the interval widened.
 fn dump_time(entries: &[manifest::Entry]) -> Option<DumpTime> {
-    let seconds: Vec<f64> = entries
+    let valid = |s: &f64| s.is_finite() && *s >= 0.0;
+    // (the dump's seconds, its owners' seconds) of each written dump.
+    let timed: Vec<(f64, Option<f64>)> = entries
         .iter()
         .filter(|e| e.file.is_some())
-        .filter_map(|e| e.seconds)
-        .filter(|s| s.is_finite() && *s >= 0.0)
+        .filter_map(|e| Some((e.seconds.filter(valid)?, e.owners_seconds.filter(valid))))
         .collect();
-    if seconds.is_empty() {
+    if timed.is_empty() {
         return None;
     }
+    let seconds: Vec<f64> = timed.iter().map(|t| t.0).collect();
+    let owners: Vec<f64> = timed.iter().filter_map(|t| t.1).collect();
     // Each process counts its skipped ticks from its start: its last count.
     let mut skipped: std::collections::HashMap<Option<u32>, u64> = Default::default();
     for e in entries {
@@ -209,6 +212,16 @@ fn dump_time(entries: &[manifest::Entry]) -> Option<DumpTime> {
         dumps: seconds.len(),
         seconds: seconds.iter().sum(),
         longest: seconds.iter().copied().fold(0.0, f64::max),
+        longest_without_owners: timed
+            .iter()
+            .map(|(s, o)| s - o.unwrap_or(0.0))
+            .fold(0.0, f64::max),
+        owners: (!owners.is_empty()).then(|| {
+            (
+                owners.iter().sum(),
+                owners.iter().copied().fold(0.0, f64::max),
+            )
+        }),
         skipped_ticks: skipped.values().sum(),
         widened_to,
     })
