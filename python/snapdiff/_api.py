@@ -83,6 +83,9 @@ class Suspect:
     series: List[int]
     floor: List[int]
     blocks: List[int]
+    # What kept its blocks alive (`capture --owners`): dicts of `owner`,
+    # `kind`, `container`, `example`, `blocks`, `bytes`, `blocks_per_step`.
+    held_by: List[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -142,6 +145,7 @@ def _suspect(report, entry):
         series=entry["series"],
         floor=entry["floor"],
         blocks=entry["blocks"],
+        held_by=entry.get("held_by", []),
     )
 
 

@@ -24,7 +24,7 @@ from snapdiff._cli import run
 # raised in it) before its files are named in `Fleet.failed`.
 TASK_RETRIES = 2
 
-_TABLES = ("sites.parquet", "checkpoints.parquet", "stacks.parquet")
+_TABLES = ("sites.parquet", "checkpoints.parquet", "stacks.parquet", "owners.parquet")
 _SNAPSHOT = re.compile(r"\.(snap|pickle|pkl|json|pt|zip|gz|zst|xz|bz2)$")
 _PROCESS = re.compile(r"^(rank\d+|pid\d+)-step")
 
@@ -51,6 +51,8 @@ class FleetLeak:
     ranks: List[Optional[int]]
     growth_per_step: List[Optional[float]]
     growth_bytes: int
+    # What kept its blocks alive (`capture --owners`), as in `Suspect`.
+    held_by: List[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -123,6 +125,7 @@ def _fleet_of(r, files=None, bytes_=None, unreadable=(), failed=()):
                 ranks=[m["rank"] for m in l["members"]],
                 growth_per_step=[m.get("growth_per_step") for m in l["members"]],
                 growth_bytes=l["growth_bytes"],
+                held_by=l.get("held_by", []),
             )
             for l in r["leaks"]
         ],
@@ -231,7 +234,7 @@ def _batches(files, count):
 
 
 def _export(files):
-    """A Ray task: `snapdiff export` of `files`; returns the three tables
+    """A Ray task: `snapdiff export` of `files`; returns the site tables
     as Arrow tables, and what export said (files, bytes, unreadable)."""
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
@@ -244,11 +247,13 @@ def _export(files):
                 local.append(path)
                 continue
             # A file on remote storage: copied here with its folder's name
-            # kept (and its manifest), so that ranks are told as at home.
+            # kept (and its manifest and owners), so that ranks are told,
+            # and blocks' owners named, as at home.
             fs, _ = pafs.FileSystem.from_uri(prefix + path)
             folder = os.path.join(work, "in", os.path.dirname(path).lstrip("/"))
             os.makedirs(folder, exist_ok=True)
-            for name in (os.path.basename(path), "manifest.jsonl"):
+            owners = os.path.splitext(os.path.basename(path))[0] + ".owners.json"
+            for name in (os.path.basename(path), "manifest.jsonl", owners):
                 source = os.path.dirname(path) + "/" + name
                 target = os.path.join(folder, name)
                 if os.path.exists(target):

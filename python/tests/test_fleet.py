@@ -163,3 +163,64 @@ def test_the_guides_duckdb_queries_answer_as_the_json_does(job, tmp_path, monkey
         (m["rank"], m["device"], c["step"], c["allocated_bytes"], c["reserved_bytes"])
         for m in report["members"] for c in m["checkpoints"]
     ]
+
+
+LEAKING_JOB = """
+import torch
+
+model = torch.nn.Linear(64, 64)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+history = []
+kept = {}
+for step in range(8):
+    out = model(torch.randn(16, 64))
+    out.square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    history.append(out.detach() * 1)  # LEAK
+    kept[step] = out.detach() * 2  # LEAK
+"""
+
+
+@pytest.fixture(scope="module")
+def owned(tmp_path_factory):
+    """A real job captured with `--owners`: two leaking lines, each held by
+    its own container."""
+    folder = tmp_path_factory.mktemp("owned")
+    script = folder / "train.py"
+    script.write_text(LEAKING_JOB)
+    subprocess.run(
+        [snapdiff._cli.binary(), "capture", "--owners", "--no-report", "-o", folder / "dumps",
+         "--every", "1", "--", "python3", script],
+        check=True, capture_output=True,
+    )
+    return folder
+
+
+def held_by(report):
+    return sorted(
+        (leak["site"]["culprit"]["line"], h["owner"], h["blocks"], h["bytes"])
+        for leak in report["leaks"]
+        for h in leak.get("held_by", [])
+    )
+
+
+def test_fleet_from_tables_and_on_ray_says_held_by_as_from_snapshots(owned, cluster, tmp_path):
+    binary = snapdiff._cli.binary()
+    fleet = lambda path: json.loads(subprocess.run(
+        [binary, "fleet", path, "--json"], check=True, capture_output=True, text=True).stdout)
+    from_snapshots = fleet(owned / "dumps")
+    expected = held_by(from_snapshots)
+    assert [(line, owner) for line, owner, _, _ in expected] == [
+        (13, "train.history"), (14, "train.kept")], expected
+    tables = tmp_path / "tables"
+    subprocess.run([binary, "export", owned / "dumps", "-o", tables], check=True, capture_output=True)
+    assert (tables / "owners.parquet").is_file()
+    assert held_by(fleet(tables)) == expected
+    on_ray = snapdiff.fleet(owned / "dumps", engine="ray")
+    assert on_ray.failed == []
+    assert on_ray.leaks == snapdiff.fleet(owned / "dumps").leaks
+    assert sorted(
+        (leak.site.culprit.line, h["owner"])
+        for leak in on_ray.leaks for h in leak.held_by
+    ) == [(13, "train.history"), (14, "train.kept")]

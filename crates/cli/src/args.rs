@@ -425,8 +425,9 @@ pub(crate) struct FleetArgs {
 ///
 /// Writes sites.parquet (each site's live blocks and bytes per rank,
 /// device and checkpoint, with its culprit line), checkpoints.parquet (each
-/// checkpoint's step, time, file and totals) and stacks.parquet (each
-/// site's frames) into DIR; schema in docs/format.md. `snapdiff fleet DIR`
+/// checkpoint's step, time, file and totals), stacks.parquet (each
+/// site's frames) and owners.parquet (what kept each site's blocks alive,
+/// from capture --owners) into DIR; schema in docs/format.md. `snapdiff fleet DIR`
 /// gives the same verdict as from the snapshots.
 #[derive(Debug, Args)]
 pub(crate) struct ExportArgs {

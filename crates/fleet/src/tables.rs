@@ -1,5 +1,6 @@
-//! The site tables as Parquet files: `sites.parquet`, `checkpoints.parquet`
-//! and `stacks.parquet` in one folder (schema in `docs/format.md`).
+//! The site tables as Parquet files: `sites.parquet`, `checkpoints.parquet`,
+//! `stacks.parquet` and `owners.parquet` in one folder (schema in
+//! `docs/format.md`).
 //!
 //! Written and read with the Apache Arrow crates, so that DuckDB, pandas,
 //! Spark and any Parquet reader see the same rows the fleet verdict is
@@ -20,14 +21,21 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use rustc_hash::{FxHashMap, FxHashSet};
-use snapdiff_analyze::{Culprit, CulpritRules, SiteTotals, StackKey, describe_site};
+use snapdiff_analyze::{Culprit, CulpritRules, HeldBy, SiteTotals, StackKey, describe_site};
 use snapdiff_format::Frame;
 
 use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
 use crate::stacks::Stacks;
 
-/// The files of a site-table folder.
-pub const TABLE_FILES: [&str; 3] = ["sites.parquet", "checkpoints.parquet", "stacks.parquet"];
+/// The files of a site-table folder. The last, what kept sites' blocks
+/// alive (`capture --owners`), may be missing from folders written before
+/// it was.
+pub const TABLE_FILES: [&str; 4] = [
+    "sites.parquet",
+    "checkpoints.parquet",
+    "stacks.parquet",
+    "owners.parquet",
+];
 
 /// Rows per row group: large enough for fast scans, small enough that a
 /// writer buffers tens of megabytes, not the whole table.
@@ -103,6 +111,22 @@ fn stacks_schema() -> SchemaRef {
     ]))
 }
 
+fn owners_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("process", DataType::Utf8, false),
+        Field::new("rank", DataType::UInt32, true),
+        Field::new("device", DataType::UInt32, false),
+        Field::new("checkpoint", DataType::UInt32, false),
+        Field::new("stack_key", DataType::Utf8, false),
+        Field::new("owner", DataType::Utf8, false),
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("container", DataType::Utf8, true),
+        Field::new("example", DataType::Utf8, false),
+        Field::new("blocks", DataType::UInt64, false),
+        Field::new("bytes", DataType::UInt64, false),
+    ]))
+}
+
 /// One table being written: to a hidden file of a name nobody could
 /// plant (made new, never through a link), renamed into place when done
 /// and removed if it is not.
@@ -160,6 +184,7 @@ pub struct TableWriter {
     sites: TableFile,
     checkpoints: TableFile,
     stacks: TableFile,
+    owners: TableFile,
     rules: CulpritRules,
     culprits: FxHashMap<StackKey, Culprit>,
     stacks_written: FxHashSet<StackKey>,
@@ -175,6 +200,7 @@ impl TableWriter {
             sites: TableFile::create(dir, TABLE_FILES[0], sites_schema())?,
             checkpoints: TableFile::create(dir, TABLE_FILES[1], checkpoints_schema())?,
             stacks: TableFile::create(dir, TABLE_FILES[2], stacks_schema())?,
+            owners: TableFile::create(dir, TABLE_FILES[3], owners_schema())?,
             rules,
             culprits: FxHashMap::default(),
             stacks_written: FxHashSet::default(),
@@ -187,6 +213,7 @@ impl TableWriter {
         rows.put_in_order();
         let rank = rank_of(&rows.process);
         self.write_checkpoints(&rows.process, rank, &rows.devices)?;
+        self.write_owners(&rows.process, rank, &rows.devices)?;
         let mut process = StringBuilder::new();
         let mut ranks = UInt32Builder::new();
         let mut devices = UInt32Builder::new();
@@ -302,6 +329,61 @@ impl TableWriter {
         ])
     }
 
+    fn write_owners(
+        &mut self,
+        process: &str,
+        rank: Option<u32>,
+        devices: &[DeviceRows],
+    ) -> Result<(), TableError> {
+        let mut names = StringBuilder::new();
+        let mut ranks = UInt32Builder::new();
+        let mut device_ids = UInt32Builder::new();
+        let mut indices = UInt32Builder::new();
+        let mut keys = StringBuilder::new();
+        let mut owners = StringBuilder::new();
+        let mut kinds = StringBuilder::new();
+        let mut containers = StringBuilder::new();
+        let mut examples = StringBuilder::new();
+        let mut blocks = UInt64Builder::new();
+        let mut bytes = UInt64Builder::new();
+        for device in devices {
+            for (index, sites) in device.owners.iter().enumerate() {
+                let Some(sites) = sites else { continue };
+                // In key order, so that a table is the same each time.
+                let mut sites: Vec<_> = sites.iter().collect();
+                sites.sort_by_key(|(key, _)| **key);
+                for (key, held) in sites {
+                    for h in held {
+                        names.append_value(process);
+                        ranks.append_option(rank);
+                        device_ids.append_value(device.device);
+                        indices.append_value(index as u32);
+                        keys.append_value(key.to_string());
+                        owners.append_value(&h.owner);
+                        kinds.append_value(&h.kind);
+                        containers.append_option(h.container.as_deref());
+                        examples.append_value(&h.example);
+                        blocks.append_value(h.blocks);
+                        bytes.append_value(h.bytes);
+                    }
+                }
+            }
+        }
+        self.owners.write(vec![
+            Arc::new(names.finish()),
+            Arc::new(ranks.finish()),
+            Arc::new(device_ids.finish()),
+            Arc::new(indices.finish()),
+            Arc::new(keys.finish()),
+            Arc::new(owners.finish()),
+            Arc::new(kinds.finish()),
+            Arc::new(containers.finish()),
+            Arc::new(examples.finish()),
+            Arc::new(blocks.finish()),
+            Arc::new(bytes.finish()),
+        ])
+    }
+
     fn write_stacks(&mut self, keys: &[StackKey], stacks: &Stacks) -> Result<(), TableError> {
         let mut key_column = StringBuilder::new();
         let mut index = UInt32Builder::new();
@@ -331,7 +413,8 @@ impl TableWriter {
     pub fn finish(self) -> Result<(), TableError> {
         self.sites.finish()?;
         self.checkpoints.finish()?;
-        self.stacks.finish()
+        self.stacks.finish()?;
+        self.owners.finish()
     }
 }
 
@@ -533,5 +616,63 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
             });
         }
     }
+    if dir.join(TABLE_FILES[3]).exists() {
+        read_owners(dir, &mut processes, &index_of, &placed)?;
+    }
     Ok(processes)
+}
+
+/// Reads `owners.parquet` into the rows' owners: a checkpoint with rows
+/// there had its owners found.
+fn read_owners(
+    dir: &Path,
+    processes: &mut [ProcessRows],
+    index_of: &FxHashMap<String, usize>,
+    placed: &[FxHashMap<(u32, u32), usize>],
+) -> Result<(), TableError> {
+    let path = dir.join(TABLE_FILES[3]);
+    for batch in read_batches(dir, TABLE_FILES[3], &owners_schema())? {
+        let names = column::<StringArray>(&batch, "process");
+        let devices = column::<UInt32Array>(&batch, "device");
+        let indices = column::<UInt32Array>(&batch, "checkpoint");
+        let keys = column::<StringArray>(&batch, "stack_key");
+        let owners = column::<StringArray>(&batch, "owner");
+        let kinds = column::<StringArray>(&batch, "kind");
+        let containers = column::<StringArray>(&batch, "container");
+        let examples = column::<StringArray>(&batch, "example");
+        let blocks = column::<UInt64Array>(&batch, "blocks");
+        let bytes = column::<UInt64Array>(&batch, "bytes");
+        for i in 0..batch.num_rows() {
+            let name = names.value(i);
+            let key = (devices.value(i), indices.value(i));
+            let Some((p, at)) = index_of
+                .get(name)
+                .and_then(|&p| Some((p, *placed[p].get(&key)?)))
+            else {
+                return Err(file_error(
+                    &path,
+                    format!(
+                        "a row of {name} device {} checkpoint {} has no row in {}",
+                        key.0, key.1, TABLE_FILES[1]
+                    ),
+                ));
+            };
+            let stack_key = parse_key(&path, keys.value(i))?;
+            let device = processes[p].device_mut(key.0);
+            device.owners[at]
+                .get_or_insert_with(Default::default)
+                .entry(stack_key)
+                .or_default()
+                .push(HeldBy {
+                    owner: owners.value(i).to_owned(),
+                    kind: kinds.value(i).to_owned(),
+                    container: option(containers.is_valid(i), containers.value(i).to_owned()),
+                    example: examples.value(i).to_owned(),
+                    blocks: blocks.value(i),
+                    bytes: bytes.value(i),
+                    blocks_per_step: None,
+                });
+        }
+    }
+    Ok(())
 }
