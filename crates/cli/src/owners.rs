@@ -32,6 +32,10 @@ struct Owner {
     group: String,
     container: Option<String>,
     kind: String,
+    /// Every container on the block's path, outermost first: (the path
+    /// to it, its type).
+    #[serde(default)]
+    groups: Vec<(String, Option<String>)>,
 }
 
 /// Owners files are small (a line per live block); a larger one is not read.
@@ -47,26 +51,45 @@ pub(crate) fn beside(path: &Path) -> Option<Owners> {
     serde_json::from_slice(&std::fs::read(owners).ok()?).ok()
 }
 
-/// Counts one block of `bytes` held by owner `o` in `groups` (one entry per
-/// owner group).
-fn add_block(groups: &mut Vec<HeldBy>, o: &Owner, bytes: u64) {
-    let at = match groups.iter().position(|g| g.owner == o.group) {
-        Some(at) => at,
-        None => {
-            groups.push(HeldBy {
-                owner: o.group.clone(),
-                kind: o.kind.clone(),
-                container: o.container.clone(),
-                example: o.owner.clone(),
-                blocks: 0,
-                bytes: 0,
-                blocks_per_step: None,
-            });
-            groups.len() - 1
+/// The owners of one site's blocks (each block's owner and bytes),
+/// grouped: each block under the deepest container on its path that holds
+/// another of the site's blocks too (`optimizer.param_groups` for blocks
+/// in `param_groups[2]['params'][0]` and `param_groups[3]['params'][0]`),
+/// else under the group the search gave it.
+fn group_site(blocks: &[(&Owner, u64)]) -> Vec<HeldBy> {
+    let mut shared: HashMap<&str, usize> = HashMap::new();
+    for (o, _) in blocks {
+        for (at, _) in &o.groups {
+            *shared.entry(at).or_default() += 1;
         }
-    };
-    groups[at].blocks += 1;
-    groups[at].bytes += bytes;
+    }
+    let mut groups: Vec<HeldBy> = Vec::new();
+    for &(o, bytes) in blocks {
+        let (name, container) = o
+            .groups
+            .iter()
+            .rev()
+            .find(|(at, _)| shared[at.as_str()] > 1)
+            .map_or((&o.group, &o.container), |(at, container)| (at, container));
+        let at = match groups.iter().position(|g| &g.owner == name) {
+            Some(at) => at,
+            None => {
+                groups.push(HeldBy {
+                    owner: name.clone(),
+                    kind: o.kind.clone(),
+                    container: container.clone(),
+                    example: o.owner.clone(),
+                    blocks: 0,
+                    bytes: 0,
+                    blocks_per_step: None,
+                });
+                groups.len() - 1
+            }
+        };
+        groups[at].blocks += 1;
+        groups[at].bytes += bytes;
+    }
+    groups
 }
 
 /// What kept each site's live blocks of `snap` alive, from the owners file
@@ -74,7 +97,7 @@ fn add_block(groups: &mut Vec<HeldBy>, o: &Owner, bytes: u64) {
 pub(crate) fn by_site(path: &Path, snap: &Snapshot) -> Option<SiteOwners> {
     let owners = beside(path)?;
     let keys = StackKeys::of_live_blocks(snap);
-    let mut sites = SiteOwners::default();
+    let mut by_key: HashMap<_, Vec<(&Owner, u64)>> = HashMap::new();
     for b in snap.segments.iter().flat_map(|s| &s.blocks) {
         if !b.state.is_active() {
             continue;
@@ -82,9 +105,17 @@ pub(crate) fn by_site(path: &Path, snap: &Snapshot) -> Option<SiteOwners> {
         let Some(o) = owners.blocks.get(&b.address.to_string()) else {
             continue;
         };
-        add_block(sites.entry(keys.key(b.stack)).or_default(), o, requested(b));
+        by_key
+            .entry(keys.key(b.stack))
+            .or_default()
+            .push((o, requested(b)));
     }
-    Some(sites)
+    Some(
+        by_key
+            .into_iter()
+            .map(|(key, blocks)| (key, group_site(&blocks)))
+            .collect(),
+    )
 }
 
 /// Fills in each suspect's `held_by` from the owners files beside the last
@@ -164,31 +195,33 @@ fn held_by(
     before: Option<(&Owners, &[(u64, u64)])>,
     steps: Option<u64>,
 ) -> Vec<HeldBy> {
-    let mut groups: Vec<HeldBy> = Vec::new();
     let unowned = Owner {
         owner: "no live tensor (the allocator's cache, or C++ code)".to_owned(),
         group: "no live tensor (the allocator's cache, or C++ code)".to_owned(),
         container: None,
         kind: "unowned".to_owned(),
+        groups: Vec::new(),
     };
-    for &(address, bytes) in blocks {
-        let o = match owners.blocks.get(&address.to_string()) {
-            Some(o) => o,
-            None if owners.complete => &unowned,
-            None => continue,
-        };
-        add_block(&mut groups, o, bytes);
-    }
+    let owned = |owners: &'_ Owners, blocks: &[(u64, u64)]| -> Vec<HeldBy> {
+        let mut found = Vec::new();
+        for &(address, bytes) in blocks {
+            match owners.blocks.get(&address.to_string()) {
+                Some(o) => found.push((o, bytes)),
+                None if owners.complete => found.push((&unowned, bytes)),
+                None => {}
+            }
+        }
+        group_site(&found)
+    };
+    let mut groups = owned(owners, blocks);
     if let (Some((earlier, earlier_blocks)), Some(steps)) = (before, steps) {
+        let then = owned(earlier, earlier_blocks);
         for g in &mut groups {
-            let then = earlier_blocks
+            let before = then
                 .iter()
-                .filter(|(a, _)| match earlier.blocks.get(&a.to_string()) {
-                    Some(o) => o.group == g.owner,
-                    None => earlier.complete && g.kind == "unowned",
-                })
-                .count() as f64;
-            g.blocks_per_step = Some((g.blocks as f64 - then) / steps as f64);
+                .find(|t| t.owner == g.owner)
+                .map_or(0, |t| t.blocks);
+            g.blocks_per_step = Some((g.blocks as f64 - before as f64) / steps as f64);
         }
     }
     HeldBy::order(&mut groups);

@@ -68,8 +68,13 @@ _CLOCK_EVERY = 256
 # the globals of every library are walked.
 _MOST_CYCLE_TENSORS = 64
 _MOST_CYCLE_OBJECTS = 512
-# A path longer than this many steps keeps its first and last ones.
-_MOST_HOPS = 16
+# The tier of containers of 1,024 elements and more: before looking into
+# them, the search looks for cycles.
+_LARGE_TIER = 11
+# A path longer than the first and last steps kept is cut in the middle.
+_FIRST_HOPS, _LAST_HOPS = 6, 9
+# The containers on a path a report may group blocks by: the innermost.
+_MOST_GROUPS = 8
 
 _CYCLE = {
     "owner": "a reference cycle: gc would free it",
@@ -184,16 +189,14 @@ class _Search:
         try:
             wanted = self.list_tensors()  # the blocks a walk can reach
             library = _library_folders()
-            # The user's roots; then, for what they do not reach, library
-            # code's running frames and the globals of every other module.
-            for roots in (self.user_roots, self.library_frames, self.library_globals):
-                if not wanted <= self.found.keys():
-                    self.walk(roots(library), wanted)
-                if roots == self.library_frames and not wanted <= self.found.keys():
-                    # Before the globals of every library: are the tensors
-                    # left in reference cycles (a closer look, much cheaper
-                    # than walking those globals)?
-                    self.tell_cycles(wanted)
+            # The user's roots (and library code's running frames, after
+            # them); then, for what they do not reach, the globals of every
+            # other module.
+            self.walk(self.first_roots(library), wanted)
+            if not wanted <= self.found.keys():
+                self.tell_cycles(wanted)
+            if not wanted <= self.found.keys():
+                self.walk(self.library_globals(library), wanted)
             if not wanted <= self.found.keys():
                 everything = gc.get_objects()
                 objects = len(everything)
@@ -202,9 +205,11 @@ class _Search:
         except _OutOfTime:
             complete = False
         described = {}
-        for block, owner in self.found.items():
+        for n, (block, owner) in enumerate(self.found.items()):
             if type(owner) is int:
                 try:
+                    if n % _CLOCK_EVERY == 0:
+                        self.out_of_time()
                     owner = self.describe(owner)
                 except _OutOfTime:
                     complete = False
@@ -324,7 +329,8 @@ class _Search:
         yield from self.frame_roots(library, mine=True)
         yield from self.module_roots(library, mine=True)
 
-    def library_frames(self, library):
+    def first_roots(self, library):
+        yield from self.user_roots(library)
         yield from self.frame_roots(library, mine=False)
 
     def library_globals(self, library):
@@ -402,11 +408,19 @@ class _Search:
             tiers[_tier(value)].append(i)
         lowest = 0
         steps = 0
+        looked_for_cycles = False
         while self.unowned > 0:
             while lowest < len(tiers) and not tiers[lowest]:
                 lowest += 1
             if lowest == len(tiers):
                 return
+            if lowest >= _LARGE_TIER and not looked_for_cycles:
+                # Before the large containers (a dataset): are the few
+                # tensors left in reference cycles, which no walk reaches?
+                looked_for_cycles = True
+                self.tell_cycles(wanted)
+                self.unowned = len(wanted - self.found.keys())
+                continue
             steps += 1
             if steps % _CLOCK_EVERY == 0:
                 self.out_of_time()
@@ -607,7 +621,22 @@ class _Search:
             group = self.text(path.group_at)
         else:
             group = owner
-        return {"owner": owner, "group": group, "container": path.container, "kind": path.kind}
+        # Every container on the way, outermost first: a report groups a
+        # line's blocks by the deepest one that holds several of them
+        # (`optimizer.param_groups` for `param_groups[2]['params'][0]`).
+        groups = []
+        boundary = path.boundaries
+        while boundary is not None and len(groups) < _MOST_GROUPS:
+            at, container, boundary = boundary
+            groups.append([at if type(at) is str else self.text(at), container])
+        groups.reverse()
+        return {
+            "owner": owner,
+            "group": group,
+            "container": path.container,
+            "kind": path.kind,
+            "groups": groups,
+        }
 
     def path(self, oid):
         """The `_Path` of object `oid`, made from its parent's (kept: the
@@ -649,16 +678,25 @@ class _Search:
             # `train.log (a bound method of a list)`: the method is what
             # the user holds; its object, what it keeps.
             bound = f"{self.text(before)} (a bound method of a {_type_name(type(self.objects[cid]))})"
-            return _Path(before, text, before.kind, bound=bound)
+            path = _Path(before, text, before.kind, bound=bound)
+            path.boundaries = (bound, None, before.boundaries)
+            return path
         if container is not None and before.bound is None:
             # Blocks are grouped by the largest container on the way (the
             # innermost of equals): `app.cache` for `app.cache['k7']['value']`.
             size = _size(self.objects[pid])
             if before.container is None or size >= before.size:
-                return _Path(before, text, before.kind, before, container, size=size)
-        return _Path(
+                path = _Path(before, text, before.kind, before, container, size=size)
+            else:
+                path = _Path(before, text, before.kind, before.group_at, before.container,
+                             size=before.size)
+            path.boundaries = (before, container, before.boundaries)
+            return path
+        path = _Path(
             before, text, before.kind, before.group_at, before.container, before.bound, before.size
         )
+        path.boundaries = before.boundaries
+        return path
 
     def hop_index(self, pid):
         """How object `pid` holds each of its children: `{id: (text,
@@ -691,14 +729,17 @@ class _Search:
         the middle."""
         text = self.texts.get(id(path))
         if text is None:
-            steps = []
+            # The last steps, walked back; the first, kept on the path.
+            tail = []
             p = path
-            while p is not None:
-                steps.append(p.text)
+            while p is not None and len(tail) < _LAST_HOPS:
+                tail.append(p.text)
                 p = p.before
-            steps.reverse()
-            if len(steps) > _MOST_HOPS:
-                steps = steps[:6] + ["..."] + steps[-(_MOST_HOPS - 7):]
+            tail.reverse()
+            if path.depth <= _FIRST_HOPS + _LAST_HOPS:
+                steps = list(path.head[: path.depth - len(tail)]) + tail
+            else:
+                steps = list(path.head) + ["..."] + tail
             text = self.texts[id(path)] = "".join(steps)
         return text
 
@@ -708,10 +749,21 @@ class _Path:
     path before it, what kind of root it starts at, and the container its
     object is an element of (the owner blocks are grouped by)."""
 
-    __slots__ = ("before", "text", "kind", "group_at", "container", "bound", "size", "graph")
+    __slots__ = (
+        "before", "text", "kind", "group_at", "container", "bound", "size", "graph", "boundaries",
+        "depth", "head",
+    )
 
     def __init__(self, before, text, kind, group_at=None, container=None, bound=None, size=0):
         self.before = before
+        self.depth = 1 if before is None else before.depth + 1
+        # The first steps' texts (what a long path's text starts with).
+        if before is None:
+            self.head = (text,)
+        elif before.depth < _FIRST_HOPS:
+            self.head = before.head + (text,)
+        else:
+            self.head = before.head
         self.size = size  # the container's length
         self.text = text
         self.kind = kind
@@ -719,6 +771,9 @@ class _Path:
         self.container = container  # its type's name
         self.bound = bound  # the group, for a bound method's object
         self.graph = None  # (graph's root, its group), inside a graph
+        # (the path to a container or a group's text, the container's
+        # type, the boundaries before it): every container on the way.
+        self.boundaries = None
 
     def into_graph(self, graph):
         path = _Path(self.before, self.text, self.kind)
@@ -937,7 +992,7 @@ def _hops(parent, holder, key_text):
         pass  # named by the closure; a class's attribute dict follows
     elif _type_name(kind) == "_lru_cache_wrapper":
         for v in gc.get_referents(parent):
-            index.setdefault(id(v), (" (lru_cache)", "lru_cache"))
+            index.setdefault(id(v), (" (lru_cache)", None))  # its dict follows
     else:
         attrs = _instance_attributes(parent)
         if attrs is not None:
