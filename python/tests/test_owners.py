@@ -662,3 +662,46 @@ def test_of_two_owners_of_one_line_the_one_holding_more_comes_first(tmp_path, mo
     assert (first["blocks"], second["blocks"]) == (last * 2 // 3, last // 3), suspect.held_by
     assert (first["bytes"], second["bytes"]) == (first["blocks"] * 1024, second["blocks"] * 1024)
     assert first["blocks_per_step"] == 2 and second["blocks_per_step"] == 1, suspect.held_by
+
+
+def test_folders_pth_files_add_are_libraries_unless_they_hold_the_job(tmp_path, monkeypatch):
+    from snapdiff.hook import snapdiff_owners
+
+    site_folder, added, project = tmp_path / "site", tmp_path / "added", tmp_path / "project"
+    for folder in (site_folder, added, project):
+        folder.mkdir()
+    # A package added by a .pth file, and an editable install of the
+    # user's own project (the working folder).
+    (site_folder / "extra.pth").write_text(f"# comment\nimport os\n{added}\n{project}\n")
+    monkeypatch.setattr(snapdiff_owners.site, "getsitepackages", lambda: [str(site_folder)])
+    monkeypatch.chdir(project)
+    folders = snapdiff_owners._find_library_folders()
+    assert os.path.join(str(added), "") in folders
+    assert os.path.join(str(project), "") not in folders
+    assert os.path.join(str(site_folder), "") in folders
+
+
+def test_a_library_frames_local_is_not_named_when_the_users_code_holds_it_too():
+    """A frame inside a library (torch's `layer_norm`, say) holding the
+    user's tensor as an argument is not where the user looks: the user's
+    own global is named."""
+    torch = pytest.importorskip("torch")
+    from snapdiff.hook import snapdiff_owners
+
+    library = os.path.join(os.path.dirname(torch.__file__), "nn", "fake_functional.py")
+    code = compile(
+        "def layer_norm(weight, find):\n    return find()\n", library, "exec")
+    namespace = {}
+    exec(code, namespace)
+    global _KEPT
+    _KEPT = [torch.ones(64)]
+    try:
+        blocks = _blocks(_KEPT[0])
+        found = namespace["layer_norm"](_KEPT[0], lambda: snapdiff_owners.find(torch, blocks))
+        [owner] = found["blocks"].values()
+        assert owner["owner"] == "test_owners._KEPT[0]", owner
+    finally:
+        del _KEPT
+
+
+_KEPT = None

@@ -192,7 +192,7 @@ class _Search:
             # The user's roots (and library code's running frames, after
             # them); then, for what they do not reach, the globals of every
             # other module.
-            self.walk(self.first_roots(library), wanted)
+            self.walk(self.user_roots(library), wanted, self.frame_roots(library, mine=False))
             if not wanted <= self.found.keys():
                 self.tell_cycles(wanted)
             if not wanted <= self.found.keys():
@@ -329,10 +329,6 @@ class _Search:
         yield from self.frame_roots(library, mine=True)
         yield from self.module_roots(library, mine=True)
 
-    def first_roots(self, library):
-        yield from self.user_roots(library)
-        yield from self.frame_roots(library, mine=False)
-
     def library_globals(self, library):
         yield from self.module_roots(library, mine=False)
 
@@ -387,31 +383,31 @@ class _Search:
 
     # --- the walk --------------------------------------------------------------
 
-    def walk(self, roots, wanted):
+    def walk(self, roots, wanted, later=()):
         """Looks into the heap from `roots` until every block of `wanted`
         has an owner or nothing is left to look into. Objects are looked
         into in tiers by size (a tier per power of two of a container's
         length), small first: a model's state, a cache of a few thousand
         tensors, before a dataset of a million records; breadth-first
-        within a tier, so paths are short, not always the shortest."""
+        within a tier, so paths are short, not always the shortest. The
+        roots of `later` (library code's frames) are taken only before the
+        large containers, once the rest named what it could."""
         from collections import deque
 
         tiers = [deque() for _ in range(64)]
         self.unowned = len(wanted - self.found.keys())
-        for value, label, kind in roots:
-            i = id(value)
-            if i in self.objects:
-                continue
-            self.objects[i] = value
-            self.roots[i] = (label, kind)
-            self.met(i, value, None, wanted)
-            tiers[_tier(value)].append(i)
+        self.add_roots(roots, tiers, wanted)
         lowest = 0
         steps = 0
         looked_for_cycles = False
         while self.unowned > 0:
             while lowest < len(tiers) and not tiers[lowest]:
                 lowest += 1
+            if later is not None and (lowest == len(tiers) or lowest >= _LARGE_TIER):
+                self.add_roots(later, tiers, wanted)
+                later = None
+                lowest = 0
+                continue
             if lowest == len(tiers):
                 return
             if lowest >= _LARGE_TIER and not looked_for_cycles:
@@ -444,6 +440,16 @@ class _Search:
                     tier = _tier(child)
                     tiers[tier].append(cid)
                     lowest = min(lowest, tier)
+
+    def add_roots(self, roots, tiers, wanted):
+        for value, label, kind in roots:
+            i = id(value)
+            if i in self.objects:
+                continue
+            self.objects[i] = value
+            self.roots[i] = (label, kind)
+            self.met(i, value, None, wanted)
+            tiers[_tier(value)].append(i)
 
     def met(self, oid, obj, how, wanted):
         """Gives the block of a tensor met for the first time its owner."""
