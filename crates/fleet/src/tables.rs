@@ -588,18 +588,7 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
         for i in 0..batch.num_rows() {
             let name = names.value(i);
             let key = (devices.value(i), indices.value(i));
-            let at = index_of
-                .get(name)
-                .and_then(|&p| Some((p, *placed[p].get(&key)?)));
-            let Some((p, at)) = at else {
-                return Err(file_error(
-                    &sites_path,
-                    format!(
-                        "a row of {name} device {} checkpoint {} has no row in {}",
-                        key.0, key.1, TABLE_FILES[1]
-                    ),
-                ));
-            };
+            let (p, at) = checkpoint_of(&sites_path, name, key, &index_of, &placed)?;
             let stack_key = parse_key(&sites_path, keys.value(i))?;
             if !stacks.contains(stack_key) {
                 // A site without frames: allocations with no stack.
@@ -620,6 +609,30 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
         read_owners(dir, &mut processes, &index_of, &placed)?;
     }
     Ok(processes)
+}
+
+/// Where a row of table `path` for process `name` and (device,
+/// checkpoint) `key` goes: the process's index and the checkpoint's place
+/// on its device, from the checkpoints table (`index_of`, `placed`).
+fn checkpoint_of(
+    path: &Path,
+    name: &str,
+    key: (u32, u32),
+    index_of: &FxHashMap<String, usize>,
+    placed: &[FxHashMap<(u32, u32), usize>],
+) -> Result<(usize, usize), TableError> {
+    index_of
+        .get(name)
+        .and_then(|&p| Some((p, *placed[p].get(&key)?)))
+        .ok_or_else(|| {
+            file_error(
+                path,
+                format!(
+                    "a row of {name} device {} checkpoint {} has no row in {}",
+                    key.0, key.1, TABLE_FILES[1]
+                ),
+            )
+        })
 }
 
 /// Reads `owners.parquet` into the rows' owners: a checkpoint with rows
@@ -645,18 +658,7 @@ fn read_owners(
         for i in 0..batch.num_rows() {
             let name = names.value(i);
             let key = (devices.value(i), indices.value(i));
-            let Some((p, at)) = index_of
-                .get(name)
-                .and_then(|&p| Some((p, *placed[p].get(&key)?)))
-            else {
-                return Err(file_error(
-                    &path,
-                    format!(
-                        "a row of {name} device {} checkpoint {} has no row in {}",
-                        key.0, key.1, TABLE_FILES[1]
-                    ),
-                ));
-            };
+            let (p, at) = checkpoint_of(&path, name, key, index_of, placed)?;
             let stack_key = parse_key(&path, keys.value(i))?;
             let device = processes[p].device_mut(key.0);
             device.owners[at]
