@@ -68,6 +68,7 @@ _CLOCK_EVERY = 256
 # the globals of every library are walked.
 _MOST_CYCLE_TENSORS = 64
 _MOST_CYCLE_OBJECTS = 512
+_REFERRERS_AT_ONCE = 16
 # The tier of containers of 1,024 elements and more: before looking into
 # them, the search looks for cycles.
 _LARGE_TIER = 11
@@ -536,16 +537,23 @@ class _Search:
         group grew too large. (A function of its own, so that no variable
         of the search still refers to one of them when they are counted.)"""
         added = []
-        for r in gc.get_referrers(*frontier):
-            rid = id(r)
-            if rid in group or rid in skip:
-                continue
-            if rid in self.objects or type(r) is types.ModuleType:
-                return False
-            if len(group) >= _MOST_CYCLE_OBJECTS:
-                return False
-            group[rid] = r
-            added.append(r)
+        # A few at a time: each call scans the heap, comparing every
+        # reference with each object asked about.
+        for start in range(0, len(frontier), _REFERRERS_AT_ONCE):
+            self.out_of_time()
+            chunk = frontier[start : start + _REFERRERS_AT_ONCE]
+            skip.add(id(chunk))
+            for r in gc.get_referrers(*chunk):
+                rid = id(r)
+                if rid in group or rid in skip:
+                    continue
+                if rid in self.objects or type(r) is types.ModuleType:
+                    return False
+                if len(group) >= _MOST_CYCLE_OBJECTS:
+                    return False
+                group[rid] = r
+                added.append(r)
+            del chunk
         frontier[:] = added
         return True
 
