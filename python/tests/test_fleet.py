@@ -224,3 +224,22 @@ def test_fleet_from_tables_and_on_ray_says_held_by_as_from_snapshots(owned, clus
         (leak.site.culprit.line, h["owner"])
         for leak in on_ray.leaks for h in leak.held_by
     ) == [(13, "train.history"), (14, "train.kept")]
+
+
+def test_the_guides_top_growth_query_leaves_exit_dumps_out_as_the_verdict_does(
+        owned, tmp_path, monkeypatch):
+    """A real captured job's tables hold its `-exit` dump, taken after the
+    program freed its variables: the guide's query answers as the verdict
+    does (it named no line while the exit dump was its last checkpoint)."""
+    duckdb = need("duckdb", "pip install duckdb")
+    assert list((owned / "dumps").glob("*-exit.pickle"))
+    tables = tmp_path / "tables"
+    subprocess.run([snapdiff._cli.binary(), "export", owned / "dumps", "-o", tables], check=True)
+    report = snapdiff._cli.run_json("fleet", [tables])
+    monkeypatch.chdir(tables)
+    top = duckdb.connect().sql(guide_queries()["top growth"]).fetchall()
+    # The query compares two checkpoints (the verdict judges the series):
+    # each leaking line is there with the verdict's growth.
+    leaks = {(l["site"]["culprit"]["line"], l["growth_bytes"]) for l in report["leaks"]}
+    assert {line for line, _ in leaks} == {13, 14}, report["leaks"]
+    assert leaks <= {(row[2], row[4]) for row in top}, top
