@@ -8,6 +8,7 @@
 //! `SNAPDIFF_REQUIRE_TORCH=1` (set by `.ci/run`) makes them fail.
 
 use std::ffi::OsString;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -776,10 +777,20 @@ fn sigterm_and_a_killed_monitor_end_the_job_with_an_exit_dump() {
         assert!(Instant::now() < deadline, "the job outlived its monitor");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The job wrote to capture's stderr, which only the test now holds.
+    let mut job_stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut job_stderr)
+        .unwrap();
     assert!(
         names(&pickles(&out))
             .iter()
-            .any(|n| n.ends_with("-exit.pickle"))
+            .any(|n| n.ends_with("-exit.pickle")),
+        "{job_stderr}\n{:?}",
+        std::fs::read_to_string(out.join("manifest.jsonl"))
     );
 }
 

@@ -35,6 +35,9 @@ def test_ticks_during_a_slow_dump_are_skipped_and_the_interval_widens(tmp_path):
         return write(path)
 
     capture.write = slow_write
+    # The job's time starts here: on a busy machine, starting the recorder
+    # may take seconds, which would make the first dump's share look small.
+    capture.started = time.monotonic()
     capture.install_dump_thread()
     capture.install_interval()
     time.sleep(1.5)
@@ -127,6 +130,111 @@ def test_sigterm_during_a_step_dump_ends_the_job_within_its_bound(tmp_path, dump
         assert reasons == ["step", "exit"], (reasons, err)
     else:
         assert reasons == [] and "the job ends without it" in err, (reasons, err)
+
+
+SLOW_EXIT_DUMP = """
+import os, sys, time, torch
+from snapdiff.hook import snapdiff_capture
+sys.path.insert(0, os.path.dirname(sys.argv[2]))
+from test_capture_hook import Settings
+
+capture = snapdiff_capture.Capture(torch, Settings(sys.argv[1], None), deferred=False)
+capture.install()
+write = capture.write
+
+def slow_write(path):  # an exit dump of 1.5 s, in Python, where handlers run
+    for _ in range(150):
+        time.sleep(0.01)
+    return write(path)
+
+capture.write = slow_write
+kept = torch.zeros(64)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("gap", [0.03, 1.2])
+def test_sigterm_repeated_at_once_is_one_request_and_later_ends_the_job(tmp_path, gap):
+    """A killed `snapdiff capture` sends the job its SIGTERM once per thread
+    it had, a few milliseconds apart (and a scheduler may signal both):
+    repeats within a second are one request, served with its exit dump. A
+    SIGTERM later than that ends the job at once, without it."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    job = subprocess.Popen(
+        [sys.executable, "-c", SLOW_EXIT_DUMP, str(tmp_path), __file__],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    try:
+        assert job.stdout.readline().strip() == "ready", job.stderr.read()
+        job.send_signal(signal.SIGTERM)
+        time.sleep(gap)
+        job.send_signal(signal.SIGTERM)
+        out, err = job.communicate(timeout=30)
+    finally:
+        job.kill()
+    assert job.returncode == -signal.SIGTERM, err
+    manifest = tmp_path / "manifest.jsonl"
+    lines = manifest.read_text().splitlines() if manifest.exists() else []
+    reasons = [json.loads(line)["reason"] for line in lines]
+    if gap < 1:
+        assert reasons == ["exit"], (reasons, err)
+    else:
+        assert reasons == [] and "SIGTERM" not in err, (reasons, err)
+
+
+SIGTERM_AS_A_STEP_DUMP_STARTS = """
+import os, signal, sys, threading, time, torch
+from snapdiff.hook import snapdiff_capture
+sys.path.insert(0, os.path.dirname(sys.argv[2]))
+from test_capture_hook import Settings
+
+class SignalledOnce(threading.Event):
+    armed = False
+
+    def is_set(self):  # asked first thing under the dump lock
+        if self.armed:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # the handler runs here
+        return super().is_set()
+
+capture = snapdiff_capture.Capture(torch, Settings(sys.argv[1], None), deferred=False)
+capture.settings.every = 1
+capture.stopping = SignalledOnce()
+capture.install()
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(4)).sum().backward()
+capture.stopping.armed = True
+optimizer.step()  # the step's dump, on this (the main) thread
+print("stepped", flush=True)
+"""
+
+
+def test_sigterm_as_a_step_dump_takes_the_lock_gets_the_exit_dump_at_once(tmp_path):
+    """A SIGTERM handled on the main thread just as it took the dump lock for
+    a step dump, before writing: the exit dump is written then and there
+    (it used to wait 2 s for a lock its own thread held, and give up)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    job = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AS_A_STEP_DUMP_STARTS, str(tmp_path), __file__],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert job.returncode == -signal.SIGTERM, job.stderr
+    assert "stepped" not in job.stdout and "without it" not in job.stderr, job.stderr
+    lines = (tmp_path / "manifest.jsonl").read_text().splitlines()
+    assert [json.loads(line)["reason"] for line in lines] == ["exit"], job.stderr
 
 
 def test_the_pacer_is_weak_and_an_optimizer_that_takes_no_weak_reference_still_paces(tmp_path):

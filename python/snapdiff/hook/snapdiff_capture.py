@@ -51,6 +51,11 @@ REQUEST_POLL_SECONDS = 0.2
 # How long a terminating signal waits for the exit dump (behind a dump
 # already running) before the job ends without it.
 EXIT_DUMP_SECONDS = 2.0
+# Terminating signals this soon after the first are the same request: a
+# killed `snapdiff capture` sends its SIGTERM once per thread of its own
+# (the kernel's parent-death signal, each time the job is handed to another
+# of them), and a scheduler may signal the job and capture, which passes it on.
+REPEAT_SECONDS = 1.0
 # What a job that ends without its exit dump is told.
 NO_EXIT_DUMP = (
     f"the exit snapshot could not be written within {EXIT_DUMP_SECONDS:g} s "
@@ -163,13 +168,15 @@ class Capture:
         # job's model and optimizer state are freed when it drops them.
         self.pacer = None
         self.requests = Requests()
-        self.dump_lock = threading.Lock()
+        # Reentrant: a terminating signal handled on the thread that holds it,
+        # outside the dump itself (see `on_terminate`), writes the exit dump.
+        self.dump_lock = threading.RLock()
         self.dumping = False  # whether a dump is being written now
         self.dumping_thread = None  # the thread writing it
         # The signal that ends the job once the dump it interrupted is done.
         self.ending_by = None
         self.stopping = threading.Event()
-        self.terminating = False  # a terminating signal is being served
+        self.terminating_since = None  # when a terminating signal came
         self.stopped = False  # a recording from Python was stopped for good
         self.started = time.monotonic()
         self.dump_seconds = 0.0  # time all dumps took so far
@@ -393,12 +400,12 @@ class Capture:
         self.rank = None
         self.pacer = None
         self.requests = Requests()
-        self.dump_lock = threading.Lock()
+        self.dump_lock = threading.RLock()
         self.dumping = False
         self.dumping_thread = None
         self.ending_by = None
         self.stopping = threading.Event()
-        self.terminating = False
+        self.terminating_since = None
         self.started = time.monotonic()
         self.dump_seconds = 0.0
         self.last_seconds = 0.0
@@ -420,11 +427,17 @@ class Capture:
         """SIGTERM where the job has no handler of its own: the exit dump
         before any queued one, within EXIT_DUMP_SECONDS of the signal, then
         the default action, so the job ends as it would have (by the
-        signal). A second SIGTERM meanwhile ends it at once."""
-        if self.terminating or os.getpid() != self.pid:
+        signal). Repeats within REPEAT_SECONDS are the same request; a
+        SIGTERM after that ends the job at once."""
+        if os.getpid() != self.pid:
             end_by(signum)
-        self.terminating = True
-        deadline = time.monotonic() + EXIT_DUMP_SECONDS
+        now = time.monotonic()
+        if self.terminating_since is not None:
+            if now - self.terminating_since < REPEAT_SECONDS:
+                return
+            end_by(signum)
+        self.terminating_since = now
+        deadline = now + EXIT_DUMP_SECONDS
         if self.dumping_thread == threading.get_ident():
             self.end_after_this_dump(signum, deadline)
             return
@@ -439,16 +452,14 @@ class Capture:
         """The signal came in the middle of a dump this same (main) thread
         is writing, which holds the lock an exit dump needs: the job ends
         when that dump is done (see `dump_locked`), with the exit dump if
-        there is time, or at `deadline` without it. From now on the signal
-        has its default action: a second one ends the job at once."""
-        signal.signal(signum, signal.SIG_DFL)
+        there is time, or at `deadline` without it."""
         self.ending_by = signum
         self.exit_deadline = deadline
 
         def at_deadline():
             time.sleep(max(0.0, deadline - time.monotonic()))
             warn(NO_EXIT_DUMP)
-            os.kill(os.getpid(), signum)
+            end_by(signum)
 
         threading.Thread(target=at_deadline, name="snapdiff-deadline", daemon=True).start()
 
@@ -485,6 +496,8 @@ class Capture:
 
     def dump(self, reason):
         """Writes one snapshot; a failure is counted and reported, never raised."""
+        if self.dumping_thread == threading.get_ident():
+            return  # out of memory inside a dump of this thread's
         with self.dump_lock:
             if self.stopping.is_set() and reason not in ("exit", "oom"):
                 return  # the process is ending: only its exit dump is taken
@@ -697,7 +710,14 @@ def end_by(signum):
     """Ends this process by `signum`'s default action (as if no handler had
     been installed); `os._exit` with the shell's status if it lives on."""
     try:
-        signal.signal(signum, signal.SIG_DFL)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signum, signal.SIG_DFL)
+        else:  # Python sets handlers only from the main thread; libc does it from any
+            import ctypes
+
+            set_handler = ctypes.CDLL(None).signal
+            set_handler.argtypes = (ctypes.c_int, ctypes.c_void_p)
+            set_handler(signum, None)  # SIG_DFL
         os.kill(os.getpid(), signum)
     finally:
         os._exit(128 + signum)
