@@ -19,7 +19,7 @@ def binary():
     found = shutil.which("snapdiff")
     if found is None:
         raise FileNotFoundError(
-            "the snapdiff command is not installed: pip install snapdiff"
+            "the snapdiff command is not installed: pip install torch-snapdiff"
         )
     return found
 

@@ -44,8 +44,8 @@ def job(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cluster():
     """A real Ray cluster on this machine, two CPUs."""
-    ray = need("ray", "pip install 'snapdiff[ray]'")
-    need("pyarrow", "pip install 'snapdiff[ray]'")
+    ray = need("ray", "pip install 'torch-snapdiff[ray]'")
+    need("pyarrow", "pip install 'torch-snapdiff[ray]'")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -1,0 +1,50 @@
+"""The name users install: every `pip install` of ours in the README, the
+docs and the package's own hints names the distribution `pyproject.toml`
+builds (`snapdiff` on the public index is another author's tool), with
+extras it declares; and that distribution, installed, brings the
+`snapdiff` package and command."""
+
+import importlib.metadata
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# `pip install NAME`, `pip install 'NAME[extra]'`, `pip install -U NAME`.
+INSTALL = re.compile(r"pip install (?:-\S+ )*(['\"]?)([A-Za-z0-9_.\-]+)(?:\[([^\]]*)\])?\1")
+
+
+def project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def normalized(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_install_line_names_the_distribution_we_build():
+    ours = normalized(project()["name"])
+    extras = set(project().get("optional-dependencies", {}))
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    texts += sorted((ROOT / "python").rglob("*.py"))
+    seen = []
+    for path in texts:
+        for match in INSTALL.finditer(path.read_text()):
+            name, wanted = match.group(2), match.group(3)
+            if "snapdiff" not in name.lower():
+                continue  # torch, duckdb, ...
+            where = f"{path.relative_to(ROOT)}: {match.group(0)}"
+            assert normalized(name) == ours, where
+            for extra in filter(None, (wanted or "").split(",")):
+                assert extra.strip() in extras, where
+            seen.append(where)
+    assert any(w.startswith("README.md") for w in seen), seen
+    assert ours != "snapdiff", "snapdiff on the public index is another author's package"
+
+
+def test_the_installed_distribution_brings_the_package_and_the_command():
+    name = project()["name"]
+    files = {str(f) for f in importlib.metadata.distribution(name).files}
+    assert "snapdiff/__init__.py" in files, sorted(files)[:20]
+    assert any(re.search(r"(^|/)snapdiff(\.exe)?$", f) for f in files), sorted(files)
+    assert importlib.metadata.packages_distributions()["snapdiff"] == [name]
