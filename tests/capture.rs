@@ -586,6 +586,38 @@ fn a_captures_folder_named_file_by_file_reads_as_the_folder() {
     let as_folder = snapdiff(["trend".as_ref(), "--json".as_ref(), out.as_os_str()]);
     as_folder.expect_code(0);
     assert_eq!(as_files.expect_code(0).json(), as_folder.json());
+    // So do fleet, export and report: nothing read as a broken snapshot.
+    let files = || every.iter().map(|p| p.as_os_str());
+    let fleet = snapdiff(
+        ["fleet".as_ref(), "--json".as_ref()]
+            .into_iter()
+            .chain(files()),
+    );
+    let fleet_of_folder = snapdiff(["fleet".as_ref(), "--json".as_ref(), out.as_os_str()]);
+    assert_eq!(fleet.expect_code(0).stderr(), "");
+    assert_eq!(fleet.json(), fleet_of_folder.expect_code(0).json());
+    let tables = dir.path().join("tables");
+    let export = snapdiff(
+        ["export".as_ref(), "-o".as_ref(), tables.as_os_str()]
+            .into_iter()
+            .chain(files()),
+    );
+    assert!(
+        !export.expect_code(0).stderr().contains("invalid"),
+        "{}",
+        export.stderr()
+    );
+    let page = dir.path().join("report.html");
+    let report = snapdiff(
+        ["report".as_ref(), "-o".as_ref(), page.as_os_str()]
+            .into_iter()
+            .chain(files()),
+    );
+    assert!(
+        !report.expect_code(0).stderr().contains("invalid"),
+        "{}",
+        report.stderr()
+    );
     // Given only capture's own files, it says what they are.
     let only = snapdiff(["trend".as_ref(), out.join("manifest.jsonl").as_os_str()]);
     assert!(

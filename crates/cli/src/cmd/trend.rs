@@ -68,7 +68,7 @@ pub(crate) fn is_snapshot_name(path: &Path) -> bool {
 /// (`manifest.jsonl`, `NAME.owners.json`), never a snapshot: passed over
 /// when named too, so that `snapdiff trend snapshots/*` reads a capture's
 /// folder as `snapdiff trend snapshots` does.
-fn is_capture_file(path: &Path) -> bool {
+pub(crate) fn is_capture_file(path: &Path) -> bool {
     path.file_name()
         .map(|n| n.to_string_lossy())
         .is_some_and(|n| n == crate::manifest::FILE_NAME || n.ends_with(".owners.json"))

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use snapdiff_fleet::is_table_folder;
 
-use crate::cmd::trend::{SNAPSHOT_EXTENSIONS, is_snapshot_name};
+use crate::cmd::trend::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
 /// What the paths given name.
 #[derive(Debug, Default)]
@@ -24,7 +24,9 @@ fn is_pattern(path: &Path) -> bool {
 
 /// The inputs `paths` name. A folder is searched recursively for files with
 /// a snapshot's extension and for site-table folders (whose own files are
-/// not searched); a file is taken whatever its name.
+/// not searched); a file is taken whatever its name, except the files
+/// capture writes beside its dumps (so `fleet snapshots/*` reads a capture's
+/// folder as `fleet snapshots` does).
 pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
     let mut inputs = Inputs::default();
     for path in paths {
@@ -68,7 +70,9 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
         if !path.exists() {
             anyhow::bail!("{}: no such file or folder", crate::output::shown(path));
         }
-        inputs.snapshots.push(path.to_path_buf());
+        if !is_capture_file(path) {
+            inputs.snapshots.push(path.to_path_buf());
+        }
         return Ok(());
     }
     let mut walk = walkdir::WalkDir::new(path)
