@@ -208,3 +208,83 @@ fn a_file_cannot_run_script_in_or_blank_a_report() {
     );
     assert!(dom.contains("class=\"group\""), "the comparison is shown");
 }
+
+#[test]
+fn a_folder_of_several_processes_shows_each_verdict_and_the_leaking_one() {
+    // A steady process and a leaking one captured into one folder, as the
+    // ranks of a job are; the steady one's files come first by name.
+    let dir = tempdir();
+    let folder = dir.path().join("ranks");
+    snapdiff([
+        "capture",
+        "-o",
+        folder.to_str().unwrap(),
+        "--every",
+        "10",
+        "--no-report",
+        "--",
+        env!("CARGO_BIN_EXE_snapdiff"),
+        "train",
+        "--steps",
+        "40",
+        "--log-every",
+        "0",
+    ])
+    .expect_code(0);
+    let steady: Vec<PathBuf> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+        .collect();
+    let mut leaking = leaking_training_job(&folder, 40, 10);
+    leaking.retain(|p| !steady.contains(p));
+    let trend = snapdiff(
+        ["trend".as_ref(), "--json".as_ref()]
+            .into_iter()
+            .chain(leaking.iter().map(|p| p.as_os_str())),
+    )
+    .json();
+    let page = dir.path().join("ranks.html");
+    let html = report(&[&folder], &page);
+    assert!(
+        html.contains("\"processes\":["),
+        "each process's verdict is in the page"
+    );
+    let Some(browser) = chromium() else { return };
+    let (dom, console) = open(browser, &page, "processes.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    assert!(
+        dom.contains("1 of 2 processes keep growing"),
+        "never one process's all-clear for a folder of several: {dom}"
+    );
+    assert_eq!(dom.matches("class=\"process leak\"").count(), 1);
+    assert_eq!(dom.matches("class=\"process\"").count(), 1);
+    assert_eq!(
+        attribute(&dom, "suspect", "data-growth").as_deref(),
+        Some(trend["suspects"][0]["growth_bytes"].to_string().as_str()),
+        "the leaking process is the one shown, as trend --json of its files has it"
+    );
+}
+
+#[test]
+fn too_few_checkpoints_are_no_verdict_in_the_page_and_the_text() {
+    let dir = tempdir();
+    let files = leaking_training_job(&dir.path().join("job"), 30, 10);
+    assert_eq!(files.len(), 3, "{files:?}");
+    let all: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let mut args = vec!["trend".as_ref()];
+    args.extend(all.iter().map(|p| p.as_os_str()));
+    let text = snapdiff(&args).expect_code(0).stdout();
+    assert!(text.contains("no verdict"), "{text}");
+    args.push("--json".as_ref());
+    assert!(snapdiff(&args).json()["no_verdict"].is_string());
+    let page = dir.path().join("few.html");
+    report(&all, &page);
+    let Some(browser) = chromium() else { return };
+    let (dom, console) = open(browser, &page, "few.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    let headline = dom.split("id=\"verdict-text\">").nth(1).unwrap_or_default();
+    let headline = &headline[..headline.find('<').unwrap_or(0)];
+    assert_eq!(headline, "No verdict: see the notes below.");
+    assert!(dom.contains("class=\"verdict none\""), "not green: {dom}");
+}

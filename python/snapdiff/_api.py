@@ -97,6 +97,8 @@ class Trend(_AsReport):
     suspects: List[Suspect]
     suspected_bytes: int
     notes: List[str] = field(default_factory=list)
+    #: Why there is no verdict (too few checkpoints, one pass), or None.
+    no_verdict: Optional[str] = None
     files: List[str] = field(default_factory=list, repr=False, compare=False)
     _command = "trend"
 
@@ -191,6 +193,7 @@ def trend(files, warmup=None):
         suspects=[_suspect(r, s) for s in r["suspects"]],
         suspected_bytes=r["suspected_bytes"],
         notes=r["notes"],
+        no_verdict=r.get("no_verdict"),
         files=[os.fspath(f) for f in ([files] if one else files)],
     )
 

@@ -241,6 +241,10 @@ pub struct Trend {
     pub seconds_to_full: Option<f64>,
     /// Plain statements about the analysis.
     pub notes: Vec<String>,
+    /// Why there is no verdict, when there is none: too few checkpoints, or
+    /// one pass cut evenly. Every view says "no verdict" then, never that
+    /// nothing grows.
+    pub no_verdict: Option<String>,
 }
 
 /// The live memory of one process's device, by site, at a series of
@@ -388,14 +392,14 @@ pub fn trend_of_series(
             .then(a.site.key.cmp(&b.site.key))
     });
 
-    let mut notes = Vec::new();
-    if n < warmup + 3 {
-        notes.push(format!(
+    let no_verdict = (n < warmup + 3).then(|| {
+        format!(
             "{n} checkpoints with {warmup} of warm-up are too few to tell a leak from a one-time \
              allocation; at least {} are needed",
             warmup + 3
-        ));
-    }
+        )
+    });
+    let notes: Vec<String> = no_verdict.iter().cloned().collect();
     let suspected_bytes = suspects.iter().map(|s| s.growth_bytes).sum();
     let growth_per_second = seconds.map(|s| suspected_bytes as f64 / s);
     let device_memory = options.device_memory.or(series.device_memory);
@@ -427,6 +431,7 @@ pub fn trend_of_series(
         allocated_bytes,
         seconds_to_full,
         notes,
+        no_verdict,
     }
 }
 
@@ -769,14 +774,12 @@ fn trend_of_device(
         trend.suspected_bytes = 0;
         trend.growth_per_second = trend.growth_per_second.map(|_| 0.0);
         trend.seconds_to_full = None;
-        trend.notes.insert(
-            0,
-            "no verdict: one pass, not enough iterations to tell a leak from the working set \
-             (the trace has no step or snapshot markers, and its memory never falls back between \
-             iterations); dump snapshots at several steps (snapdiff capture --every N) or mark \
-             steps"
-                .to_owned(),
-        );
+        let why = "no verdict: one pass, not enough iterations to tell a leak from the working \
+                   set (the trace has no step or snapshot markers, and its memory never falls \
+                   back between iterations); dump snapshots at several steps (snapdiff capture \
+                   --every N) or mark steps";
+        trend.notes.insert(0, why.to_owned());
+        trend.no_verdict = Some(why.to_owned());
     }
     Ok(trend)
 }

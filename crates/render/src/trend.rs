@@ -44,7 +44,7 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
     }
     writeln!(out)?;
     let by_step = trend.suspects.iter().all(|s| s.growth_per_step.is_some());
-    if trend.checkpoint_source == CheckpointSource::EvenlySpaced {
+    if trend.no_verdict.is_some() {
         writeln!(out, "no verdict: see the note below")?;
     } else if trend.suspects.is_empty() {
         writeln!(

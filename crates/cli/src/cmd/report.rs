@@ -24,13 +24,31 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
     // A folder stands for the snapshots in it, as for `trend`.
     let files = &crate::cmd::trend::snapshots_in(&args.files)?;
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-    // Two files are a comparison; three and more have a trend (one file's
-    // is taken below, from the snapshot read there).
-    let mut trend = (files.len() > 2)
-        .then(|| crate::cmd::trend::trend_of(files))
+    // Files of several processes: each is judged, and the page shows the
+    // one whose memory grows most (leaking first, then those without a
+    // verdict), with every process's verdict above it.
+    let mut processes = if files.len() > 1 {
+        crate::cmd::trend::trends_of(files)
+    } else {
+        Vec::new()
+    };
+    processes.sort_by_key(|p| {
+        let t = &p.trend;
+        (
+            t.suspects.is_empty(),
+            t.no_verdict.is_none(),
+            std::cmp::Reverse(t.suspected_bytes),
+        )
+    });
+    let several = processes.len() > 1;
+    // Two files of one process are a comparison; three and more have a
+    // trend (one file's is taken below, from the snapshot read there).
+    let shown = (several || files.len() > 2)
+        .then(|| processes.first())
         .flatten();
+    let mut trend = shown.map(|p| p.trend.clone());
     let mut cmp = None;
-    if let [before, after] = &files[..] {
+    if let ([before, after], false) = (&files[..], several) {
         let read = |p| crate::input::read_parts(p, Parts::WithoutEvents);
         let (a, b) = (read(before)?, read(after)?);
         let mut c = compare(&a, &b, &CompareOptions::default());
@@ -62,7 +80,7 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
         }
         crate::input::release([snap]);
     }
-    let last = files.last().expect("one file at least");
+    let last = shown.map_or_else(|| files.last().expect("one file at least"), |p| &p.last);
     let flame = match live {
         Some(sites) => Drawn::One(sites),
         None => crate::pictures::sites_of(std::slice::from_ref(last), false, LiveMoment::End)?,
@@ -78,6 +96,14 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
             .as_ref()
             .map(|(t, sites)| (t, sites.iter().collect())),
         flame: (!empty).then_some((&flame, last_name.as_str())),
+        processes: if several {
+            processes
+                .iter()
+                .map(|p| (p.process.as_str(), &p.trend))
+                .collect()
+        } else {
+            Vec::new()
+        },
     };
     crate::output::write_output(&args.output, args.force, |out| write_page(&page, out))?;
     Ok(Exit::Clean)

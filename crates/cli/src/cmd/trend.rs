@@ -36,7 +36,7 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
         let (read, e) = read_all(&files);
         errored |= e;
         for (process, snapshots) in split_by_process(read) {
-            trends.push((process, judge(snapshots, &options)?));
+            trends.push((process, judge(snapshots, &options)?.0));
         }
     }
     match trends.len() {
@@ -225,7 +225,7 @@ pub(crate) fn report(
     if read.is_empty() {
         return Ok(None);
     }
-    let trend = judge(read.into_iter().map(|(r, _)| r).collect(), &options)?;
+    let (trend, _) = judge(read.into_iter().map(|(r, _)| r).collect(), &options)?;
     if report.json {
         snapdiff_render::json::write(out, &trend, report.top)?;
     } else {
@@ -234,13 +234,32 @@ pub(crate) fn report(
     Ok(Some(trend.suspected_bytes))
 }
 
-/// The trend of `files` with default options, for the report: of the first
-/// process's files when they come from several. `None` when none can be
-/// read or they have no trend (one file without a trace).
-pub(crate) fn trend_of(files: &[PathBuf]) -> Option<Trend> {
+/// One process's trend, for the report.
+pub(crate) struct ProcessTrend {
+    /// The process, as `trend` names it.
+    pub(crate) process: String,
+    pub(crate) trend: Trend,
+    /// Its last snapshot in order (exit dumps left out).
+    pub(crate) last: PathBuf,
+}
+
+/// The trend of each process whose files are among `files`, with default
+/// options, for the report. A process whose files have no trend (one file
+/// without a trace) is left out.
+pub(crate) fn trends_of(files: &[PathBuf]) -> Vec<ProcessTrend> {
     let (read, _) = read_all(files);
-    let (_, first) = split_by_process(read).into_iter().next()?;
-    judge(first, &TrendOptions::default()).ok()
+    split_by_process(read)
+        .into_iter()
+        .filter_map(|(process, read)| {
+            let (trend, last) = judge(read, &TrendOptions::default()).ok()?;
+            let process = process_name(&process).to_owned();
+            Some(ProcessTrend {
+                process,
+                trend,
+                last,
+            })
+        })
+        .collect()
 }
 
 /// A snapshot read, with its path.
@@ -301,8 +320,8 @@ fn split_by_process(read: Vec<(Read<'_>, String)>) -> Vec<(String, Vec<Read<'_>>
 }
 
 /// Analyses the snapshots of one process: one by its trace, several as
-/// checkpoints.
-fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Trend> {
+/// checkpoints; with its last snapshot in order (exit dumps left out).
+fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Trend, PathBuf)> {
     let names: Vec<String> = read
         .iter()
         .map(|r| {
@@ -324,6 +343,7 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Tren
     let first = read[0].path.clone();
     let paths: Vec<&Path> = read.iter().map(|r| r.path.as_path()).collect();
     let snaps: Vec<_> = read.iter().map(|r| &r.snapshot).collect();
+    let mut last = first.clone();
     let mut trend = if snaps.len() == 1 {
         trend_trace(snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
     } else {
@@ -345,11 +365,12 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<Tren
         let in_order = |i: &usize| (paths[*i], snaps[*i]);
         let (ordered_paths, ordered_snaps): (Vec<&Path>, Vec<&Snapshot>) =
             order.iter().map(in_order).unzip();
+        last = ordered_paths.last().map_or(last, |p| p.to_path_buf());
         crate::owners::add_held_by(&mut trend, &ordered_paths, &ordered_snaps, options);
         trend
     };
     let snaps: Vec<Snapshot> = read.into_iter().map(|r| r.snapshot).collect();
     trend.notes.extend(exit_note);
     crate::input::release(snaps);
-    Ok(trend)
+    Ok((trend, last))
 }

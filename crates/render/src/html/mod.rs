@@ -25,8 +25,12 @@ const SCRIPT: &str = include_str!("report.js");
 pub struct Page<'a> {
     /// The files the report is of, as given.
     pub files: Vec<String>,
-    /// The verdict: suspects with their evidence.
+    /// The verdict: suspects with their evidence (of the process shown,
+    /// when the files come from several).
     pub trend: Option<&'a Trend>,
+    /// When the files come from several processes: each one's name and
+    /// verdict, the one `trend` is of first.
+    pub processes: Vec<(&'a str, &'a Trend)>,
     /// The comparison of two files.
     pub compare: Option<&'a Comparison>,
     /// The peak of one file's first device.
@@ -49,6 +53,23 @@ pub fn write_page(page: &Page<'_>, out: &mut dyn Write) -> io::Result<()> {
         data["compare"] = to_value(cmp)?;
     }
     data["trend"] = to_value(page.trend)?;
+    if !page.processes.is_empty() {
+        let rows: Vec<Value> = page
+            .processes
+            .iter()
+            .map(|(name, t)| {
+                json!({
+                    "name": name,
+                    "checkpoints": t.checkpoints,
+                    "no_verdict": t.no_verdict.is_some(),
+                    "suspects": t.suspects.len(),
+                    "suspected_bytes": t.suspected_bytes,
+                    "top": t.suspects.first(),
+                })
+            })
+            .collect();
+        data["processes"] = Value::Array(rows);
+    }
     if let Some(peak) = page.peak {
         data["peak"] = to_value(peak)?;
     }

@@ -80,21 +80,47 @@ function sparkline(series) {
   return s;
 }
 
+// Files of several processes: each one's verdict, the process shown below
+// (the one whose memory grows most) first.
+function processes(section) {
+  const ps = data.processes;
+  if (!ps) return;
+  const leaking = ps.filter(p => p.suspects > 0).length;
+  const unjudged = ps.filter(p => p.no_verdict).length;
+  const box = el("p", { class: "verdict" + (leaking ? " leak" : unjudged ? " none" : ""), id: "processes-text" });
+  box.textContent = leaking
+    ? `${leaking} of ${ps.length} processes keep growing; the one shown below, ${ps[0].name}, most.`
+    : unjudged
+      ? `No verdict for ${unjudged} of ${ps.length} processes; no other process's memory keeps growing.`
+      : `No process's memory keeps growing (${ps.length} processes): nothing here looks like a leak.`;
+  section.append(box);
+  section.append(table([["process", false], ["checkpoints", true], ["verdict", false]], ps.map(p => {
+    const said = p.no_verdict ? "no verdict"
+      : p.top ? `${p.suspects} site${p.suspects > 1 ? "s" : ""} keep${p.suspects > 1 ? "" : "s"} growing, ${size(p.suspected_bytes)}: ${culprit(p.top)}`
+        : "nothing keeps growing";
+    return el("tr", { class: "process" + (p.suspects ? " leak" : "") }, cell(p.name, { class: "culprit" }), cell(String(p.checkpoints), { class: "num" }), cell(said));
+  })));
+  section.append(el("h2", {}, `Process ${ps[0].name}`));
+}
+
 function verdict(section) {
   const t = data.trend;
   if (!t) return;
-  const box = el("p", { class: "verdict" + (t.suspects.length ? " leak" : ""), id: "verdict-text" });
-  if (t.checkpoint_source === "evenly_spaced") box.textContent = "No verdict: see the notes below.";
+  const box = el("p", { class: "verdict" + (t.no_verdict ? " none" : t.suspects.length ? " leak" : ""), id: "verdict-text" });
+  if (t.no_verdict) box.textContent = "No verdict: see the notes below.";
   else if (!t.suspects.length) box.textContent = "No site's memory keeps growing: nothing here looks like a leak.";
   else box.textContent = `${t.suspects.length} site${t.suspects.length > 1 ? "s" : ""} keep${t.suspects.length > 1 ? "" : "s"} growing: ${size(t.suspected_bytes)} after warm-up.`;
   section.append(box);
   section.append(el("p", { class: "note" }, `${t.checkpoints} checkpoints (${t.checkpoint_source.replaceAll("_", " ")}), the first ${t.warmup} as warm-up.`));
   if (t.suspects.length) {
+    // Steps are known for every checkpoint or for none; without them, all
+    // that is known is the growth between two checkpoints.
+    const byStep = t.suspects.every(s => s.growth_per_step != null);
     const rows = t.suspects.map((s, i) => {
       const r = el("tr", { class: "suspect", "data-growth": String(s.growth_bytes) });
       const name = cell(culprit(s), { class: "culprit" });
       hover(name, () => stackText(s));
-      const perStep = s.growth_per_step != null ? size(Math.round(s.growth_per_step)) : size(s.growth_per_checkpoint);
+      const perStep = byStep ? size(Math.round(s.growth_per_step)) : size(s.growth_per_checkpoint);
       const evidence = el("td");
       evidence.append(sparkline(s.series));
       const floors = s.floor.slice(t.warmup).map(size).join(" → ");
@@ -102,7 +128,7 @@ function verdict(section) {
       r.append(cell(String(i + 1), { class: "num" }), name, cell(size(s.growth_bytes), { class: "num grow" }), cell(perStep, { class: "num" }), evidence);
       return r;
     });
-    section.append(table([["", true], ["culprit", false], ["growth", true], ["per step", true], ["live bytes (hover: floor and blocks)", false]], rows));
+    section.append(table([["", true], ["culprit", false], ["growth", true], [byStep ? "per step" : "per checkpoint", true], ["live bytes (hover: floor and blocks)", false]], rows));
     // What kept them alive, when the job said (capture --owners).
     const held = t.suspects.flatMap((s, i) => (s.held_by || []).slice(0, 3).map(h => {
       const rate = h.blocks_per_step > 0 ? `, +${+h.blocks_per_step.toFixed(2)} a step` : "";
@@ -194,6 +220,7 @@ function comparison(section) {
 }
 
 const main = document.getElementById("report");
+processes(main);
 verdict(main);
 comparison(main);
 timeline(main);
