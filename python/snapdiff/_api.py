@@ -6,6 +6,7 @@ from typing import Dict, List, Optional
 import os
 
 from snapdiff._cli import run_json
+from snapdiff._limits import size_text
 
 
 @dataclass
@@ -39,22 +40,43 @@ class Group:
     """One site's change between two snapshots (bytes are requested sizes)."""
 
     site: Site
-    change: str
+    change: str  # "grew", "shrank", "new", "gone", "rounding"
     blocks_before: int
     blocks_after: int
     bytes_before: int
     bytes_after: int
     delta_bytes: int
 
+    @property
+    def culprit(self):
+        """The site's culprit: the line to look at first."""
+        return self.site.culprit
+
+    def __repr__(self):
+        return f"<Group {self.site.culprit}: {_signed(self.delta_bytes)}>"
+
+
+def _signed(n):
+    return ("+" if n > 0 else "") + size_text(n)
+
 
 class _AsReport:
-    """Shown in a notebook as the offline report of its files (see
-    `snapdiff._notebook`)."""
+    """A command's report: `str()` is the command's own text, the same
+    verdict with the same options; a notebook shows the offline report of
+    its files (see `snapdiff._notebook`)."""
+
+    _options = ()  # the command's options the report was made with
+
+    def __str__(self):
+        from snapdiff._notebook import text_of
+
+        return text_of(self._command, self.files, self._options).rstrip("\n")
 
     def _repr_html_(self):
         from snapdiff._notebook import report_html, text_of
 
-        return report_html(self.files, text_of(self._command, self.files))
+        text = text_of(self._command, self.files, self._options)
+        return report_html(self.files, text, self._options)
 
 
 @dataclass
@@ -70,6 +92,11 @@ class Comparison(_AsReport):
     notes: List[str]
     files: List[str] = field(default_factory=list, repr=False, compare=False)
     _command = "compare"
+
+    def __repr__(self):
+        grew = sum(g.delta_bytes > 0 for g in self.groups)
+        return (f"<Comparison: {_signed(self.leaked_bytes)} live, "
+                f"{grew} site{'s' * (grew != 1)} grew>")
 
 
 @dataclass
@@ -87,6 +114,25 @@ class Suspect:
     # `kind`, `container`, `example`, `blocks`, `bytes`, `blocks_per_step`.
     held_by: List[dict] = field(default_factory=list)
 
+    @property
+    def culprit(self):
+        """The site's culprit: the line to look at first."""
+        return self.site.culprit
+
+    def rate(self):
+        """`64.00 KiB a step`, or a checkpoint when steps are unknown."""
+        if self.growth_per_step is not None:
+            return f"{size_text(self.growth_per_step)} a step"
+        return f"{size_text(self.growth_per_checkpoint)} a checkpoint"
+
+    def __str__(self):
+        held = self.held_by[0]["owner"] if self.held_by else None
+        return (f"{self.site.culprit}: {self.rate()}, {size_text(self.growth_bytes)} "
+                "after warm-up" + (f", held by {held}" if held else ""))
+
+    def __repr__(self):
+        return f"<Suspect {self.site.culprit}: {self.rate()}>"
+
 
 @dataclass
 class Trend(_AsReport):
@@ -101,6 +147,17 @@ class Trend(_AsReport):
     no_verdict: Optional[str] = None
     files: List[str] = field(default_factory=list, repr=False, compare=False)
     _command = "trend"
+
+    def __repr__(self):
+        if self.no_verdict:
+            said = "no verdict"
+        elif not self.suspects:
+            said = "nothing keeps growing"
+        else:
+            n = len(self.suspects)
+            said = (f"{n} site{'s' * (n != 1)} keep{'s' * (n == 1)} growing, "
+                    f"{size_text(self.suspected_bytes)}; first {self.suspects[0].site.culprit}")
+        return f"<Trend of {self.checkpoints} checkpoints: {said}>"
 
 
 @dataclass
@@ -123,6 +180,11 @@ class Peak(_AsReport):
     notes: List[str]
     files: List[str] = field(default_factory=list, repr=False, compare=False)
     _command = "peak"
+
+    def __repr__(self):
+        said = ", ".join(f"device {d.device} at {size_text(d.allocated_bytes)}"
+                         for d in self.devices)
+        return f"<Peak: {said or 'no device'}>"
 
 
 def _site(report, entry):
@@ -181,13 +243,13 @@ def trend(files, warmup=None):
     """The sites whose memory keeps growing over `files` (snapshots, a
     folder of them, or one trace)."""
     one = isinstance(files, (str, bytes)) or hasattr(files, "__fspath__")
-    options = [] if warmup is None else ["--warmup", warmup]
+    options = [] if warmup is None else ["--warmup", str(warmup)]
     r = run_json("trend", [files] if one else list(files), options)
     if "processes" in r:
         raise ValueError(
             "the files come from several processes; give one process's files at a time"
         )
-    return Trend(
+    result = Trend(
         checkpoints=r["checkpoints"],
         checkpoint_source=r["checkpoint_source"],
         suspects=[_suspect(r, s) for s in r["suspects"]],
@@ -196,6 +258,8 @@ def trend(files, warmup=None):
         no_verdict=r.get("no_verdict"),
         files=[os.fspath(f) for f in ([files] if one else files)],
     )
+    result._options = options
+    return result
 
 
 def peak(file):

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 from snapdiff._api import Site, Suspect, _site, _suspect
 from snapdiff._cli import run
+from snapdiff._limits import size_text
 
 # Ray retries a task this many times (a worker that died, or an error
 # raised in it) before its files are named in `Fleet.failed`.
@@ -54,6 +55,22 @@ class FleetLeak:
     # What kept its blocks alive (`capture --owners`), as in `Suspect`.
     held_by: List[dict] = field(default_factory=list)
 
+    @property
+    def culprit(self):
+        """The site's culprit: the line to look at first."""
+        return self.site.culprit
+
+    def rate(self):
+        """The leaking ranks' growth a step, as one size or a range."""
+        known = sorted(g for g in self.growth_per_step if g is not None)
+        if not known:
+            return "growth a step unknown"
+        low, high = size_text(known[0]), size_text(known[-1])
+        return f"{low} a step" if low == high else f"{low} to {high} a step"
+
+    def __repr__(self):
+        return f"<FleetLeak {self.site.culprit}: {len(self.ranks)} ranks, {self.rate()}>"
+
 
 @dataclass
 class Imbalance:
@@ -84,30 +101,68 @@ class Fleet:
     # Ray tasks that failed after their retries: their files and the error.
     failed: List[dict] = field(default_factory=list)
 
+    def counts(self):
+        """`48 ranks: 46 steady, 2 leaking`, then what could not be judged:
+        ranks with too few checkpoints, unreadable files, failed Ray tasks."""
+        said = f"{self.processes} ranks: {self.steady} steady, {self.leaking} leaking"
+        for n, what in ((self.too_few_checkpoints, "with too few checkpoints to judge"),
+                        (len(self.unreadable), "unreadable"),
+                        (len(self.failed), "in failed Ray tasks")):
+            if n:
+                said += f", {n} {what}"
+        return said
+
+    def __str__(self):
+        lines = [self.counts()]
+        lines += [f"  leaks on {_ranks(l.ranks)}: {l.site.culprit}, {l.rate()}" for l in self.leaks]
+        lines += [f"  imbalance on {_ranks(i.ranks)}: {i.site.culprit}, "
+                  f"{size_text(max(i.excess_bytes, default=0))} over the median"
+                  for i in self.imbalance]
+        lines += [f"  unreadable: {u['source']}: {u.get('error', '')}" for u in self.unreadable]
+        lines += [f"  {_failed(f)}" for f in self.failed]
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"<Fleet {self.counts()}>"
+
     def _repr_html_(self):
-        """The verdict as a notebook shows it: counts, leaking lines and
-        imbalance, every text escaped."""
+        """The verdict as a notebook shows it: counts (with what could not
+        be judged), leaking lines and imbalance, every text escaped."""
         import html
 
         e = html.escape
-        rows = "".join(
-            f"<tr><td>{e(', '.join(map(str, l.ranks)))}</td><td>{e(str(l.site.culprit))}</td>"
-            f"<td>{e(str(l.growth_per_step))}</td></tr>"
-            for l in self.leaks
-        )
-        imbalance = "".join(
-            f"<tr><td>{e(', '.join(map(str, i.ranks)))}</td><td>{e(str(i.site.culprit))}</td>"
-            f"<td>{e(str(i.excess_bytes))}</td></tr>"
-            for i in self.imbalance
-        )
-        return (
-            f"<div class='snapdiff'><p>{self.processes} ranks: {self.steady} steady, "
-            f"{self.leaking} leaking</p>"
-            "<table><tr><th>ranks</th><th>leaking line</th><th>bytes a step</th></tr>"
-            f"{rows}</table>"
-            "<table><tr><th>ranks</th><th>imbalanced line</th><th>bytes over the median</th></tr>"
-            f"{imbalance}</table></div>"
-        )
+        parts = [f"<div class='snapdiff'><p>{e(self.counts())}</p>"]
+        if self.leaks:
+            rows = "".join(
+                f"<tr><td>{e(_ranks(l.ranks))}</td><td>{e(str(l.site.culprit))}</td>"
+                f"<td>{e(l.rate())}</td></tr>"
+                for l in self.leaks
+            )
+            parts.append("<table><tr><th>ranks</th><th>leaking line</th><th>growth</th></tr>"
+                         f"{rows}</table>")
+        if self.imbalance:
+            rows = "".join(
+                f"<tr><td>{e(_ranks(i.ranks))}</td><td>{e(str(i.site.culprit))}</td>"
+                f"<td>{e(size_text(max(i.excess_bytes, default=0)))}</td></tr>"
+                for i in self.imbalance
+            )
+            parts.append("<table><tr><th>ranks</th><th>imbalanced line</th>"
+                         f"<th>most over the median</th></tr>{rows}</table>")
+        unjudged = [f"unreadable: {u['source']}: {u.get('error', '')}" for u in self.unreadable]
+        unjudged += [_failed(f) for f in self.failed]
+        if unjudged:
+            parts.append("<ul>" + "".join(f"<li>{e(str(u))}</li>" for u in unjudged) + "</ul>")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def _failed(task):
+    return f"a failed Ray task ({len(task['files'])} files): {task['error']}"
+
+
+def _ranks(ranks):
+    """`0, 3, 7` (a rank not known reads `?`)."""
+    return ", ".join("?" if r is None else str(r) for r in ranks)
 
 
 def _fleet_of(r, files=None, bytes_=None, unreadable=(), failed=()):

@@ -63,7 +63,17 @@ class Limit:
         return self.bytes is not None and self.kept(report) > self.bytes
 
     def says(self, report):
-        """`8.00 KiB a step kept after warm-up, over the 256 B allowed (max_leak)`."""
+        """`8.00 KiB a step kept after warm-up, over the 256 B allowed
+        (max_leak); most by forward (model.py:42), 6.00 KiB a step`."""
         said = "kept after warm-up" if self.in_all else "a step kept after warm-up"
-        return (f"{size_text(self.kept(report))} {said}, over the "
+        text = (f"{size_text(self.kept(report))} {said}, over the "
                 f"{size_text(self.bytes)} allowed ({self.name})")
+        if report["suspects"]:
+            top = report["suspects"][0]
+            c = top["culprit"]
+            where = f"{c['file']}:{c['line']}" if c.get("line") else c["file"]
+            rate = top.get("growth_per_step")
+            rate = (f"{size_text(rate)} a step" if rate is not None
+                    else f"{size_text(top['growth_per_checkpoint'])} a checkpoint")
+            text += f"; most by {c['name']} ({where}), {rate}"
+        return text

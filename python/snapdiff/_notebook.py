@@ -27,13 +27,14 @@ import weakref
 from snapdiff._cli import run
 
 
-def report_html(files, text=None):
-    """The offline report of `files` as HTML for a notebook: the report's
-    text (escaped) and its page in a sandboxed frame."""
+def report_html(files, text=None, options=()):
+    """The offline report of `files` (made with the trend's `options`) as
+    HTML for a notebook: the report's text (escaped) and its page in a
+    sandboxed frame."""
     folder = tempfile.mkdtemp(prefix="snapdiff-notebook-")
     try:
         out = os.path.join(folder, "report.html")
-        code, _, err = run(["report", "-o", out, "--", *files], check=False)
+        code, _, err = run(["report", "-o", out, *options, "--", *files], check=False)
         page = open(out, encoding="utf-8").read() if code == 0 else None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -106,11 +107,14 @@ class _Verdict:
         if folder is not None:
             weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
 
+    def options(self):
+        return ["--warmup", str(self.warmup)]
+
     def text(self):
-        return text_of("trend", self.files, ["--warmup", str(self.warmup)])
+        return text_of("trend", self.files, self.options())
 
     def _repr_html_(self):
-        return report_html(self.files, self.text())
+        return report_html(self.files, self.text(), self.options())
 
     def __repr__(self):
         return self.text()

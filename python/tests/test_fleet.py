@@ -3,6 +3,7 @@ PyTorch trace (`bench/make_fleet.rs`): locally, on a real local Ray
 cluster, and the site tables read back with DuckDB, running the queries
 the user guide shows."""
 
+import html
 import json
 import os
 import re
@@ -71,6 +72,15 @@ def test_the_verdict_names_every_leaking_rank_and_line_and_rank0s_imbalance(job)
     assert same_line(held.site.culprit, truth["held_by_rank0"])
     assert held.ranks == [0] and held.excess_bytes == [truth["held_bytes"]]
     assert [r.rank for r in result.ranks] == list(range(RANKS))
+    # For people: one short line, and the verdict humanised in a notebook.
+    counts = f"{RANKS} ranks: {RANKS - leaking} steady, {leaking} leaking"
+    assert repr(result) == f"<Fleet {counts}>"
+    assert str(result).splitlines()[0] == counts
+    page = result._repr_html_()
+    for leak in result.leaks:
+        assert leak.culprit is leak.site.culprit
+        assert html.escape(leak.rate()) in page and " a step" in leak.rate()
+    assert "[" not in page.split("<table>", 1)[1], "no Python lists in the table"
 
 
 def test_ray_gives_the_same_verdict_rank_by_rank_and_site_by_site(job, cluster):
@@ -125,6 +135,10 @@ def test_ray_names_unreadable_files_and_failed_tasks_and_judges_the_rest(job, cl
     assert result.failed[0]["files"] == ["/nonexistent/dumps"]
     assert "no such file or folder" in result.failed[0]["error"]
     assert [l.ranks for l in result.leaks] == [[7]]
+    # What could not be judged is said wherever the verdict is shown.
+    said = "8 ranks: 7 steady, 1 leaking, 1 unreadable, 1 in failed Ray tasks"
+    assert repr(result) == f"<Fleet {said}>"
+    assert said in result._repr_html_() and "/nonexistent/dumps" in result._repr_html_()
 
 
 def guide_queries():

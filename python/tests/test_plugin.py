@@ -150,6 +150,40 @@ def test_recording_and_the_python_api(tmp_path):
     assert all(os.path.exists(f) for f in mine + files)
 
 
+def test_results_read_as_the_commands_text_and_repr_in_one_line(tmp_path):
+    """`str()` of a result is the command's own text, with the options it
+    was made with; `repr()` is one short line; `Suspect.culprit` is there."""
+    import torch
+
+    kept = []
+    with snapdiff.recording(tmp_path, every=1) as rec:
+        for _ in range(8):
+            kept.append(torch.ones(1024))
+            rec.step()
+    files = rec.files()
+    trend = snapdiff.trend(files, warmup=3)
+    cli = subprocess.run([snapdiff._cli.binary(), "trend", "--color", "never", "--warmup", "3",
+                          "--", *files], capture_output=True, text=True).stdout
+    assert str(trend) == cli.rstrip("\n")
+    assert "the first 3 as warm-up" in str(trend)
+    top = trend.suspects[0]
+    assert top.culprit is top.site.culprit and top.culprit.file == __file__
+    assert repr(top) == f"<Suspect {top.culprit}: 4.00 KiB a step>"
+    assert str(top).startswith(f"{top.culprit}: 4.00 KiB a step, ")
+    for result in (trend, snapdiff.compare(files[0], files[-1]), snapdiff.peak(files[-1]), top):
+        shown = repr(result)
+        assert shown.startswith("<") and "\n" not in shown and len(shown) < 200, shown
+    assert repr(trend).startswith("<Trend of 8 checkpoints: 1 site keeps growing, ")
+    few = snapdiff.trend(files[:3])
+    assert few.no_verdict and repr(few) == "<Trend of 3 checkpoints: no verdict>"
+    # In a notebook, the page is made with the same warm-up.
+    import html
+
+    text, page = html.unescape(trend._repr_html_()).split("<iframe", 1)
+    assert "the first 3 as warm-up" in text
+    assert '"warmup":3' in page
+
+
 def test_a_suspect_carries_what_pytorch_recorded_with_it():
     # Written by CPython's pickler in the newest layout (fixtures/make_torch_format.py).
     path = os.path.join(os.path.dirname(__file__), "../../fixtures/torch-format/newest-step6.pickle")

@@ -193,6 +193,9 @@ pub(crate) struct ReportPageArgs {
     /// Replace OUT if it exists.
     #[arg(long, short)]
     pub(crate) force: bool,
+    /// Checkpoints at the start that are warm-up, as for trend.
+    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
+    pub(crate) warmup: usize,
 }
 
 /// Draw live memory by stack as a flame graph (SVG), or write folded stacks.

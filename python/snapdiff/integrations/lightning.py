@@ -62,7 +62,7 @@ class SnapdiffCallback(_Base):
                 {"snapdiff/suspected_bytes": float(self.watch.report["suspected_bytes"])},
                 step=trainer.global_step,
             )
+        if leak is not None:
+            raise leak  # its message holds the verdict: said once
         if trainer.is_global_zero:
             print(text)
-        if leak is not None:
-            raise leak

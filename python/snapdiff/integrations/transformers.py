@@ -94,10 +94,10 @@ class SnapdiffCallback(_Base):
         text, leak = self.watch.finish()
         if text is None:
             return
+        if leak is not None:
+            raise leak  # its message holds the verdict: said once
         if state.is_world_process_zero:
             print(text)
-        if leak is not None:
-            raise leak
 
     def __getattr__(self, name):
         # Without transformers installed, every other event is a no-op.

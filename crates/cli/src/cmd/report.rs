@@ -27,8 +27,10 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
     // Files of several processes: each is judged, and the page shows the
     // one whose memory grows most (leaking first, then those without a
     // verdict), with every process's verdict above it.
+    let mut options = TrendOptions::default();
+    options.warmup = args.warmup;
     let mut processes = if files.len() > 1 {
-        crate::cmd::trend::trends_of(files)
+        crate::cmd::trend::trends_of(files, &options)
     } else {
         Vec::new()
     };
@@ -61,7 +63,7 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
         let snap = crate::input::read(file)?;
         // The trend and the peak each replay the trace: side by side.
         let (trace_trend, (live_sites, first_peak)) = rayon::join(
-            || trend_trace(&snap, &TrendOptions::default()).ok(),
+            || trend_trace(&snap, &options).ok(),
             || {
                 let live = live_by_site(&snap, &CulpritRules::default(), LiveMoment::End);
                 let first_peak = peak(&snap, &PeakOptions::default())

@@ -243,15 +243,15 @@ pub(crate) struct ProcessTrend {
     pub(crate) last: PathBuf,
 }
 
-/// The trend of each process whose files are among `files`, with default
-/// options, for the report. A process whose files have no trend (one file
-/// without a trace) is left out.
-pub(crate) fn trends_of(files: &[PathBuf]) -> Vec<ProcessTrend> {
+/// The trend of each process whose files are among `files`, for the
+/// report. A process whose files have no trend (one file without a trace)
+/// is left out.
+pub(crate) fn trends_of(files: &[PathBuf], options: &TrendOptions) -> Vec<ProcessTrend> {
     let (read, _) = read_all(files);
     split_by_process(read)
         .into_iter()
         .filter_map(|(process, read)| {
-            let (trend, last) = judge(read, &TrendOptions::default()).ok()?;
+            let (trend, last) = judge(read, options).ok()?;
             let process = process_name(&process).to_owned();
             Some(ProcessTrend {
                 process,
