@@ -6,6 +6,7 @@ builds the wheel, installs it in a fresh virtual environment and runs this).
 """
 
 import json
+import re
 import os
 import subprocess
 
@@ -182,6 +183,50 @@ def test_results_read_as_the_commands_text_and_repr_in_one_line(tmp_path):
     text, page = html.unescape(trend._repr_html_()).split("<iframe", 1)
     assert "the first 3 as warm-up" in text
     assert '"warmup":3' in page
+
+
+def test_growth_under_a_kilobyte_a_step_is_no_suspect_beside_a_real_leak(tmp_path):
+    """A few bytes a step (a framework's counter, a logged scalar) beside a
+    leak of kilobytes is left out, with a note; alone, it is the suspect."""
+    import torch
+
+    kept, counters = [], []
+    with snapdiff.recording(tmp_path / "both", every=1) as both:
+        for _ in range(8):
+            kept.append(torch.ones(1024))  # 4 KiB a step: the leak
+            counters.append(torch.zeros(2))  # 8 B a step: bookkeeping
+            both.step()
+    trend = snapdiff.trend(both.files())
+    assert [s.growth_per_step for s in trend.suspects] == [4096], trend.suspects
+    assert "1 site growing less than 1 KiB a step left out" in " ".join(trend.notes)
+    with snapdiff.recording(tmp_path / "alone", every=1) as alone:
+        for _ in range(8):
+            counters.append(torch.zeros(2))  # the only growth
+            alone.step()
+    assert [s.growth_per_step for s in snapdiff.trend(alone.files()).suspects] == [8]
+
+
+def test_flame_graphs_start_where_the_program_does(tmp_path):
+    """Under pytest, dozens of frames of the interpreter, pytest and pluggy
+    run the test: the folded stacks fold them into one, then the test."""
+    import torch
+
+    kept = []
+    with snapdiff.recording(tmp_path / "dumps", every=1) as rec:
+        for _ in range(2):
+            kept.append(torch.ones(1024))
+            rec.step()
+    folded = tmp_path / "stacks.folded"
+    subprocess.run([snapdiff._cli.binary(), "flamegraph", "--folded", "-o", str(folded),
+                    rec.files()[-1]], check=True)
+    mine = [line for line in folded.read_text().splitlines()
+            if "test_flame_graphs_start_where_the_program_does" in line]
+    assert mine, folded.read_text()
+    for line in mine:
+        first, second = line.split(";")[:2]
+        assert re.fullmatch(r"\((\d+) frames running the program\)", first), line
+        assert second.startswith("test_flame_graphs_start_where_the_program_does "), line
+        assert "pluggy" not in line and "_pytest" not in line, line
 
 
 def test_a_suspect_carries_what_pytorch_recorded_with_it():

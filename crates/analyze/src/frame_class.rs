@@ -87,7 +87,20 @@ const LIBRARY_PACKAGES: &[&str] = &[
     "numpy",
     "jax",
     "flax",
+    // What runs the program: notebooks, test runners, snapdiff's own hook
+    // and Python package (a checkout's, in editable installs).
+    "IPython",
+    "ipykernel",
+    "jupyter_client",
+    "tornado",
+    "pluggy",
+    "_pytest",
+    "snapdiff",
 ];
+
+/// Folder-name prefixes of code that runs the program: the copy of
+/// snapdiff's hook that `snapdiff capture` puts in a temporary folder.
+const RUNNER_FOLDER_PREFIXES: &[&str] = &["snapdiff-hook-"];
 
 /// Path segments (case folded) of installed packages.
 const INSTALL_FOLDERS: &[&str] = &["site-packages", "dist-packages", ".cargo"];
@@ -176,7 +189,11 @@ pub fn classify(frame: &Frame) -> FrameClass {
     }
     // A known library, wherever it lives: by its package folder.
     let folders = &segments[..segments.len().saturating_sub(1)];
-    if folders.iter().any(|s| LIBRARY_PACKAGES.contains(s)) {
+    if folders.iter().any(|s| LIBRARY_PACKAGES.contains(s))
+        || folders
+            .iter()
+            .any(|s| RUNNER_FOLDER_PREFIXES.iter().any(|p| s.starts_with(p)))
+    {
         return FrameClass::Library;
     }
     FrameClass::User
@@ -514,6 +531,43 @@ mod tests {
         ("some_symbol", "", 0, Native),
         ("kernel", "C:\\Windows\\System32\\nvcuda.dll", 0, Native),
         ("f", "/usr/local/cuda/include/cuda_runtime.h", 1, Native),
+        // What runs the program, wherever it is installed.
+        (
+            "run_cell",
+            "/home/ana/src/ipython/IPython/core/interactiveshell.py",
+            3577,
+            Library,
+        ),
+        (
+            "do_execute",
+            "/opt/tools/ipykernel/ipkernel.py",
+            449,
+            Library,
+        ),
+        (
+            "_multicall",
+            "/home/ana/src/pluggy/src/pluggy/_callers.py",
+            103,
+            Library,
+        ),
+        (
+            "pytest_pyfunc_call",
+            "/home/ana/src/pytest/src/_pytest/python.py",
+            159,
+            Library,
+        ),
+        (
+            "step",
+            "/work/snapdiff/python/snapdiff/_recording.py",
+            80,
+            Library,
+        ),
+        (
+            "write",
+            "/tmp/snapdiff-hook-Ab12Cd/snapdiff_capture.py",
+            612,
+            Library,
+        ),
         // Noise.
         ("torch::unwind::unwind()", "??", 0, Noise),
         ("_PyEval_EvalFrameDefault", "ceval.c", 0, Noise),

@@ -55,6 +55,13 @@ fn merge_suspects(into: &mut Suspect, other: Suspect) {
 
 /// Checkpoints at the start treated as warm-up by default.
 pub const DEFAULT_WARMUP: usize = 1;
+
+/// Growth a step (a checkpoint, where steps are unknown) under which a site
+/// is not a suspect beside one that grows at least this much: a
+/// framework's bookkeeping (a counter, a logged scalar) beside a real leak.
+/// Where all growth is under it, every growing site is still a suspect:
+/// a slow leak is all there is.
+pub(crate) const SMALL_GROWTH_BYTES: f64 = 1024.0;
 /// Checkpoints a trace without markers is cut into by default.
 pub(crate) const DEFAULT_CHECKPOINTS: usize = 10;
 
@@ -391,6 +398,15 @@ pub fn trend_of_series(
             .cmp(&a.growth_bytes)
             .then(a.site.key.cmp(&b.site.key))
     });
+    let small = |s: &Suspect| {
+        s.growth_per_step.unwrap_or(s.growth_per_checkpoint as f64) < SMALL_GROWTH_BYTES
+    };
+    let mut left_out = 0;
+    if suspects.iter().any(|s| !small(s)) {
+        let before = suspects.len();
+        suspects.retain(|s| !small(s));
+        left_out = before - suspects.len();
+    }
 
     let no_verdict = (n < warmup + 3).then(|| {
         format!(
@@ -399,7 +415,13 @@ pub fn trend_of_series(
             warmup + 3
         )
     });
-    let notes: Vec<String> = no_verdict.iter().cloned().collect();
+    let mut notes: Vec<String> = no_verdict.iter().cloned().collect();
+    if left_out > 0 {
+        notes.push(format!(
+            "{left_out} site{} growing less than 1 KiB a step left out beside larger growth",
+            if left_out == 1 { "" } else { "s" }
+        ));
+    }
     let suspected_bytes = suspects.iter().map(|s| s.growth_bytes).sum();
     let growth_per_second = seconds.map(|s| suspected_bytes as f64 / s);
     let device_memory = options.device_memory.or(series.device_memory);

@@ -56,13 +56,37 @@ pub fn folded_lines(drawn: &Drawn) -> Vec<String> {
     }
 }
 
-/// A site's frames, outermost first, `;` between them.
+/// A site's frames, outermost first, `;` between them. The frames that
+/// run the program above its own outermost one (a notebook kernel's and
+/// IPython's, pytest's, the interpreter's start-up: dozens in a notebook)
+/// are folded into one, so that the graph starts where the program does.
 fn stack(site: &Site) -> String {
     if site.frames.is_empty() {
         return "(no stack recorded)".to_owned();
     }
-    let labels: Vec<String> = site.frames.iter().rev().map(label).collect();
+    let outermost_first: Vec<&SiteFrame> = site.frames.iter().rev().collect();
+    let runner = outermost_first
+        .iter()
+        .position(|f| is_program(f))
+        .unwrap_or(0);
+    let mut labels: Vec<String> = Vec::with_capacity(outermost_first.len());
+    let folded = if runner >= 2 { runner } else { 0 };
+    if folded > 0 {
+        labels.push(format!("({folded} frames running the program)"));
+    }
+    labels.extend(outermost_first[folded..].iter().map(|f| label(f)));
     labels.join(";")
+}
+
+/// Whether `frame` is the program's own code (a culprit could be there).
+fn is_program(frame: &SiteFrame) -> bool {
+    let frame = snapdiff_format::Frame {
+        name: frame.name.as_str().into(),
+        file: frame.file.as_str().into(),
+        line: frame.line,
+        extra: Vec::new(),
+    };
+    snapdiff_analyze::classify(&frame).is_program()
 }
 
 /// A frame as the picture names it: `function (folder/file:line)`, C++
