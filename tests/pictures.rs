@@ -226,6 +226,21 @@ fn pprof_profiles_read_in_go_tool_pprof_with_the_culprit_line_first() {
     let total: u64 = rows.iter().map(|r| r.0).sum();
     assert!(total <= by_line.values().sum(), "{rows:?}");
 
+    // A script's module-level code is named by its file, not `<unknown>`
+    // (pprof drops what is between `<` and `>`, as in C++ templates).
+    let cumulative = go()
+        .unwrap()
+        .args(["-top", "-cum"])
+        .arg(&profile)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&cumulative.stdout);
+    assert!(!text.contains("<unknown>"), "{text}");
+    assert!(
+        text.lines().any(|l| l.ends_with(" counterfactuals.py")),
+        "{text}"
+    );
+
     // A difference of a file with itself: no growth anywhere.
     let diff = dir.path().join("diff.pb.gz");
     snapdiff([

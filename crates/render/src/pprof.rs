@@ -121,7 +121,8 @@ impl Builder {
             Some(&id) => id,
             None => {
                 let id = self.profile.function.len() as u64 + 1;
-                let (name, filename) = (self.string(name), self.string(file));
+                let shown = function_name(name, file);
+                let (name, filename) = (self.string(&shown), self.string(file));
                 self.profile.function.push(Function {
                     id,
                     name,
@@ -165,6 +166,22 @@ impl Builder {
                 .collect()
         };
         self.profile.sample.push(Sample { location_id, value });
+    }
+}
+
+/// `name` as pprof shows it. pprof drops what is between `<` and `>` (C++
+/// template arguments), so Python's `<module>` would read `<unknown>`: a
+/// module's code is named by its file (`train.py`), and `<lambda>`,
+/// `<listcomp>` and the like by what they are and their file.
+fn function_name(name: &str, file: &str) -> String {
+    let Some(inner) = name.strip_prefix('<').and_then(|n| n.strip_suffix('>')) else {
+        return name.to_owned();
+    };
+    let base = file.rsplit(['/', '\\']).next().unwrap_or(file);
+    match (inner, base) {
+        (_, "" | "??") => inner.to_owned(),
+        ("module", base) => base.to_owned(),
+        (inner, base) => format!("{inner} in {base}"),
     }
 }
 
