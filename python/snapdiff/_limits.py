@@ -9,6 +9,11 @@ _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4,
           "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
 
 
+# The columns the verdict's tables fit in where messages are read: test
+# runners and logs, where no terminal says its width.
+MESSAGE_WIDTH = 100
+
+
 class SnapdiffLeak(RuntimeError):
     """Training kept more memory than its limit (`max_growth` in all after
     warm-up, or `max_leak` a step) allows."""

@@ -26,7 +26,7 @@ import tempfile
 import pytest
 
 from snapdiff._cli import run
-from snapdiff._limits import Limit
+from snapdiff._limits import MESSAGE_WIDTH, Limit
 
 def pytest_addoption(parser):
     parser.addoption(
@@ -112,7 +112,8 @@ class Steps:
         report = json.loads(out)
         self.report = report
         if self.limit.over(report):
-            _, text, _ = run([*args, "--frames", "6", "--full-paths"])
+            _, text, _ = run([*args, "--frames", "6", "--full-paths",
+                              "--width", str(MESSAGE_WIDTH)])
             self.request.node._snapdiff_failed = True
             pytest.fail(f"snapdiff: {self.limit.says(report)}\n\n{text}", pytrace=False)
 

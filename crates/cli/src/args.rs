@@ -265,6 +265,7 @@ impl Default for ReportArgs {
             library: None,
             full_paths: false,
             by: Rows::Culprit,
+            width: None,
         }
     }
 }
@@ -299,6 +300,10 @@ pub(crate) struct ReportArgs {
     /// paths together), or per whole stack (each shows where it differs).
     #[arg(long, value_enum, value_name = "ROWS", default_value_t = Rows::Culprit)]
     pub(crate) by: Rows,
+    /// Fit tables in N columns when the output is no terminal (a file, a
+    /// test's failure message); by default they are as wide as their text.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(40..))]
+    pub(crate) width: Option<u16>,
 }
 
 /// What a report's rows are (`--by`).
@@ -318,6 +323,7 @@ impl ReportArgs {
             frames: self.frames,
             full_paths: self.full_paths,
             color: crate::output::colors(),
+            width: self.width,
         }
     }
 

@@ -81,7 +81,10 @@ pub fn write_sites(
     if groups.is_empty() {
         return Ok(());
     }
-    let mut t = table(["", "culprit", "blocks", "bytes", "delta", "share"]);
+    let mut t = table(
+        options,
+        ["", "culprit", "blocks", "bytes", "delta", "share"],
+    );
     let shown = &groups[..groups.len().min(options.top_limit())];
     let base = paths_base(shown.iter().map(|g| &g.site), options.full_paths);
     let via = where_stacks_differ(&shown.iter().map(|g| &g.site).collect::<Vec<_>>(), &base);

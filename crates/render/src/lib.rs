@@ -47,6 +47,9 @@ pub struct TextOptions {
     /// Growth in red and shrinking in green (for a terminal; see
     /// [`text::TerminalText::with_colors`]).
     pub color: bool,
+    /// The columns tables fit in when the output is no terminal (a test's
+    /// failure message, a file); `None`: as wide as their text.
+    pub width: Option<u16>,
 }
 
 impl TextOptions {

@@ -97,7 +97,7 @@ pub fn write_live(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     let share = |bytes: u64| format!("{:.0}%", 100.0 * bytes as f64 / allocated.max(1) as f64);
-    let mut by_category = table(["what", "blocks", "bytes", "share"]);
+    let mut by_category = table(options, ["what", "blocks", "bytes", "share"]);
     for c in categories {
         let mut what = c.category.label().to_owned();
         if c.before_recording_bytes > 0 && c.category != Category::BeforeRecording {
@@ -123,7 +123,7 @@ pub fn write_live(
     if shown.is_empty() {
         return Ok(());
     }
-    let mut by_site = table(["", "culprit", "what", "blocks", "bytes", "share"]);
+    let mut by_site = table(options, ["", "culprit", "what", "blocks", "bytes", "share"]);
     let base = paths_base(shown.iter().map(|s| &s.site), options.full_paths);
     let via = where_stacks_differ(&shown.iter().map(|s| &s.site).collect::<Vec<_>>(), &base);
     let mut rows = Vec::new();

@@ -45,15 +45,18 @@ fn write_device(d: &DeviceSteps, options: &TextOptions, out: &mut dyn Write) -> 
     } else {
         (&d.steps[..], &d.steps[..0])
     };
-    let mut t = table([
-        "step",
-        "start",
-        "peak",
-        "allocated",
-        "freed",
-        "retained",
-        "retained by",
-    ]);
+    let mut t = table(
+        options,
+        [
+            "step",
+            "start",
+            "peak",
+            "allocated",
+            "freed",
+            "retained",
+            "retained by",
+        ],
+    );
     // The sites the table names: of the steps that retained something.
     let sites: Vec<_> = head
         .iter()

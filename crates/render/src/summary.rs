@@ -28,7 +28,7 @@ pub fn write_text(
         let (source, producer) = (visible::escaped(source), visible::escaped(producer));
         writeln!(out, "  from {source}, recorded by {producer}")?;
     }
-    let mut totals = table(["", "bytes", ""]);
+    let mut totals = table(options, ["", "bytes", ""]);
     totals.add_row(vec![
         "reserved".to_owned(),
         size(t.reserved_bytes),
@@ -59,15 +59,18 @@ pub fn write_text(
     write_table(out, "memory:", &totals)?;
 
     if !summary.pools.is_empty() {
-        let mut pools = table([
-            "device",
-            "pool",
-            "stream",
-            "segments",
-            "reserved",
-            "allocated",
-            "active",
-        ]);
+        let mut pools = table(
+            options,
+            [
+                "device",
+                "pool",
+                "stream",
+                "segments",
+                "reserved",
+                "allocated",
+                "active",
+            ],
+        );
         for p in &summary.pools {
             pools.add_row(vec![
                 match p.device {
@@ -90,7 +93,7 @@ pub fn write_text(
     }
 
     if !summary.top_sites.is_empty() {
-        let mut sites = table(["", "culprit", "blocks", "bytes", "share"]);
+        let mut sites = table(options, ["", "culprit", "blocks", "bytes", "share"]);
         let base = paths_base(
             summary.top_sites.iter().map(|s| &s.site),
             options.full_paths,

@@ -78,18 +78,21 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
             )?,
             _ => {}
         }
-        let mut t = table([
-            "",
-            "culprit",
-            "growth",
-            if by_step {
-                "per step"
-            } else {
-                "per checkpoint"
-            },
-            "per second",
-            "live bytes",
-        ]);
+        let mut t = table(
+            options,
+            [
+                "",
+                "culprit",
+                "growth",
+                if by_step {
+                    "per step"
+                } else {
+                    "per checkpoint"
+                },
+                "per second",
+                "live bytes",
+            ],
+        );
         let shown = &trend.suspects[..trend.suspects.len().min(options.top_limit())];
         let base = paths_base(shown.iter().map(|s| &s.site), options.full_paths);
         let via = where_stacks_differ(&shown.iter().map(|s| &s.site).collect::<Vec<_>>(), &base);

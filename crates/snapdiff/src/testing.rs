@@ -282,6 +282,9 @@ impl fmt::Display for LeakReport {
             // where shortened ones start from names a command-line flag.
             full_paths: true,
             color: false,
+            // Test runners' messages are read where no terminal width is
+            // known: long paths are cut from the left to fit.
+            width: Some(FAILURE_WIDTH),
         };
         let mut table = Vec::new();
         snapdiff_render::compare::write_sites(&diffs, self.leaked_bytes(), &options, &mut table)
@@ -301,6 +304,9 @@ impl fmt::Display for LeakReport {
 
 /// Frames of each site's stack a failure message shows under its culprit.
 const STACK_FRAMES: usize = 4;
+/// The columns a failure's table fits in: test runners show messages where
+/// no terminal says its width.
+const FAILURE_WIDTH: u16 = 100;
 
 /// Panics with the report, naming the files, when the report is not clean.
 fn assert_clean(report: LeakReport) {

@@ -12,7 +12,7 @@ import os
 import sys
 
 from snapdiff._cli import run
-from snapdiff._limits import Limit, SnapdiffLeak
+from snapdiff._limits import MESSAGE_WIDTH, Limit, SnapdiffLeak
 
 # Suspects whose live bytes are logged as metrics each dump.
 TOP_METRICS = 5
@@ -124,7 +124,8 @@ class Watch:
             if self.report is None:
                 return None, None
             mine = recording.files()
-            _, text, _ = run(["trend", "--warmup", str(self.warmup), "--", *mine], check=False)
+            _, text, _ = run(["trend", "--warmup", str(self.warmup), "--width",
+                              str(MESSAGE_WIDTH), "--", *mine], check=False)
         finally:
             self.recording = None
         if self.limit.over(self.report):

@@ -6,18 +6,26 @@ use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
 
 use super::color::strip_colors;
+use crate::TextOptions;
 
-/// A table with snapdiff's look: header underlined, no inner grid.
-pub fn table<I: IntoIterator<Item = &'static str>>(header: I) -> Table {
+/// A table with snapdiff's look: header underlined, no inner grid; fitted
+/// to the terminal, else to `options.width`, else as wide as its text.
+pub fn table<I: IntoIterator<Item = &'static str>>(options: &TextOptions, header: I) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY)
         .set_content_arrangement(ContentArrangement::Dynamic)
         .set_header(header);
-    // A terminal that reports no columns (some CI runners, `stty cols 0`)
-    // would squeeze every cell to one character a line: its width is
-    // unknown, so the table is not fitted to it.
-    if t.width() == Some(0) {
-        t.set_content_arrangement(ContentArrangement::Disabled);
+    // Not a terminal, or one that reports no columns (some CI runners,
+    // `stty cols 0`), which would squeeze every cell to a character a line.
+    if t.width().is_none_or(|w| w == 0) {
+        match options.width {
+            Some(width) => {
+                t.set_width(width);
+            }
+            None => {
+                t.set_content_arrangement(ContentArrangement::Disabled);
+            }
+        }
     }
     t
 }
@@ -48,16 +56,35 @@ pub fn add_rows(t: &mut Table, mut rows: Vec<Vec<String>>, col: usize) {
             .map(|c| widest(c) + 2)
             .sum();
         // A few characters spare: comfy-table keeps some for itself.
-        let room = usize::from(width).saturating_sub(others + 2 + 2 + 4);
+        let room = usize::from(width).saturating_sub(others + 2 + 2 + 6);
         if room >= 24 {
             for row in &mut rows {
-                let lines: Vec<String> = row[col].lines().map(|l| shorten_line(l, room)).collect();
+                let lines: Vec<String> = row[col].lines().map(|l| fit_line(l, room)).collect();
                 row[col] = lines.join("\n");
             }
         }
     }
     for row in rows {
         t.add_row(row);
+    }
+}
+
+/// `line` in `room` characters where cutting can do it: its last word (a
+/// path) cut from the left; else, for `NAME  PATH` (a culprit, a frame),
+/// the path on a line of its own, indented as the line is, and each of the
+/// two cut from the left (`from …::a_long_test_name`), so that nothing
+/// wraps in the middle of a word.
+fn fit_line(line: &str, room: usize) -> String {
+    let fitted = shorten_line(line, room);
+    let text = line.trim_start();
+    let indent = &line[..line.len() - text.len()];
+    match text.rsplit_once("  ") {
+        Some((name, path)) if fitted.chars().count() > room => format!(
+            "{}\n{}",
+            shorten_line(&format!("{indent}{name}"), room),
+            shorten_line(&format!("{indent}  {path}"), room)
+        ),
+        _ => fitted,
     }
 }
 
@@ -69,7 +96,7 @@ fn shorten_line(line: &str, room: usize) -> String {
         return line.to_owned();
     };
     let path = &line[start..];
-    if len <= room || !path.contains('/') {
+    if len <= room || !path.contains(['/', ':']) {
         return line.to_owned();
     }
     let keep = path.chars().count().saturating_sub(len - room + 1);
