@@ -233,6 +233,51 @@ def test_flame_graphs_start_where_the_program_does(tmp_path):
         assert "pluggy" not in line and "_pytest" not in line, line
 
 
+def test_one_run_tells_one_story_in_every_view(tmp_path):
+    """The text, `--json`, the page, the notebook view and the Python result
+    of one run, made with the same warm-up, agree on the headline, the
+    growth, the rate, the warm-up and the culprit."""
+    import html
+    import torch
+
+    kept = []
+    with snapdiff.recording(tmp_path / "dumps", every=1) as rec:
+        for _ in range(9):
+            kept.append(torch.ones(2048))  # 8 KiB a step
+            rec.step()
+    files = rec.files()
+    cli = [snapdiff._cli.binary(), "trend", "--color", "never", "--warmup", "3", "--"]
+    text = subprocess.run(cli + files, capture_output=True, text=True).stdout
+    as_json = json.loads(subprocess.run(
+        cli[:-1] + ["--json", "--"] + files, capture_output=True, text=True).stdout)
+    page_file = tmp_path / "report.html"
+    subprocess.run([snapdiff._cli.binary(), "report", "--warmup", "3", "-o", str(page_file),
+                    "--", *files], check=True)
+    result = snapdiff.trend(files, warmup=3)
+    notebook_text, notebook_page = html.unescape(result._repr_html_()).split("<iframe", 1)
+
+    def page_data(page):
+        return json.loads(page.split('<script id="data" type="application/json">')[1]
+                          .split("</script>")[0])
+
+    top = as_json["suspects"][0]
+    assert top["growth_per_step"] == 8192 and as_json["warmup"] == 3
+    for shown in (text, notebook_text, str(result)):
+        assert "1 site keeps growing" in shown, shown
+        assert "the first 3 as warm-up" in shown, shown
+        assert "8.00 KiB" in shown and f"{os.path.basename(__file__)}:" in shown, shown
+    for data in (page_data(page_file.read_text()), page_data(notebook_page)):
+        t = data["trend"]
+        assert (t["warmup"], t["no_verdict"]) == (3, None)
+        [s] = t["suspects"]
+        assert s["growth_bytes"] == top["growth_bytes"]
+        assert s["growth_per_step"] == top["growth_per_step"]
+        assert s["culprit"] == top["culprit"]
+    [s] = result.suspects
+    assert (s.growth_bytes, s.growth_per_step) == (top["growth_bytes"], 8192)
+    assert (s.culprit.file, s.culprit.line) == (top["culprit"]["file"], top["culprit"]["line"])
+
+
 def test_a_suspect_carries_what_pytorch_recorded_with_it():
     # Written by CPython's pickler in the newest layout (fixtures/make_torch_format.py).
     path = os.path.join(os.path.dirname(__file__), "../../fixtures/torch-format/newest-step6.pickle")
