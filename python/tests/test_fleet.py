@@ -4,6 +4,7 @@ cluster, and the site tables read back with DuckDB, running the queries
 the user guide shows."""
 
 import html
+import importlib
 import json
 import os
 import re
@@ -22,7 +23,7 @@ RANKS, STEPS = 64, 6
 def need(module, why):
     """Imports `module`; skips without it, or fails where CI requires it."""
     if os.environ.get("SNAPDIFF_REQUIRE_RAY"):
-        return __import__(module)
+        return importlib.import_module(module)
     return pytest.importorskip(module, reason=why)
 
 
@@ -139,6 +140,25 @@ def test_ray_names_unreadable_files_and_failed_tasks_and_judges_the_rest(job, cl
     said = "8 ranks: 7 steady, 1 leaking, 1 unreadable, 1 in failed Ray tasks"
     assert repr(result) == f"<Fleet {said}>"
     assert said in result._repr_html_() and "/nonexistent/dumps" in result._repr_html_()
+
+
+@pytest.mark.parametrize("codec", ["snappy", "gzip", "lz4", "brotli", "zstd", "none"])
+def test_tables_resaved_with_any_codec_give_the_same_verdict(job, tmp_path, codec):
+    """Tables re-saved by pandas, DuckDB, Spark or pyarrow (Snappy is their
+    default) read as the ones `export` wrote."""
+    pq = need("pyarrow.parquet", "pip install pyarrow")
+    folder, _ = job
+    tables = tmp_path / "tables"
+    subprocess.run([snapdiff._cli.binary(), "export", str(folder), "-o", str(tables)], check=True)
+    resaved = tmp_path / codec
+    resaved.mkdir()
+    for table in tables.iterdir():
+        pq.write_table(pq.read_table(table), resaved / table.name, compression=codec)
+    expected = snapdiff._cli.run_json("fleet", [tables])
+    got = snapdiff._cli.run_json("fleet", [resaved])
+    for key in ("processes", "leaking", "steady", "leaks", "imbalance"):
+        assert got[key] == expected[key], key
+    assert got["unreadable"] == []
 
 
 def guide_queries():
