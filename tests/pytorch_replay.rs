@@ -486,6 +486,20 @@ pub enum Extra {
         bytes: u64,
         period: usize,
     },
+    /// A block of `bytes` at `stack` kept every `every` iterations (a
+    /// metric's state appended once an epoch, never reset): a leak.
+    Staircase {
+        stack: StackId,
+        bytes: u64,
+        every: usize,
+    },
+    /// A block of `bytes` at `stack` allocated at each of the iterations
+    /// `at` and held to the end (three things loaded lazily): not a leak.
+    OneTimeAt {
+        stack: StackId,
+        bytes: u64,
+        at: [usize; 3],
+    },
 }
 
 /// A training job made from a real trace: its events replayed `iterations`
@@ -583,6 +597,7 @@ impl Job {
         let mut periodic = Vec::new();
         let mut grown: Option<DeviceBuffer> = None;
         let mut held: Option<DeviceBuffer> = None;
+        let mut stairs = Vec::new();
         let mut failed = None;
         // The iteration's live blocks by their trace address (kept when
         // the job stops at an error, as a program's are at its dump).
@@ -633,6 +648,28 @@ impl Job {
                         periodic.clear();
                     }
                 }
+                Extra::Staircase {
+                    stack,
+                    bytes,
+                    every,
+                } if iteration % every == every - 1 => {
+                    match alloc(&replay, bytes, 0, Some(stack)) {
+                        Ok(b) => stairs.push(b),
+                        Err(f) => {
+                            failed = Some(f);
+                            break 'job;
+                        }
+                    }
+                }
+                Extra::OneTimeAt { stack, bytes, at } if at.contains(&iteration) => {
+                    match alloc(&replay, bytes, 0, Some(stack)) {
+                        Ok(b) => stairs.push(b),
+                        Err(f) => {
+                            failed = Some(f);
+                            break 'job;
+                        }
+                    }
+                }
                 Extra::HoldFromStart { stack, bytes } if iteration == 0 => {
                     match alloc(&replay, bytes, 0, Some(stack)) {
                         Ok(b) => held = Some(b),
@@ -642,7 +679,11 @@ impl Job {
                         }
                     }
                 }
-                Extra::Nothing | Extra::KeepBlock { .. } | Extra::HoldFromStart { .. } => {}
+                Extra::Nothing
+                | Extra::KeepBlock { .. }
+                | Extra::HoldFromStart { .. }
+                | Extra::Staircase { .. }
+                | Extra::OneTimeAt { .. } => {}
             }
             let mut i = 0;
             while i < events.len() {

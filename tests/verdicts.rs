@@ -299,6 +299,37 @@ fn one_block_that_grows_is_a_leak_and_a_periodic_site_is_not() {
 }
 
 #[test]
+fn a_leak_that_grows_once_an_epoch_is_named_and_three_one_time_allocations_are_not() {
+    let dir = tempdir();
+    for src in sources().into_iter().take(2) {
+        let (alloc, _, line) = transient_alloc(&src, 0);
+        let stack = trace_of(&src.snap, src.device)[alloc].stack.unwrap();
+        let bytes = 40 << 10;
+        for every in [2, 4, 8, 25] {
+            // Five rises after the first epoch's warm-up, and a part epoch.
+            let iterations = (6 * every + every / 2).max(24);
+            let per_epoch = Job::steady(iterations).with(Extra::Staircase {
+                stack,
+                bytes,
+                every,
+            });
+            let case = format!("{} every {every}", src.name);
+            let report = trend(&[&dump(&src, &per_epoch, dir.path(), &case)]);
+            let found = suspects(&report);
+            assert_eq!(found.len(), 1, "{case}: {report:#}");
+            assert_eq!(line_of(&found[0]), line, "{case}: {report:#}");
+        }
+        let three = Job::steady(48).with(Extra::OneTimeAt {
+            stack,
+            bytes,
+            at: [10, 25, 40],
+        });
+        let report = trend(&[&dump(&src, &three, dir.path(), "three")]);
+        no_suspect(&report, &format!("{} three one-time allocations", src.name));
+    }
+}
+
+#[test]
 fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
     let dir = tempdir();
     for (i, src) in sources().into_iter().enumerate() {

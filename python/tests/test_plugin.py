@@ -278,6 +278,36 @@ def test_one_run_tells_one_story_in_every_view(tmp_path):
     assert (s.culprit.file, s.culprit.line) == (top["culprit"]["file"], top["culprit"]["line"])
 
 
+def test_a_leak_that_grows_once_an_epoch_is_named_and_one_time_allocations_are_not(tmp_path):
+    """A validation metric that keeps each evaluation's probabilities and is
+    never reset (the torchmetrics pattern), dumped every optimizer step:
+    its memory rises once every 4 steps. Three one-time allocations at
+    separate points of the same run are no leak."""
+    import torch
+
+    model = torch.nn.Linear(64, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    metric_state, loaded = [], []
+    with snapdiff.recording(tmp_path / "dumps", every=1) as rec:
+        for step in range(48):
+            loss = model(torch.randn(16, 64)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if step % 4 == 3:  # an evaluation every 4 steps
+                with torch.no_grad():
+                    metric_state.append(model(torch.randn(256, 64)).softmax(-1))  # EPOCH LEAK
+            if step in (10, 25, 40):
+                loaded.append(torch.zeros(4096))  # ONE-TIME
+            rec.step()
+    trend = snapdiff.trend(rec.files())
+    lines = open(__file__).read().splitlines()
+    epoch_line = next(i + 1 for i, l in enumerate(lines) if "# EPOCH LEAK" in l)
+    assert [(s.culprit.file, s.culprit.line) for s in trend.suspects] == [(__file__, epoch_line)]
+    assert trend.suspects[0].growth_per_step == pytest.approx(256 * 8 * 4 / 4, rel=0.2)
+    assert "grows in steps: about once every 4 steps" in str(trend), str(trend)
+
+
 def test_a_suspect_carries_what_pytorch_recorded_with_it():
     # Written by CPython's pickler in the newest layout (fixtures/make_torch_format.py).
     path = os.path.join(os.path.dirname(__file__), "../../fixtures/torch-format/newest-step6.pickle")

@@ -17,7 +17,13 @@
 //! one-time allocation's floor rises once. A site is a suspect when its floor
 //! rises at two checkpoints or more after warm-up, and at no fewer than a
 //! third of them (so that two separate one-time allocations among many
-//! checkpoints are not taken for a leak).
+//! checkpoints are not taken for a leak); or when it rises like a
+//! *staircase*: at four checkpoints or more, at a steady period (the longest
+//! gap between rises at most twice the shortest), spread over the whole run
+//! (neither its start nor its end longer without a rise than the longest
+//! gap). That is a leak that grows once an epoch or an evaluation (a metric
+//! state never reset), dumped every step; two or three separate one-time
+//! allocations are not one.
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
@@ -299,9 +305,30 @@ fn floor_growth(series: &[u64], warmup: usize) -> Option<u64> {
     }
     let floor = floor_of(series);
     let intervals = n - 1 - warmup;
-    let rises = (warmup + 1..n).filter(|&i| floor[i] > floor[i - 1]).count();
+    let risen: Vec<usize> = (warmup + 1..n)
+        .filter(|&i| floor[i] > floor[i - 1])
+        .collect();
     let growth = floor[n - 1] - floor[warmup];
-    (rises >= 2 && 3 * rises >= intervals && growth > 0).then_some(growth)
+    let often = risen.len() >= 2 && 3 * risen.len() >= intervals;
+    (growth > 0 && (often || is_staircase(&risen, warmup, n - 1))).then_some(growth)
+}
+
+/// Rises a staircase needs at least: two or three separate one-time
+/// allocations are not one.
+const STAIRCASE_RISES: usize = 4;
+
+/// Whether a floor that rose at checkpoints `risen`, after warm-up ended at
+/// checkpoint `start` and up to checkpoint `end`, rose like a staircase: at
+/// a steady period (the longest gap at most twice the shortest, which
+/// allows epochs of uneven length), over the whole run.
+fn is_staircase(risen: &[usize], start: usize, end: usize) -> bool {
+    if risen.len() < STAIRCASE_RISES {
+        return false;
+    }
+    let gaps = risen.windows(2).map(|w| w[1] - w[0]);
+    let (shortest, longest) = gaps.fold((usize::MAX, 0), |(s, l), g| (s.min(g), l.max(g)));
+    let (first, last) = (risen[0], risen[risen.len() - 1]);
+    longest <= 2 * shortest && first - start <= longest && end - last <= longest
 }
 
 /// Whether `series` rises and then falls back to the lowest level it held
@@ -834,6 +861,22 @@ mod tests {
     fn the_floor_rule_tells_leaks_from_one_time_and_periodic_growth() {
         // A leak: steady growth.
         assert_eq!(floor_growth(&[0, 10, 20, 30, 40, 50], 1), Some(40));
+        // A staircase: once every 4 checkpoints, over the whole run.
+        let stairs: Vec<u64> = (0..48).map(|i| 100 + 10 * (i / 4)).collect();
+        assert_eq!(floor_growth(&stairs, 1), Some(110));
+        // Uneven epochs (3 to 5 checkpoints) still are one.
+        let uneven = [
+            0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 4, 4, 4, 5, 5, 5, 5,
+        ];
+        assert_eq!(floor_growth(&uneven, 1), Some(5));
+        // One-time allocations at three separate points are not.
+        let three: Vec<u64> = (0..48)
+            .map(|i| [i >= 10, i >= 25, i >= 40].iter().filter(|&&b| b).count() as u64)
+            .collect();
+        assert_eq!(floor_growth(&three, 1), None);
+        // Nor are four rises bunched in the first half of a long run.
+        let early: Vec<u64> = (0..48).map(|i| i.min(5) as u64).collect();
+        assert_eq!(floor_growth(&early, 1), None);
         // Growth at every other checkpoint is still a leak.
         assert_eq!(floor_growth(&[0, 10, 10, 20, 20, 30], 1), Some(20));
         // A one-time allocation, during or after warm-up.

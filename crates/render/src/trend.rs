@@ -196,8 +196,46 @@ fn write_evidence(trend: &Trend, shown: &[Suspect], out: &mut dyn Write) -> io::
             }
             writeln!(out)?;
         }
+        write_staircase(trend, s, by_step, out)?;
     }
     Ok(())
+}
+
+/// For a suspect whose floor rose at fewer than a third of the checkpoints
+/// after warm-up (a staircase: a leak that grows once an epoch), how often
+/// and by how much it rose, which the sampled columns may not show.
+fn write_staircase(
+    trend: &Trend,
+    s: &Suspect,
+    by_step: bool,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let start = trend.warmup.min(s.floor.len().saturating_sub(1));
+    let risen: Vec<usize> = (start + 1..s.floor.len())
+        .filter(|&i| s.floor[i] > s.floor[i - 1])
+        .collect();
+    let intervals = s.floor.len() - 1 - start;
+    if risen.is_empty() || 3 * risen.len() >= intervals {
+        return Ok(());
+    }
+    let every = intervals as f64 / risen.len() as f64;
+    let steps = match (
+        trend.points[start].step,
+        trend.points.last().and_then(|p| p.step),
+    ) {
+        (Some(a), Some(b)) if by_step && b > a => Some((b - a) as f64 / risen.len() as f64),
+        _ => None,
+    };
+    let period = match steps {
+        Some(k) => format!("about once every {k:.0} steps"),
+        None => format!("about once every {every:.0} checkpoints"),
+    };
+    writeln!(
+        out,
+        "     grows in steps: {period} ({} rises after warm-up, {} each on average)",
+        risen.len(),
+        size(s.growth_bytes / risen.len() as u64)
+    )
 }
 
 /// Up to `most` indices of `range`, evenly spread, the first and last always in.
