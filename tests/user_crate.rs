@@ -79,4 +79,20 @@ fn a_users_crate_without_frame_pointers_finds_the_leaking_line() {
         frames.iter().any(|f| f.starts_with("std::rt::lang_start ")),
         "{stdout}"
     );
+
+    // A leak test needs no Parquet: the library builds without Arrow, which
+    // only the command (its `fleet` and `export`) turns on.
+    let tree = Command::new(env!("CARGO"))
+        .args(["tree", "-e", "normal", "--prefix", "none"])
+        .current_dir(crate_dir)
+        .output()
+        .unwrap();
+    let tree = String::from_utf8_lossy(&tree.stdout);
+    assert!(tree.contains("snapdiff-render"), "{tree}");
+    for heavy in ["arrow", "parquet", "snapdiff-fleet"] {
+        assert!(
+            !tree.lines().any(|l| l.starts_with(heavy)),
+            "the library pulls in {heavy}:\n{tree}"
+        );
+    }
 }

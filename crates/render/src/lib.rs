@@ -22,6 +22,7 @@
 pub mod capture;
 pub mod compare;
 pub mod flamegraph;
+#[cfg(feature = "fleet")]
 pub mod fleet;
 mod held_by;
 pub mod html;
