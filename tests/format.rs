@@ -45,6 +45,7 @@ fn check_totals_match_cpython(path: &Path) {
         "allocated_bytes",
         "active_bytes",
         "requested_bytes",
+        "pinned_host",
         "trace_events",
         "actions",
     ] {

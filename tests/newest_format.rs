@@ -1,6 +1,6 @@
 //! The newest PyTorch snapshot layout, read completely: every key optional,
-//! unknown actions counted and skipped, pinned host memory as a device of its
-//! own, `annotate` labels, compiled regions and user metadata shown with
+//! unknown actions counted and skipped, pinned host memory apart from the
+//! devices (its own lines, totals and verdict), `annotate` labels, compiled regions and user metadata shown with
 //! their sites, private pools by pool, and XPU files read as CUDA files.
 //! The files are written by CPython's pickler (`fixtures/make_torch_format.py`,
 //! `newest_snapshot`, which names the PyTorch source each key follows).
@@ -25,7 +25,7 @@ fn json(args: &[&str]) -> serde_json::Value {
 }
 
 #[test]
-fn pinned_host_memory_is_a_device_of_its_own_named_so_in_reports() {
+fn pinned_host_memory_is_read_in_pytorchs_layout_and_named_so_in_reports() {
     let path = newest("newest-step6.pickle");
     let snap = read_path(&path).unwrap();
     let host: Vec<_> = snap
@@ -33,14 +33,21 @@ fn pinned_host_memory_is_a_device_of_its_own_named_so_in_reports() {
         .iter()
         .filter(|s| s.device == PINNED_HOST_DEVICE)
         .collect();
-    assert_eq!(host.len(), 1, "one pinned host segment");
-    assert_eq!(host[0].total_size, 4 * MIB);
+    // The host allocator never splits: a segment a block, one in use, one
+    // cached.
+    assert_eq!(host.len(), 2, "two pinned host segments");
+    assert!(
+        host.iter()
+            .all(|s| s.blocks.len() == 1 && s.total_size == 2 * MIB)
+    );
     let host_trace = snap
         .traces
         .iter()
         .find(|t| t.device == PINNED_HOST_DEVICE)
         .expect("host_traces read as the pinned host device's trace");
-    assert_eq!(host_trace.events.len(), 2);
+    // segment_alloc and alloc of each, then free_requested and
+    // free_completed of the cached one.
+    assert_eq!(host_trace.events.len(), 6);
     // Device 0 keeps only its own segments and events.
     assert_eq!(snap.segments.iter().filter(|s| s.device == 0).count(), 2);
     assert_eq!(snap.traces[0].events.len(), 30);
@@ -50,13 +57,13 @@ fn pinned_host_memory_is_a_device_of_its_own_named_so_in_reports() {
     assert!(
         summary
             .lines()
-            .any(|l| l.contains("pinned host") && l.contains("4.00 MiB")),
+            .any(|l| l.contains("pinned host") && l.contains("4.00 MiB pinned, 2.00 MiB in use")),
         "summary names the pinned host device:\n{summary}"
     );
     assert!(!summary.contains("4294967295"), "{summary}");
     let peak = snapdiff(["peak", p]).expect_code(0).stdout();
     assert!(
-        peak.contains("pinned host memory: peak of 2.00 MiB allocated after event 2 of 2"),
+        peak.contains("pinned host memory: peak of 4.00 MiB allocated after event 4 of 6"),
         "{peak}"
     );
     assert!(peak.contains("device 0: peak of 40.0 MiB"), "{peak}");
@@ -167,4 +174,98 @@ fn xpu_files_read_as_cuda_files() {
         .unwrap()
         .allocator_settings;
     assert!(format!("{settings:?}").contains("PYTORCH_ALLOC_CONF"));
+}
+
+/// A serving process whose device memory never changes while the pinned
+/// host cache keeps every buffer `pin_memory()` copies went through: 19 MiB
+/// of pinned RAM at step 0, 167 MiB at step 20 (written by CPython's pickler
+/// in the layout of `host_memory()` in `fixtures/make_torch_format.py`).
+fn pinned_cache(step: u32) -> String {
+    arg(&format!("pinned-cache/step{step:02}.pickle"))
+}
+
+#[test]
+fn pinned_host_memory_is_never_counted_as_the_devices() {
+    let (first, last) = (pinned_cache(0), pinned_cache(20));
+    // compare: the device did not change; the host's lines say what did.
+    let cmp = json(&["compare", "--json", &first, &last]);
+    assert_eq!(cmp["reserved_before"], cmp["reserved_after"], "{cmp:#}");
+    assert_eq!(cmp["allocated_before"], cmp["allocated_after"]);
+    assert_eq!(cmp["leaked_bytes"], 0);
+    assert_eq!(cmp["groups"], serde_json::json!([]), "{cmp:#}");
+    let host = &cmp["pinned_host"];
+    assert_eq!(host["before"]["reserved_bytes"], 19 * MIB);
+    assert_eq!(host["after"]["reserved_bytes"], 167 * MIB);
+    assert_eq!(host["after"]["in_use_bytes"], 12 * MIB);
+    assert_eq!(host["after"]["cached_blocks"], 25);
+    assert_eq!(host["after"]["cached_sizes"], 5);
+    let text = snapdiff(["compare", &first, &last]).expect_code(0).stdout();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[1],
+        "reserved 1.71 GiB -> 1.71 GiB (0 B), allocated 1.68 GiB -> 1.68 GiB (0 B)"
+    );
+    assert_eq!(
+        lines[2],
+        "pinned host memory (host RAM, not the device's) 19.0 MiB -> 167 MiB (+148 MiB), \
+         in use 12.0 MiB -> 12.0 MiB (0 B)"
+    );
+    assert_eq!(
+        lines[3],
+        "pinned host cache: 155 MiB in 25 free blocks of 5 sizes (PyTorch keeps them; \
+         `pinned_max_cached_size_mb` caps it)"
+    );
+    assert!(!text.contains("the allocator's cache grew"), "{text}");
+
+    // summary: the first table is the device's, the host has its own lines.
+    let summary = json(&["summary", "--json", &last]);
+    assert_eq!(summary["reserved_bytes"], (1024 + 700 + 28) * MIB);
+    assert_eq!(summary["segments"], 1);
+    assert_eq!(summary["fragmentation"]["free_bytes"], 28 * MIB);
+    assert_eq!(summary["pinned_host"]["reserved_bytes"], 167 * MIB);
+    let shares: f64 = summary["top_sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["share"].as_f64().unwrap())
+        .sum();
+    assert!((shares - 1.0).abs() < 1e-9, "{summary:#}");
+    assert!(
+        !summary["top_sites"].to_string().contains("pin_memory"),
+        "{summary:#}"
+    );
+
+    // trend: no device site grows, and the pinned host's growth is a
+    // verdict of its own, not an all-clear.
+    let folder = newest("pinned-cache");
+    let folder = folder.to_str().unwrap();
+    let trend = json(&["trend", "--json", folder]);
+    assert_eq!(trend["suspects"], serde_json::json!([]));
+    assert_eq!(trend["suspected_bytes"], 0);
+    assert_eq!(trend["pinned_host"]["grows"], true, "{trend:#}");
+    assert_eq!(trend["pinned_host"]["rises"], 9);
+    let text = snapdiff(["trend", folder]).expect_code(0).stdout();
+    assert!(!text.contains("nothing here looks like a leak"), "{text}");
+    assert!(
+        text.contains(
+            "pinned host memory keeps growing (host RAM, not the device's): 43.0 MiB -> 167 MiB \
+             after warm-up, rising at 9 of 9 checkpoints"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("the growth is free blocks the cache keeps, not memory in use"),
+        "{text}"
+    );
+}
+
+#[test]
+fn too_few_checkpoints_say_nothing_of_pinned_memory_either() {
+    // Three checkpoints, two of warm-up: no verdict, and none of the host's.
+    let files: Vec<String> = [0, 2, 4].iter().map(|&s| pinned_cache(s)).collect();
+    let mut args = vec!["trend", "--warmup", "2"];
+    args.extend(files.iter().map(String::as_str));
+    let text = snapdiff(args).expect_code(0).stdout();
+    assert!(text.contains("no verdict"), "{text}");
+    assert!(!text.contains("pinned host memory"), "{text}");
 }

@@ -288,3 +288,32 @@ fn too_few_checkpoints_are_no_verdict_in_the_page_and_the_text() {
     assert_eq!(headline, "No verdict: see the notes below.");
     assert!(dom.contains("class=\"verdict none\""), "not green: {dom}");
 }
+
+#[test]
+fn pinned_host_growth_is_said_in_the_page_not_an_all_clear() {
+    let dir = tempdir();
+    let folder = crate::util::fixture("torch-format").join("pinned-cache");
+    let page = dir.path().join("pinned.html");
+    report(&[folder.as_path()], &page);
+    let Some(browser) = chromium() else { return };
+    let (dom, console) = open(browser, &page, "pinned.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    let text_of = |id: &str| {
+        let at = dom
+            .split(&format!("id=\"{id}\">"))
+            .nth(1)
+            .unwrap_or_default();
+        at[..at.find('<').unwrap_or(0)].to_owned()
+    };
+    assert_eq!(
+        text_of("verdict-text"),
+        "No site's device memory keeps growing, but pinned host memory does (below)."
+    );
+    assert_eq!(
+        text_of("pinned-host-text"),
+        "Pinned host memory keeps growing (host RAM, not the device's): 43.0 MiB → 167 MiB \
+         after warm-up, rising at 9 of 9 checkpoints; in use 12.0 MiB → 12.0 MiB; cache \
+         155 MiB in 25 free blocks of 5 sizes. The growth is free blocks the cache keeps, not \
+         memory in use."
+    );
+}

@@ -90,6 +90,10 @@ class Comparison(_AsReport):
     reserved_after: int
     groups: List[Group]
     notes: List[str]
+    #: Pinned host memory (host RAM, never in the figures above) `before`
+    #: and `after`, when either file recorded it: dicts of
+    #: `reserved_bytes`, `in_use_bytes`, `cached_bytes`, `cached_blocks`...
+    pinned_host: Optional[dict] = None
     files: List[str] = field(default_factory=list, repr=False, compare=False)
     _command = "compare"
 
@@ -145,12 +149,17 @@ class Trend(_AsReport):
     notes: List[str] = field(default_factory=list)
     #: Why there is no verdict (too few checkpoints, one pass), or None.
     no_verdict: Optional[str] = None
+    #: Pinned host memory over the run, judged on its own (`grows`,
+    #: `first`, `last`, `rises`...), when the snapshots recorded it.
+    pinned_host: Optional[dict] = None
     files: List[str] = field(default_factory=list, repr=False, compare=False)
     _command = "trend"
 
     def __repr__(self):
         if self.no_verdict:
             said = "no verdict"
+        elif not self.suspects and self.pinned_host and self.pinned_host["grows"]:
+            said = "no device site keeps growing; pinned host memory does"
         elif not self.suspects:
             said = "nothing keeps growing"
         else:
@@ -235,6 +244,7 @@ def compare(before, after):
             for g in r["groups"]
         ],
         notes=r["notes"],
+        pinned_host=r.get("pinned_host"),
         files=[os.fspath(before), os.fspath(after)],
     )
 
@@ -256,6 +266,7 @@ def trend(files, warmup=None):
         suspected_bytes=r["suspected_bytes"],
         notes=r["notes"],
         no_verdict=r.get("no_verdict"),
+        pinned_host=r.get("pinned_host"),
         files=[os.fspath(f) for f in ([files] if one else files)],
     )
     result._options = options

@@ -49,20 +49,35 @@ def main(path):
     data = load(path)
     if isinstance(data, list):
         data = {"segments": data, "device_traces": []}
-    # Pinned host memory (newest PyTorch) is a device of its own, after the
-    # others: its segments follow theirs, its one list of events their traces.
-    segments = data["segments"] + data.get("host_segments", [])
-    blocks = [b for s in segments for b in s["blocks"]]
-    active = [b for b in blocks if b["state"] != "inactive"]
+    # Pinned host memory (newest PyTorch) is no device: the totals are the
+    # devices', the host's come apart. Its segments follow theirs in the
+    # file's model, its one list of events their traces.
+    devices = data["segments"]
+    host = data.get("host_segments", [])
+    device_blocks = [b for s in devices for b in s["blocks"]]
+    active = [b for b in device_blocks if b["state"] != "inactive"]
+    blocks = device_blocks + [b for s in host for b in s["blocks"]]
     traces = data.get("device_traces", []) + ([data["host_traces"]] if data.get("host_traces") else [])
     events = [e for t in traces for e in t]
+    host_blocks = [b for s in host for b in s["blocks"]]
+    cached = [b for b in host_blocks if b["state"] == "inactive"]
+    in_use = [b for b in host_blocks if b["state"] != "inactive"]
+    pinned_host = {
+        "reserved_bytes": sum(b["size"] for b in host_blocks),
+        "in_use_bytes": sum(b["size"] for b in in_use),
+        "in_use_blocks": len(in_use),
+        "cached_bytes": sum(b["size"] for b in cached),
+        "cached_blocks": len(cached),
+        "cached_sizes": len({b["size"] for b in cached}),
+    } if host else None
     print(json.dumps({
-        "segments": len(segments),
-        "blocks": len(blocks),
-        "reserved_bytes": sum(s["total_size"] for s in segments),
-        "allocated_bytes": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+        "segments": len(devices),
+        "blocks": len(device_blocks),
+        "reserved_bytes": sum(s["total_size"] for s in devices),
+        "allocated_bytes": sum(b["size"] for b in device_blocks if b["state"] == "active_allocated"),
         "active_bytes": sum(b["size"] for b in active),
         "requested_bytes": sum(b.get("requested_size", b["size"]) for b in active),
+        "pinned_host": pinned_host,
         "trace_events": len(events),
         "actions": dict(collections.Counter(e["action"] for e in events)),
         "frames_per_block": [len(block_frames(b)) for b in blocks],

@@ -12,6 +12,7 @@ use snapdiff_format::{Meta, Snapshot};
 
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, culprit_line, is_live, live_groups, merge_rows};
+use crate::pinned_host::PinnedHostChange;
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Options of [`compare`].
@@ -88,7 +89,7 @@ pub struct Comparison {
     /// Sum of the positive deltas of live (requested) bytes over all sites;
     /// rounding slack never counts.
     pub leaked_bytes: u64,
-    /// Reserved bytes (all segments) before.
+    /// Reserved bytes (all devices' segments) before.
     pub reserved_before: u64,
     /// Reserved bytes after.
     pub reserved_after: u64,
@@ -102,6 +103,11 @@ pub struct Comparison {
     pub groups: Vec<GroupDiff>,
     /// Plain statements about the comparison (cache growth, mismatched devices, ...).
     pub notes: Vec<String>,
+    /// Pinned host memory before and after, when either file recorded it:
+    /// never in the reserved and allocated bytes above, which are the
+    /// devices'.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_host: Option<PinnedHostChange>,
 }
 
 /// `groups` with those whose culprits are the same line made one row: their
@@ -140,8 +146,7 @@ fn merge_diffs(into: &mut GroupDiff, other: GroupDiff) {
 /// The identity of a block within one process, per `matching`.
 fn identities(snap: &Snapshot, keys: &StackKeys, matching: Matching) -> FxHashSet<(u64, u64, u64)> {
     let live = snap
-        .segments
-        .iter()
+        .device_segments()
         .flat_map(|s| &s.blocks)
         .filter(|b| is_live(b));
     match matching {
@@ -183,8 +188,7 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         let ids = identities(before, &keys_a, matching);
         let mut kept = FxHashMap::default();
         for b in after
-            .segments
-            .iter()
+            .device_segments()
             .flat_map(|s| &s.blocks)
             .filter(|b| is_live(b))
         {
@@ -316,5 +320,6 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         matching,
         groups,
         notes,
+        pinned_host: PinnedHostChange::between(before, after),
     }
 }

@@ -76,10 +76,11 @@ pub(crate) fn is_live(b: &Block) -> bool {
     b.state.is_active()
 }
 
-/// Groups the live blocks of `snap` by the key of their stack.
+/// Groups the live blocks of `snap`'s devices (pinned host memory is not
+/// one) by the key of their stack.
 pub(crate) fn live_groups(snap: &Snapshot, keys: &StackKeys) -> LiveGroups {
     let mut by_stack = LiveByStack::new(snap);
-    for b in snap.segments.iter().flat_map(|s| &s.blocks) {
+    for b in snap.device_segments().flat_map(|s| &s.blocks) {
         by_stack.add(b);
     }
     by_stack.into_groups(keys)
@@ -145,9 +146,10 @@ pub struct DeviceSites {
 
 /// The live blocks of `snap` by device and site, devices in ascending
 /// order; a device with segments but no live block is listed, empty.
+/// Pinned host memory is no device and is left out.
 pub fn live_sites_by_device(snap: &Snapshot, keys: &StackKeys) -> Vec<DeviceSites> {
     let mut devices: Vec<DeviceSites> = Vec::new();
-    for segment in &snap.segments {
+    for segment in snap.device_segments() {
         let at = match devices.binary_search_by_key(&segment.device, |d| d.device) {
             Ok(at) => at,
             Err(at) => {
@@ -307,8 +309,7 @@ pub fn suspect_blocks(
     let mut lines: FxHashMap<StackKey, Option<usize>> = FxHashMap::default();
     let mut out = vec![Vec::new(); sites.len()];
     for b in snap
-        .segments
-        .iter()
+        .device_segments()
         .flat_map(|s| &s.blocks)
         .filter(|b| is_live(b))
     {

@@ -35,6 +35,7 @@ mod iterations;
 mod kept;
 mod oom;
 mod peak;
+mod pinned_host;
 mod profile;
 mod recorded;
 mod replay;
@@ -59,6 +60,7 @@ pub use crate::peak::{
     CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, PoolBytes,
     peak,
 };
+pub use crate::pinned_host::{PinnedHost, PinnedHostChange, PinnedHostTrend, pinned_host};
 pub use crate::profile::{LiveMoment, SiteBytes, live_by_site};
 pub use crate::recorded::Recorded;
 pub use crate::replay::{Replayed, replay};

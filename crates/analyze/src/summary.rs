@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use snapdiff_format::{BlockState, Pool, Snapshot, Totals};
+use snapdiff_format::{BlockState, PINNED_HOST_DEVICE, Pool, Snapshot, Totals};
 
 use crate::culprit::CulpritRules;
 use crate::group::{self, LiveByStack, Site, SiteNamer, merge_rows};
+use crate::pinned_host::{PinnedHost, pinned_host};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// A device, pool, private pool and stream, what totals are kept by.
@@ -60,16 +61,19 @@ pub struct SiteUsage {
 /// The summary of one snapshot.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
-    /// Totals over all devices.
+    /// Totals over all devices (pinned host memory is not one).
     #[serde(flatten)]
     pub totals: Totals,
+    /// Pinned host memory, when the file recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_host: Option<PinnedHost>,
     /// Number of trace events over all devices.
     pub trace_events: u64,
     /// Trace events per action name.
     pub actions: BTreeMap<String, u64>,
     /// Totals per device, pool and stream, in that order.
     pub pools: Vec<PoolTotals>,
-    /// Free memory inside reserved segments.
+    /// Free memory inside the devices' reserved segments.
     pub fragmentation: Fragmentation,
     /// The sites holding the most live memory, most first.
     pub top_sites: Vec<SiteUsage>,
@@ -146,10 +150,14 @@ pub fn summarize(snap: &Snapshot, options: &SummaryOptions) -> Summary {
         })
         .collect();
     Summary {
-        totals: per_pool.values().fold(Totals::default(), |mut all, t| {
-            all.merge(t);
-            all
-        }),
+        totals: per_pool
+            .iter()
+            .filter(|((device, ..), _)| *device != PINNED_HOST_DEVICE)
+            .fold(Totals::default(), |mut all, (_, t)| {
+                all.merge(t);
+                all
+            }),
+        pinned_host: pinned_host(snap),
         trace_events: snap.trace_len() as u64,
         actions,
         pools: per_pool
@@ -180,6 +188,10 @@ fn block_figures(snap: &Snapshot) -> (BTreeMap<PoolKey, Totals>, Fragmentation, 
             .entry((seg.device, seg.pool, seg.pool_id, seg.stream))
             .or_default()
             .add_segment(seg);
+        if seg.is_pinned_host() {
+            // Its own row above; never in the devices' figures.
+            continue;
+        }
         for b in &seg.blocks {
             match b.state {
                 BlockState::Inactive => {

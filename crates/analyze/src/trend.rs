@@ -27,13 +27,13 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use snapdiff_format::DeviceName;
-use snapdiff_format::{Action, Snapshot, StackId};
+use snapdiff_format::{Action, DeviceName, PINNED_HOST_DEVICE, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
 use crate::cuts::{Cuts, cuts_for};
 use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, live_groups, merge_rows};
+use crate::pinned_host::{PinnedHost, PinnedHostTrend, pinned_host};
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
 
@@ -258,6 +258,11 @@ pub struct Trend {
     /// one pass cut evenly. Every view says "no verdict" then, never that
     /// nothing grows.
     pub no_verdict: Option<String>,
+    /// Pinned host memory over the checkpoints, judged on its own (never
+    /// part of the suspects or of the device's bytes), when the snapshots
+    /// recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_host: Option<PinnedHostTrend>,
 }
 
 /// The live memory of one process's device, by site, at a series of
@@ -281,6 +286,9 @@ pub struct SiteSeries<'a> {
     pub allocated_bytes: u64,
     /// Total device memory, when recorded.
     pub device_memory: Option<u64>,
+    /// Pinned host memory at each checkpoint, when the snapshots recorded
+    /// it; empty otherwise.
+    pub pinned_host: Vec<Option<PinnedHost>>,
 }
 
 /// The floor of `series`: at each point, the least value from there to the
@@ -461,6 +469,14 @@ pub fn trend_of_series(
         0 => live_at_end,
         allocated => allocated,
     };
+    let pinned_host = if series.pinned_host.len() == series.points.len() {
+        let at: Vec<_> = (series.pinned_host.iter().copied())
+            .zip(series.points.iter().map(|p| p.step))
+            .collect();
+        PinnedHostTrend::of(&at, warmup)
+    } else {
+        None
+    };
     let seconds_to_full = match (device_memory, growth_per_second) {
         (Some(total), Some(rate)) if rate > 0.0 => {
             Some(total.saturating_sub(allocated_bytes) as f64 / rate)
@@ -481,6 +497,7 @@ pub fn trend_of_series(
         seconds_to_full,
         notes,
         no_verdict,
+        pinned_host,
     }
 }
 
@@ -657,6 +674,7 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
         before_recording: Default::default(),
         allocated_bytes: last.map_or(0, |s| s.totals().allocated_bytes),
         device_memory: last.and_then(device_memory_of),
+        pinned_host: order.iter().map(|&i| pinned_host(snaps[i])).collect(),
     };
     trend_of_snapshot_series(series, by, options)
 }
@@ -707,19 +725,22 @@ pub(crate) fn trend_trace_with_keys(
     keys: &StackKeys,
     options: &TrendOptions,
 ) -> Result<Trend, TraceError> {
+    let allocates = |i: &usize| {
+        snap.traces[*i]
+            .events
+            .iter()
+            .any(|e| e.action == Action::Alloc)
+    };
+    // Pinned host memory is no device: its trace is not judged with theirs.
+    let is_host = |i: &usize| snap.traces[*i].device == PINNED_HOST_DEVICE;
     let busy: Vec<usize> = (0..snap.traces.len())
-        .filter(|&i| {
-            snap.traces[i]
-                .events
-                .iter()
-                .any(|e| e.action == Action::Alloc)
-        })
+        .filter(|i| allocates(i) && !is_host(i))
         .collect();
     if busy.is_empty() {
         return Err(TraceError::NoAllocations);
     }
     let mut idle: Vec<String> = (0..snap.traces.len())
-        .filter(|i| !busy.contains(i) && !snap.traces[*i].events.is_empty())
+        .filter(|i| !busy.contains(i) && !is_host(i) && !snap.traces[*i].events.is_empty())
         .map(|i| snap.traces[i].device.to_string())
         .collect();
     idle.dedup();
@@ -805,6 +826,7 @@ fn trend_of_device(
         before_recording: replayed.before_recording,
         allocated_bytes: snap.totals().allocated_bytes,
         device_memory: device_memory_of(snap),
+        pinned_host: Vec::new(),
     };
     let mut trend = trend_of_series(series, source, options);
     if freed_unseen > 0 {

@@ -101,6 +101,7 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
                 before_recording: Default::default(),
                 allocated_bytes: last_checkpoint.map_or(0, |c| c.allocated_bytes),
                 device_memory: last_checkpoint.and_then(|c| c.device_memory),
+                pinned_host: Vec::new(),
             };
             let mut trend = trend_of_snapshot_series(series, by, options);
             trend.notes.extend(exit_note);

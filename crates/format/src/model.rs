@@ -201,6 +201,14 @@ pub struct Segment {
     pub extra: Extra,
 }
 
+impl Segment {
+    /// Whether the segment is pinned host memory (PyTorch's `host_segments`),
+    /// not a device's.
+    pub fn is_pinned_host(&self) -> bool {
+        self.device == PINNED_HOST_DEVICE
+    }
+}
+
 /// A piece of a segment: handed out to the program, or free in the cache.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Block {
@@ -510,13 +518,34 @@ impl Snapshot {
         &self.strings[id as usize]
     }
 
-    /// Totals over all devices.
+    /// Totals over all devices. Pinned host memory is not a device's and
+    /// is left out: see [`Snapshot::pinned_host_totals`].
     pub fn totals(&self) -> Totals {
         let mut totals = Totals::default();
-        for segment in &self.segments {
+        for segment in self.device_segments() {
             totals.add_segment(segment);
         }
         totals
+    }
+
+    /// The segments of the devices, without pinned host memory's.
+    pub fn device_segments(&self) -> impl Iterator<Item = &Segment> + '_ {
+        self.segments.iter().filter(|s| !s.is_pinned_host())
+    }
+
+    /// The pinned host allocator's segments (one block each).
+    pub fn pinned_host_segments(&self) -> impl Iterator<Item = &Segment> + '_ {
+        self.segments.iter().filter(|s| s.is_pinned_host())
+    }
+
+    /// Totals of pinned host memory, when the file recorded it
+    /// (`record_pinned_host_memory=True`).
+    pub fn pinned_host_totals(&self) -> Option<Totals> {
+        let mut totals = Totals::default();
+        for segment in self.pinned_host_segments() {
+            totals.add_segment(segment);
+        }
+        (totals.segments > 0).then_some(totals)
     }
 
     /// Number of trace events over all devices.

@@ -37,6 +37,9 @@ pub fn write_text(
             options.color
         ),
     )?;
+    if let Some(host) = &cmp.pinned_host {
+        crate::pinned_host::write_change(host, options.color, out)?;
+    }
     let grown = cmp.groups.iter().filter(|g| g.delta_bytes > 0).count();
     if grown == 0 {
         writeln!(out, "no site holds more live memory after than before")?;

@@ -29,6 +29,7 @@ pub mod html;
 pub mod json;
 pub mod oom;
 pub mod peak;
+pub mod pinned_host;
 pub mod pprof;
 pub mod steps;
 pub mod summary;

@@ -57,6 +57,9 @@ pub fn write_text(
     ]);
     align_right(&mut totals, &[1]);
     write_table(out, "memory:", &totals)?;
+    if let Some(host) = &summary.pinned_host {
+        crate::pinned_host::write_one(host, out)?;
+    }
 
     if !summary.pools.is_empty() {
         let mut pools = table(
@@ -77,9 +80,12 @@ pub fn write_text(
                     PINNED_HOST_DEVICE => "pinned host".to_owned(),
                     ordinal => ordinal.to_string(),
                 },
-                match p.private_pool {
-                    Some((a, b)) => format!("{}, private ({a}, {b})", p.pool),
-                    None => p.pool.to_owned(),
+                match (p.device, p.private_pool) {
+                    // The host allocator has no size classes: PyTorch
+                    // writes "small" for every one of its segments.
+                    (PINNED_HOST_DEVICE, _) => "-".to_owned(),
+                    (_, Some((a, b))) => format!("{}, private ({a}, {b})", p.pool),
+                    (_, None) => p.pool.to_owned(),
                 },
                 p.stream.to_string(),
                 count(p.totals.segments),

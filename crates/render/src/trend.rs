@@ -47,10 +47,14 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
     if trend.no_verdict.is_some() {
         writeln!(out, "no verdict: see the note below")?;
     } else if trend.suspects.is_empty() {
-        writeln!(
-            out,
-            "no site's memory keeps growing: nothing here looks like a leak"
-        )?;
+        if trend.pinned_host.as_ref().is_some_and(|h| h.grows) {
+            writeln!(out, "no site's device memory keeps growing")?;
+        } else {
+            writeln!(
+                out,
+                "no site's memory keeps growing: nothing here looks like a leak"
+            )?;
+        }
     } else {
         let n = trend.suspects.len();
         write!(
@@ -127,6 +131,11 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
         let owners: Vec<&[HeldBy]> = shown.iter().map(|s| &s.held_by[..]).collect();
         crate::held_by::write_held_by(&owners, "a step", out)?;
         write_evidence(trend, shown, out)?;
+    }
+    if let Some(host) = &trend.pinned_host
+        && trend.no_verdict.is_none()
+    {
+        crate::pinned_host::write_trend(host, options.color, out)?;
     }
     for note in &trend.notes {
         // A note may quote the file (a marker's name): escaped.

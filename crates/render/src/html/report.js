@@ -106,11 +106,23 @@ function processes(section) {
 function verdict(section) {
   const t = data.trend;
   if (!t) return;
-  const box = el("p", { class: "verdict" + (t.no_verdict ? " none" : t.suspects.length ? " leak" : ""), id: "verdict-text" });
+  // Pinned host memory is judged apart from the devices (host RAM).
+  const pinned = !t.no_verdict && t.pinned_host && t.pinned_host.grows ? t.pinned_host : null;
+  const box = el("p", { class: "verdict" + (t.no_verdict ? " none" : t.suspects.length || pinned ? " leak" : ""), id: "verdict-text" });
   if (t.no_verdict) box.textContent = "No verdict: see the notes below.";
+  else if (!t.suspects.length && pinned) box.textContent = "No site's device memory keeps growing, but pinned host memory does (below).";
   else if (!t.suspects.length) box.textContent = "No site's memory keeps growing: nothing here looks like a leak.";
   else box.textContent = `${t.suspects.length} site${t.suspects.length > 1 ? "s" : ""} keep${t.suspects.length > 1 ? "" : "s"} growing: ${size(t.suspected_bytes)} after warm-up.`;
   section.append(box);
+  if (pinned) {
+    const [a, b] = [pinned.first, pinned.last];
+    const what = b.in_use_bytes - a.in_use_bytes > b.cached_bytes - a.cached_bytes
+      ? "pinned tensors kept alive" : "free blocks the cache keeps, not memory in use";
+    section.append(el("p", { class: "verdict leak", id: "pinned-host-text" },
+      `Pinned host memory keeps growing (host RAM, not the device's): ${size(a.reserved_bytes)} → ${size(b.reserved_bytes)} after warm-up, ` +
+      `rising at ${pinned.rises} of ${pinned.checkpoints} checkpoints; in use ${size(a.in_use_bytes)} → ${size(b.in_use_bytes)}; ` +
+      `cache ${size(b.cached_bytes)} in ${b.cached_blocks} free blocks of ${b.cached_sizes} sizes. The growth is ${what}.`));
+  }
   section.append(el("p", { class: "note" }, `${t.checkpoints} checkpoints (${t.checkpoint_source.replaceAll("_", " ")}), the first ${t.warmup} as warm-up.`));
   if (t.suspects.length) {
     // Steps are known for every checkpoint or for none; without them, all
