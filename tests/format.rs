@@ -11,10 +11,17 @@ use crate::util::{
     fixture, pickle4, python_json, python_script, shared_torch_fixtures, snapdiff, tempdir,
 };
 
-/// The project's own PyTorch-format files (made by fixtures/make_torch_format.py).
+/// The project's own PyTorch-format files (made by fixtures/make_torch_format.py),
+/// those of its series' folders (`pinned-cache/`) too.
 fn own_torch_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(fixture("torch-format"))
+    let folder = fixture("torch-format");
+    let series = std::fs::read_dir(&folder)
         .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir());
+    let mut files: Vec<PathBuf> = std::iter::once(folder)
+        .chain(series)
+        .flat_map(|dir| std::fs::read_dir(dir).unwrap())
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pt"))
         .collect();

@@ -133,6 +133,7 @@ fn seed_files() -> Vec<(PathBuf, Vec<u8>)> {
         .iter()
         .flat_map(|d| std::fs::read_dir(root.join("fixtures").join(d)).unwrap())
         .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
         .collect();
     let shared = root.join("../shared/fixtures/torch");
     for name in [
