@@ -168,6 +168,82 @@ fn wait_bounded(mut child: Child) -> std::process::Output {
 }
 
 #[test]
+fn growth_outside_the_recorded_memory_is_said_and_a_steady_job_is_not_flagged() {
+    if !torch_ready() {
+        return;
+    }
+    // A CPU job whose tensors hold still while it keeps a 16 MiB numpy array
+    // each step: no recorded site grows, the process does.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let run = capture(
+        &out,
+        &["--every", "1"],
+        &["--steps", "12", "--leak", "numpy-list"],
+    );
+    run.expect_code(0);
+    let report = run.stdout();
+    assert!(
+        report.contains("no site's memory keeps growing, but memory outside the sites does:"),
+        "{report}"
+    );
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("the process's resident memory grew ")
+                && l.contains("the growth is outside what snapdiff records (numpy arrays")),
+        "{report}"
+    );
+    let trend = trend_json(&[out.clone()]);
+    assert_eq!(trend["suspects"], serde_json::json!([]), "{trend:#}");
+    let process = &trend["outside"]["process"];
+    assert_eq!(process["grows"], true, "{trend:#}");
+    assert_eq!(trend["outside"]["recorded_on_cpu"], true);
+    // Ten steps after the warm-up dump, 16 MiB each; the process's own
+    // heap moves around that by a few MiB.
+    let growth = process["growth_bytes"].as_i64().unwrap();
+    let expected = 10 * (16 << 20);
+    assert!(
+        (growth - expected).abs() < 16 << 20,
+        "{growth} outside, {expected} kept: {trend:#}"
+    );
+    let per_step = process["growth_per_step"].as_f64().unwrap();
+    assert!(
+        (per_step - f64::from(16 << 20)).abs() < f64::from(2 << 20),
+        "{per_step}"
+    );
+    // Every line of the manifest says what it measured.
+    for entry in manifest(&out) {
+        assert!(entry["rss_bytes"].as_u64().unwrap() > 50 << 20, "{entry}");
+    }
+    // The page carries the same line (tests/report.rs opens pages in a browser).
+    let page = dir.path().join("page.html");
+    snapdiff([
+        "report".as_ref(),
+        out.as_os_str(),
+        "-o".as_ref(),
+        page.as_os_str(),
+    ])
+    .expect_code(0);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("the growth is outside what snapdiff records"));
+
+    // The same job without the arrays: nothing outside grows, nothing said.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let run = capture(&out, &["--every", "1"], &["--steps", "12"]);
+    run.expect_code(0);
+    let report = run.stdout();
+    assert!(
+        report.contains("no site's memory keeps growing: nothing here looks like a leak"),
+        "{report}"
+    );
+    assert!(!report.contains("resident memory"), "{report}");
+    let trend = trend_json(&[out]);
+    assert_eq!(trend["outside"]["process"]["grows"], false, "{trend:#}");
+}
+
+#[test]
 fn each_leak_in_real_torch_is_named_at_its_line_with_its_growth_per_step() {
     if !torch_ready() {
         return;

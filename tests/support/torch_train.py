@@ -15,6 +15,7 @@ import sys
 import time
 import weakref
 
+import numpy
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,7 +36,7 @@ class Net(nn.Module):
 def parse():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--leak", choices=["hidden-state", "loss-list", "cache-dict"])
+    p.add_argument("--leak", choices=["hidden-state", "loss-list", "cache-dict", "numpy-list"])
     p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--start-method", choices=["fork", "spawn"], default="fork")
@@ -93,7 +94,7 @@ def train(args):
     else:
         opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     state = torch.ones(64, device=on)
-    losses, cache = [], {}
+    losses, cache, arrays = [], {}, []
     kept_alive = [torch.zeros(4) for _ in range(args.keep_tensors)]
     if args.leak_rank is not None and args.rank != args.leak_rank:
         args.leak = None
@@ -111,6 +112,9 @@ def train(args):
             losses.append(loss)
         elif args.leak == "cache-dict":
             cache[step] = features.detach().clone()  # leaks with --leak cache-dict
+        elif args.leak == "numpy-list":
+            # 16 MiB a step outside every allocator snapdiff records.
+            arrays.append(numpy.ones(4 << 20, dtype=numpy.float32))  # leaks with --leak numpy-list
         if step == args.raise_at:
             raise RuntimeError(f"failing on purpose at step {step}")
         if step == args.new_optimizer_at:

@@ -34,11 +34,13 @@ mod group;
 mod iterations;
 mod kept;
 mod oom;
+mod outside;
 mod peak;
 mod pinned_host;
 mod profile;
 mod recorded;
 mod replay;
+mod rising;
 mod stack_key;
 mod steps;
 mod summary;
@@ -56,6 +58,9 @@ pub use crate::group::{
 };
 pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
+pub use crate::outside::{
+    CPU_KEY, DEVICE_KEY, DEVICE_USED_KEY, Outside, OutsideGrowth, OutsidePoint, RSS_KEY,
+};
 pub use crate::peak::{
     CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, PoolBytes,
     peak,
@@ -64,6 +69,7 @@ pub use crate::pinned_host::{PinnedHost, PinnedHostChange, PinnedHostTrend, pinn
 pub use crate::profile::{LiveMoment, SiteBytes, live_by_site};
 pub use crate::recorded::Recorded;
 pub use crate::replay::{Replayed, replay};
+pub use crate::rising::{MIN_RISES, Rising};
 pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::steps::{DeviceSteps, Retained, Step, StepDetail, Steps, StepsOptions, steps};
 pub use crate::summary::{

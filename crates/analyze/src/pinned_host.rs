@@ -12,6 +12,8 @@
 use serde::Serialize;
 use snapdiff_format::{BlockState, Snapshot};
 
+use crate::rising::Rising;
+
 /// Pinned host memory at one snapshot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PinnedHost {
@@ -78,40 +80,27 @@ impl PinnedHostChange {
     }
 }
 
-/// Pinned host memory over a run of checkpoints, judged on its own.
+/// Pinned host memory over a run of checkpoints, judged on its own by the
+/// pinned bytes (see [`Rising`]; growth under 1 MiB never counts).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PinnedHostTrend {
     /// At the end of warm-up.
     pub first: PinnedHost,
     /// At the last checkpoint.
     pub last: PinnedHost,
-    /// Checkpoints after warm-up at which the pinned bytes rose.
-    pub rises: usize,
-    /// Checkpoints after warm-up.
-    pub checkpoints: usize,
-    /// Growth of the pinned bytes a step, when the checkpoints record
-    /// their step.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub growth_per_step: Option<f64>,
-    /// Whether it keeps growing: see [`PinnedHostTrend::of`].
-    pub grows: bool,
+    /// The pinned bytes, judged.
+    #[serde(flatten)]
+    pub rising: Rising,
 }
 
 /// Growth below this over a run is never called growing: a few buffers'
 /// worth of pinned RAM is noise.
 const MIN_GROWTH_BYTES: u64 = 1 << 20;
 
-/// The least number of rises after warm-up for pinned memory to be said
-/// to keep growing; a cache that fills once, early, rises once or twice.
-const MIN_RISES: usize = 3;
-
 impl PinnedHostTrend {
     /// The trend of `series` (each checkpoint's pinned host memory and
     /// step, in order), the first `warmup` checkpoints left out; `None`
-    /// when no checkpoint recorded any. It grows when its pinned bytes
-    /// rose by at least 1 MiB in all, at [`MIN_RISES`] checkpoints or
-    /// more after warm-up, one of them in the second half of the run (a
-    /// cache that filled early and then held still does not grow).
+    /// when no checkpoint recorded any.
     pub fn of(
         series: &[(Option<PinnedHost>, Option<u64>)],
         warmup: usize,
@@ -119,77 +108,14 @@ impl PinnedHostTrend {
         if series.iter().all(|(h, _)| h.is_none()) {
             return None;
         }
-        let start = warmup.min(series.len().saturating_sub(1));
-        let judged = &series[start..];
-        let bytes = |i: usize| judged[i].0.map_or(0, |h| h.reserved_bytes);
-        let rose_at: Vec<usize> = (1..judged.len())
-            .filter(|&i| bytes(i) > bytes(i - 1))
+        let host = |i: usize| series[i].0.unwrap_or_default();
+        let bytes: Vec<(u64, Option<u64>)> = (0..series.len())
+            .map(|i| (host(i).reserved_bytes, series[i].1))
             .collect();
-        let first = judged[0].0.unwrap_or_default();
-        let last = judged[judged.len() - 1].0.unwrap_or_default();
-        let growth = last.reserved_bytes.saturating_sub(first.reserved_bytes);
-        let late = rose_at.iter().any(|&i| 2 * i > judged.len() - 1);
-        let growth_per_step = match (judged[0].1, judged[judged.len() - 1].1) {
-            (Some(a), Some(b)) if b > a => {
-                Some((last.reserved_bytes as f64 - first.reserved_bytes as f64) / (b - a) as f64)
-            }
-            _ => None,
-        };
         Some(PinnedHostTrend {
-            first,
-            last,
-            rises: rose_at.len(),
-            checkpoints: judged.len().saturating_sub(1),
-            growth_per_step,
-            grows: growth >= MIN_GROWTH_BYTES && rose_at.len() >= MIN_RISES && late,
+            first: host(warmup.min(series.len() - 1)),
+            last: host(series.len() - 1),
+            rising: Rising::of(&bytes, warmup, MIN_GROWTH_BYTES),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    fn at(reserved_mib: u64, step: u64) -> (Option<PinnedHost>, Option<u64>) {
-        let host = PinnedHost {
-            reserved_bytes: reserved_mib * MIB,
-            ..PinnedHost::default()
-        };
-        (Some(host), Some(step))
-    }
-
-    #[test]
-    fn a_cache_that_fills_early_and_holds_does_not_grow() {
-        let series: Vec<_> = [4, 8, 16, 20, 20, 20, 20, 20, 20, 20]
-            .iter()
-            .enumerate()
-            .map(|(i, &m)| at(m, i as u64))
-            .collect();
-        let trend = PinnedHostTrend::of(&series, 1).unwrap();
-        assert_eq!(trend.rises, 2);
-        assert!(!trend.grows);
-    }
-
-    #[test]
-    fn a_cache_rising_through_the_run_grows() {
-        let series: Vec<_> = [4, 8, 8, 12, 12, 16, 16, 20, 20, 24]
-            .iter()
-            .enumerate()
-            .map(|(i, &m)| at(m, 10 * i as u64))
-            .collect();
-        let trend = PinnedHostTrend::of(&series, 1).unwrap();
-        assert_eq!(trend.rises, 4);
-        assert!(trend.grows);
-        assert_eq!(trend.growth_per_step, Some((16 * MIB) as f64 / 80.0));
-    }
-
-    #[test]
-    fn nothing_recorded_is_no_trend() {
-        assert_eq!(
-            PinnedHostTrend::of(&[(None, Some(1)), (None, Some(2))], 0),
-            None
-        );
     }
 }

@@ -33,6 +33,7 @@ use crate::culprit::CulpritRules;
 use crate::cuts::{Cuts, cuts_for};
 use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, live_groups, merge_rows};
+use crate::outside::{Outside, OutsidePoint, recorded_on_cpu};
 use crate::pinned_host::{PinnedHost, PinnedHostTrend, pinned_host};
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
@@ -263,6 +264,10 @@ pub struct Trend {
     /// recorded it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pinned_host: Option<PinnedHostTrend>,
+    /// Memory outside what the snapshots record (device memory beyond the
+    /// allocator, the process's resident memory), when capture measured it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outside: Option<Outside>,
 }
 
 /// The live memory of one process's device, by site, at a series of
@@ -289,6 +294,11 @@ pub struct SiteSeries<'a> {
     /// Pinned host memory at each checkpoint, when the snapshots recorded
     /// it; empty otherwise.
     pub pinned_host: Vec<Option<PinnedHost>>,
+    /// Memory outside the recorded memory at each checkpoint, when capture
+    /// measured it; empty otherwise.
+    pub outside: Vec<Option<OutsidePoint>>,
+    /// Whether the recorded memory is the CPU's.
+    pub recorded_on_cpu: bool,
 }
 
 /// The floor of `series`: at each point, the least value from there to the
@@ -469,11 +479,20 @@ pub fn trend_of_series(
         0 => live_at_end,
         allocated => allocated,
     };
+    let steps_of = |p: &[Checkpoint]| p.iter().map(|p| p.step).collect::<Vec<_>>();
     let pinned_host = if series.pinned_host.len() == series.points.len() {
         let at: Vec<_> = (series.pinned_host.iter().copied())
-            .zip(series.points.iter().map(|p| p.step))
+            .zip(steps_of(&series.points))
             .collect();
         PinnedHostTrend::of(&at, warmup)
+    } else {
+        None
+    };
+    let outside = if series.outside.len() == series.points.len() {
+        let at: Vec<_> = (series.outside.iter().copied())
+            .zip(steps_of(&series.points))
+            .collect();
+        Outside::of(&at, warmup, series.recorded_on_cpu)
     } else {
         None
     };
@@ -498,6 +517,7 @@ pub fn trend_of_series(
         notes,
         no_verdict,
         pinned_host,
+        outside,
     }
 }
 
@@ -675,6 +695,8 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
         allocated_bytes: last.map_or(0, |s| s.totals().allocated_bytes),
         device_memory: last.and_then(device_memory_of),
         pinned_host: order.iter().map(|&i| pinned_host(snaps[i])).collect(),
+        outside: order.iter().map(|&i| OutsidePoint::of(snaps[i])).collect(),
+        recorded_on_cpu: last.is_some_and(recorded_on_cpu),
     };
     trend_of_snapshot_series(series, by, options)
 }
@@ -827,6 +849,8 @@ fn trend_of_device(
         allocated_bytes: snap.totals().allocated_bytes,
         device_memory: device_memory_of(snap),
         pinned_host: Vec::new(),
+        outside: Vec::new(),
+        recorded_on_cpu: false,
     };
     let mut trend = trend_of_series(series, source, options);
     if freed_unseen > 0 {

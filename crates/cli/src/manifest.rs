@@ -1,5 +1,6 @@
 //! `manifest.jsonl`: what the PyTorch capture hook writes beside its dumps,
-//! one JSON line per dump (file, rank, pid, device, step, time, reason).
+//! one JSON line per dump (file, rank, pid, device, step, time, reason, and
+//! the memory it measured outside the snapshot: resident and device bytes).
 //!
 //! PyTorch's pickles carry neither step nor time of the dump; the manifest
 //! does, so reports can order and label checkpoints by step and seconds.
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
-use snapdiff_format::Snapshot;
+use snapdiff_format::{Extra, Snapshot, Value};
 
 /// The manifest's file name.
 pub(crate) const FILE_NAME: &str = "manifest.jsonl";
@@ -40,6 +41,12 @@ pub(crate) struct Entry {
     pub(crate) skipped: Option<u64>,
     /// The interval in seconds, where this dump widened it.
     pub(crate) interval: Option<f64>,
+    /// `cpu` (capture's recorder) or `cuda:N`.
+    pub(crate) device: Option<String>,
+    /// The process's resident memory when the dump was taken.
+    pub(crate) rss_bytes: Option<u64>,
+    /// Bytes in use on the device then, by every user of it.
+    pub(crate) device_used_bytes: Option<u64>,
 }
 
 /// The entries of the manifest at `path` after its first `from` bytes; lines
@@ -114,10 +121,36 @@ impl Manifests {
                 (_, None) => None,
             };
         }
+        add_outside(entry, &mut meta.extra);
         match (entry.rank, entry.pid) {
             (Some(rank), _) => Some(format!("rank{rank}")),
             (None, Some(pid)) => Some(format!("pid{pid}")),
             (None, None) => None,
         }
+    }
+}
+
+/// What the dump measured outside the recorded memory, as the analyses
+/// read it from a snapshot's extra keys (see `snapdiff_analyze::Outside`).
+fn add_outside(entry: &Entry, extra: &mut Extra) {
+    use snapdiff_analyze::{CPU_KEY, DEVICE_KEY, DEVICE_USED_KEY, RSS_KEY};
+    let mut put = |key: &str, value: Value| {
+        if !extra.iter().any(|(k, _)| k == key) {
+            extra.push((key.to_owned(), value));
+        }
+    };
+    if let Some(rss) = entry.rss_bytes {
+        put(RSS_KEY, Value::Int(rss.into()));
+    }
+    let device = entry.device.as_deref().unwrap_or_default();
+    if device == "cpu" {
+        put(CPU_KEY, Value::Bool(true));
+    }
+    if let Some(used) = entry.device_used_bytes {
+        put(DEVICE_USED_KEY, Value::Int(used.into()));
+        let ordinal = device
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<u32>().ok());
+        put(DEVICE_KEY, Value::Int(ordinal.unwrap_or(0).into()));
     }
 }

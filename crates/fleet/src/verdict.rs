@@ -102,6 +102,8 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
                 allocated_bytes: last_checkpoint.map_or(0, |c| c.allocated_bytes),
                 device_memory: last_checkpoint.and_then(|c| c.device_memory),
                 pinned_host: Vec::new(),
+                outside: Vec::new(),
+                recorded_on_cpu: false,
             };
             let mut trend = trend_of_snapshot_series(series, by, options);
             trend.notes.extend(exit_note);

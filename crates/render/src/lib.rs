@@ -28,6 +28,7 @@ mod held_by;
 pub mod html;
 pub mod json;
 pub mod oom;
+pub mod outside;
 pub mod peak;
 pub mod pinned_host;
 pub mod pprof;

@@ -73,7 +73,7 @@ pub(crate) fn write_trend(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     let (a, b) = (&trend.first, &trend.last);
-    if !trend.grows {
+    if !trend.rising.grows {
         return writeln!(
             out,
             "pinned host memory (host RAM, not the device's) does not keep growing: {} pinned at \
@@ -88,10 +88,10 @@ pub(crate) fn write_trend(
          rising at {} of {} checkpoints",
         size(a.reserved_bytes),
         grew(size(b.reserved_bytes), color),
-        trend.rises,
-        trend.checkpoints
+        trend.rising.rises,
+        trend.rising.checkpoints
     )?;
-    if let Some(rate) = trend.growth_per_step {
+    if let Some(rate) = trend.rising.growth_per_step {
         write!(out, ", {} a step", size(rate.round() as u64))?;
     }
     writeln!(out)?;

@@ -47,8 +47,14 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
     if trend.no_verdict.is_some() {
         writeln!(out, "no verdict: see the note below")?;
     } else if trend.suspects.is_empty() {
-        if trend.pinned_host.as_ref().is_some_and(|h| h.grows) {
-            writeln!(out, "no site's device memory keeps growing")?;
+        let pinned = trend.pinned_host.as_ref().is_some_and(|h| h.rising.grows);
+        let outside = trend.outside.as_ref().is_some_and(|o| o.grows());
+        if pinned || outside {
+            writeln!(
+                out,
+                "no site's {}memory keeps growing, but memory outside the sites does:",
+                if pinned && !outside { "device " } else { "" }
+            )?;
         } else {
             writeln!(
                 out,
@@ -136,6 +142,11 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
         && trend.no_verdict.is_none()
     {
         crate::pinned_host::write_trend(host, options.color, out)?;
+    }
+    if let Some(outside) = &trend.outside
+        && trend.no_verdict.is_none()
+    {
+        crate::outside::write_trend(outside, options.color, out)?;
     }
     for note in &trend.notes {
         // A note may quote the file (a marker's name): escaped.

@@ -63,6 +63,11 @@ NO_EXIT_DUMP = (
 )
 # The share of the job's time dumps may take before the interval widens.
 MAX_DUMP_SHARE = 0.10
+# Bytes a page, for the resident size in /proc/self/statm.
+try:
+    PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):
+    PAGE_SIZE = 4096
 # Flags of every file the hook creates: new, never through a link.
 CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 
@@ -545,6 +550,7 @@ class Capture:
         # Unique, so that nobody can plant it; the pid last, for capture's
         # cleanup of a killed process's half-written dump.
         temporary = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.{self.pid}.tmp")
+        measured = self.measure()
         try:
             snapshot = self.write(temporary)
             name = place(temporary, folder, stem)
@@ -555,7 +561,7 @@ class Capture:
             return
         self.dumps += 1
         self.written.append(name)
-        entry = {"file": name}
+        entry = {"file": name, **measured}
         if getattr(self.settings, "owners", False):
             searched = time.perf_counter()
             entry["owners"] = self.write_owners(snapshot, name)
@@ -569,6 +575,25 @@ class Capture:
         if self.skipped:
             entry["skipped"] = self.skipped
         self.note(entry, rank, reason)
+
+    def measure(self):
+        """What the process holds beside what the dump records: its
+        resident bytes and, on CUDA, the bytes in use on its device (by
+        every user of it), so that reports can tell growth outside the
+        allocator. A figure that cannot be read is left out."""
+        measured = {}
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                measured["rss_bytes"] = int(f.read().split()[1]) * PAGE_SIZE
+        except (OSError, ValueError, IndexError):
+            pass
+        if self.cpu is None:
+            try:
+                free, total = self.torch.cuda.mem_get_info()
+                measured["device_used_bytes"] = int(total - free)
+            except Exception:
+                pass
+        return measured
 
     def pace(self, seconds, reason):
         """Counts a dump's time; after an interval dump, when dumps took

@@ -53,6 +53,10 @@ pub fn write_page(page: &Page<'_>, out: &mut dyn Write) -> io::Result<()> {
         data["compare"] = to_value(cmp)?;
     }
     data["trend"] = to_value(page.trend)?;
+    // Growth outside the recorded memory, as the text report words it.
+    if let Some(outside) = page.trend.and_then(|t| t.outside.as_ref()) {
+        data["outside_lines"] = to_value(crate::outside::lines(outside, false))?;
+    }
     if !page.processes.is_empty() {
         let rows: Vec<Value> = page
             .processes

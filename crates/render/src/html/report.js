@@ -108,8 +108,11 @@ function verdict(section) {
   if (!t) return;
   // Pinned host memory is judged apart from the devices (host RAM).
   const pinned = !t.no_verdict && t.pinned_host && t.pinned_host.grows ? t.pinned_host : null;
-  const box = el("p", { class: "verdict" + (t.no_verdict ? " none" : t.suspects.length || pinned ? " leak" : ""), id: "verdict-text" });
+  // So is memory outside what the snapshots record (lines as the text has them).
+  const outside = t.no_verdict ? [] : data.outside_lines || [];
+  const box = el("p", { class: "verdict" + (t.no_verdict ? " none" : t.suspects.length || pinned || outside.length ? " leak" : ""), id: "verdict-text" });
   if (t.no_verdict) box.textContent = "No verdict: see the notes below.";
+  else if (!t.suspects.length && outside.length) box.textContent = "No site's memory keeps growing, but memory outside the sites does (below).";
   else if (!t.suspects.length && pinned) box.textContent = "No site's device memory keeps growing, but pinned host memory does (below).";
   else if (!t.suspects.length) box.textContent = "No site's memory keeps growing: nothing here looks like a leak.";
   else box.textContent = `${t.suspects.length} site${t.suspects.length > 1 ? "s" : ""} keep${t.suspects.length > 1 ? "" : "s"} growing: ${size(t.suspected_bytes)} after warm-up.`;
@@ -123,6 +126,7 @@ function verdict(section) {
       `rising at ${pinned.rises} of ${pinned.checkpoints} checkpoints; in use ${size(a.in_use_bytes)} → ${size(b.in_use_bytes)}; ` +
       `cache ${size(b.cached_bytes)} in ${b.cached_blocks} free blocks of ${b.cached_sizes} sizes. The growth is ${what}.`));
   }
+  for (const line of outside) section.append(el("p", { class: "verdict leak outside-text" }, line[0].toUpperCase() + line.slice(1) + "."));
   section.append(el("p", { class: "note" }, `${t.checkpoints} checkpoints (${t.checkpoint_source.replaceAll("_", " ")}), the first ${t.warmup} as warm-up.`));
   if (t.suspects.length) {
     // Steps are known for every checkpoint or for none; without them, all
