@@ -194,7 +194,7 @@ fn growth_outside_the_recorded_memory_is_said_and_a_steady_job_is_not_flagged() 
                 && l.contains("the growth is outside what snapdiff records (numpy arrays")),
         "{report}"
     );
-    let trend = trend_json(&[out.clone()]);
+    let trend = trend_json(std::slice::from_ref(&out));
     assert_eq!(trend["suspects"], serde_json::json!([]), "{trend:#}");
     let process = &trend["outside"]["process"];
     assert_eq!(process["grows"], true, "{trend:#}");

@@ -30,6 +30,9 @@ pub const CPU_KEY: &str = "recorded_on_cpu";
 /// a process's resident memory moves by tens of MiB as its heap breathes.
 const MIN_GROWTH_BYTES: u64 = 64 << 20;
 
+/// A measured total and the recorded bytes inside it.
+type MeasuredAndRecorded = (u64, u64);
+
 /// What the process holds outside the recorded memory at one checkpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OutsidePoint {
@@ -115,7 +118,7 @@ impl Outside {
         recorded_on_cpu: bool,
     ) -> Option<Outside> {
         let judge = |pick: &dyn Fn(&OutsidePoint) -> Option<(u64, u64)>| {
-            let points: Option<Vec<((u64, u64), Option<u64>)>> = series
+            let points: Option<Vec<(MeasuredAndRecorded, Option<u64>)>> = series
                 .iter()
                 .map(|(p, step)| Some((pick(p.as_ref()?)?, *step)))
                 .collect();
