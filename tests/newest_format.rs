@@ -269,3 +269,41 @@ fn too_few_checkpoints_say_nothing_of_pinned_memory_either() {
     assert!(text.contains("no verdict"), "{text}");
     assert!(!text.contains("pinned host memory"), "{text}");
 }
+
+#[test]
+fn a_private_pool_left_behind_is_said_and_a_working_graphs_is_not() {
+    let step = |n: u32| arg(&format!("graph-pool/step{n}.pickle"));
+    let cmp = json(&["compare", "--json", &step(2), &step(8)]);
+    assert_eq!(
+        cmp["idle_private_pools"],
+        serde_json::json!([{
+            "device": 0, "pool_id": [1, 2], "reserved_bytes": 2048 * MIB,
+            "segments": 1, "snapshots": 2
+        }]),
+        "{cmp:#}"
+    );
+    // Its 2 GiB is not the shared pools' cache.
+    assert_eq!(cmp["notes"], serde_json::json!([]), "{cmp:#}");
+    let text = snapdiff(["compare", &step(2), &step(8)])
+        .expect_code(0)
+        .stdout();
+    assert!(
+        text.contains(
+            "private pool (1, 2) on device 0: 2.00 GiB reserved in 1 segment, nothing in use in 2 \
+             snapshots: a CUDA graph capture that failed or was dropped keeps it"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("(1, 3)"), "{text}");
+    // Before the graphs were captured there was no pool to leave behind.
+    let cmp = json(&["compare", "--json", &step(0), &step(2)]);
+    assert!(cmp.get("idle_private_pools").is_none(), "{cmp:#}");
+
+    let folder = newest("graph-pool");
+    let trend = json(&["trend", "--json", folder.to_str().unwrap()]);
+    let pools = trend["idle_private_pools"].as_array().unwrap();
+    assert_eq!(pools.len(), 1, "{trend:#}");
+    assert_eq!(pools[0]["pool_id"], serde_json::json!([1, 2]));
+    assert_eq!(pools[0]["snapshots"], 4);
+    assert_eq!(trend["suspects"], serde_json::json!([]));
+}

@@ -13,6 +13,7 @@ use snapdiff_format::{Meta, Snapshot};
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, culprit_line, is_live, live_groups, merge_rows};
 use crate::pinned_host::PinnedHostChange;
+use crate::private_pools::{IdlePool, idle_private_pools};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Options of [`compare`].
@@ -108,6 +109,10 @@ pub struct Comparison {
     /// devices'.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pinned_host: Option<PinnedHostChange>,
+    /// Private pools with nothing in use in either snapshot (a CUDA graph
+    /// left behind), largest first; left out of JSON when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub idle_private_pools: Vec<IdlePool>,
 }
 
 /// `groups` with those whose culprits are the same line made one row: their
@@ -302,7 +307,15 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
                 .to_owned(),
         );
     }
-    let reserved_growth = tb.reserved_bytes as i64 - ta.reserved_bytes as i64;
+    // The shared pools' cache: private pools' segments serve only their
+    // graph (or MemPool) and are said apart.
+    let shared_reserved = |s: &Snapshot| -> i64 {
+        (s.device_segments())
+            .filter(|s| s.pool_id == (0, 0))
+            .map(|s| s.total_size as i64)
+            .sum()
+    };
+    let reserved_growth = shared_reserved(after) - shared_reserved(before);
     let allocated_growth = tb.allocated_bytes as i64 - ta.allocated_bytes as i64;
     if reserved_growth > 0 && allocated_growth <= 0 {
         notes.push(format!(
@@ -321,5 +334,6 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         groups,
         notes,
         pinned_host: PinnedHostChange::between(before, after),
+        idle_private_pools: idle_private_pools(&[before, after]),
     }
 }

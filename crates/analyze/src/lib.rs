@@ -37,6 +37,7 @@ mod oom;
 mod outside;
 mod peak;
 mod pinned_host;
+mod private_pools;
 mod profile;
 mod recorded;
 mod replay;
@@ -66,6 +67,7 @@ pub use crate::peak::{
     peak,
 };
 pub use crate::pinned_host::{PinnedHost, PinnedHostChange, PinnedHostTrend, pinned_host};
+pub use crate::private_pools::{IdlePool, idle_private_pools};
 pub use crate::profile::{LiveMoment, SiteBytes, live_by_site};
 pub use crate::recorded::Recorded;
 pub use crate::replay::{Replayed, replay};

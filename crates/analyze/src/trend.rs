@@ -35,6 +35,7 @@ use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, live_groups, merge_rows};
 use crate::outside::{Outside, OutsidePoint, recorded_on_cpu};
 use crate::pinned_host::{PinnedHost, PinnedHostTrend, pinned_host};
+use crate::private_pools::{IdlePool, idle_private_pools};
 use crate::replay::replay;
 use crate::stack_key::{StackKey, StackKeys};
 
@@ -268,6 +269,10 @@ pub struct Trend {
     /// allocator, the process's resident memory), when capture measured it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outside: Option<Outside>,
+    /// Private pools with nothing in use at every checkpoint since they
+    /// appeared (a CUDA graph left behind), largest first; snapshots only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub idle_private_pools: Vec<IdlePool>,
 }
 
 /// The live memory of one process's device, by site, at a series of
@@ -518,6 +523,7 @@ pub fn trend_of_series(
         no_verdict,
         pinned_host,
         outside,
+        idle_private_pools: Vec::new(),
     }
 }
 
@@ -698,7 +704,10 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
         outside: order.iter().map(|&i| OutsidePoint::of(snaps[i])).collect(),
         recorded_on_cpu: last.is_some_and(recorded_on_cpu),
     };
-    trend_of_snapshot_series(series, by, options)
+    let in_order: Vec<&Snapshot> = order.iter().map(|&i| snaps[i]).collect();
+    let mut trend = trend_of_snapshot_series(series, by, options);
+    trend.idle_private_pools = idle_private_pools(&in_order);
+    trend
 }
 
 /// A sort key that compares runs of digits as numbers: `step-200` < `step-1000`.

@@ -65,6 +65,7 @@ pub fn write_text(
         )?;
     }
     write_sites(&cmp.groups, cmp.leaked_bytes, options, out)?;
+    crate::private_pools::write_idle(&cmp.idle_private_pools, out)?;
     for note in &cmp.notes {
         // A note may quote the file (a marker's name): escaped.
         writeln!(out, "note: {}", snapdiff_format::visible::escaped(note))?;

@@ -32,6 +32,7 @@ pub mod outside;
 pub mod peak;
 pub mod pinned_host;
 pub mod pprof;
+mod private_pools;
 pub mod steps;
 pub mod summary;
 pub mod text;

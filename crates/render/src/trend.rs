@@ -148,6 +148,7 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
     {
         crate::outside::write_trend(outside, options.color, out)?;
     }
+    crate::private_pools::write_idle(&trend.idle_private_pools, out)?;
     for note in &trend.notes {
         // A note may quote the file (a marker's name): escaped.
         writeln!(out, "note: {}", snapdiff_format::visible::escaped(note))?;
