@@ -23,15 +23,22 @@ pub struct IdlePool {
     pub snapshots: usize,
 }
 
-/// Each private pool of `snap`'s devices, with its reserved bytes and
-/// segments and whether any block of it is in use.
-fn private_pools(snap: &Snapshot) -> FxHashMap<(u32, (i64, i64)), (u64, u64, bool)> {
-    let mut pools: FxHashMap<_, (u64, u64, bool)> = FxHashMap::default();
+/// One private pool of one snapshot.
+#[derive(Clone, Copy, Default)]
+struct PoolState {
+    reserved_bytes: u64,
+    segments: u64,
+    in_use: bool,
+}
+
+/// Each private pool of `snap`'s devices, by device and pool id.
+fn private_pools(snap: &Snapshot) -> FxHashMap<(u32, (i64, i64)), PoolState> {
+    let mut pools: FxHashMap<_, PoolState> = FxHashMap::default();
     for s in snap.device_segments().filter(|s| s.pool_id != (0, 0)) {
         let pool = pools.entry((s.device, s.pool_id)).or_default();
-        pool.0 += s.total_size;
-        pool.1 += 1;
-        pool.2 |= s.blocks.iter().any(|b| b.state.is_active());
+        pool.reserved_bytes += s.total_size;
+        pool.segments += 1;
+        pool.in_use |= s.blocks.iter().any(|b| b.state.is_active());
     }
     pools
 }
@@ -67,8 +74,8 @@ pub fn idle_private_pools(snaps: &[&Snapshot]) -> Vec<IdlePool> {
         // pool left behind.
         for pools in &earlier {
             match pools.get(&(pool.device, pool.pool_id)) {
-                Some(&(_, _, false)) => pool.snapshots += 1,
-                Some(&(_, _, true)) => {
+                Some(then) if !then.in_use => pool.snapshots += 1,
+                Some(_) => {
                     pool.snapshots = 0;
                     break;
                 }
