@@ -52,16 +52,14 @@ pub fn idle_private_pools(snaps: &[&Snapshot]) -> Vec<IdlePool> {
     };
     let mut idle: Vec<IdlePool> = private_pools(last)
         .into_iter()
-        .filter(|(_, (_, _, in_use))| !in_use)
-        .map(
-            |((device, pool_id), (reserved_bytes, segments, _))| IdlePool {
-                device,
-                pool_id,
-                reserved_bytes,
-                segments,
-                snapshots: 1,
-            },
-        )
+        .filter(|(_, pool)| !pool.in_use)
+        .map(|((device, pool_id), pool)| IdlePool {
+            device,
+            pool_id,
+            reserved_bytes: pool.reserved_bytes,
+            segments: pool.segments,
+            snapshots: 1,
+        })
         .collect();
     let earlier: Vec<_> = snaps[..snaps.len() - 1]
         .iter()
