@@ -81,7 +81,7 @@ pub struct GroupDiff {
     /// What kept its blocks alive in AFTER, when the process said
     /// (`capture --owners`); left out of JSON when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub held_by: Vec<crate::trend::HeldBy>,
+    pub held_by: Vec<crate::held_by::HeldBy>,
 }
 
 /// The comparison of two snapshots.

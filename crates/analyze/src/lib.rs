@@ -31,6 +31,7 @@ mod cuts;
 mod error;
 mod frame_class;
 mod group;
+mod held_by;
 mod iterations;
 mod kept;
 mod oom;
@@ -57,6 +58,10 @@ pub use crate::group::{
     DeviceSites, Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
     suspect_blocks,
 };
+pub use crate::held_by::{
+    CulpritLine, HeldBy, SiteLines, SiteOwners, add_held_by, add_held_by_to_comparison,
+    owners_by_site,
+};
 pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
 pub use crate::outside::{
@@ -79,7 +84,7 @@ pub use crate::summary::{
 };
 pub use crate::timeline::{Timeline, timeline};
 pub use crate::trend::{
-    Checkpoint, CheckpointSource, DEFAULT_WARMUP, HeldBy, NamedSnapshot, OrderKey, SiteSeries,
+    Checkpoint, CheckpointSource, DEFAULT_WARMUP, NamedSnapshot, OrderKey, SiteSeries,
     SnapshotOrder, Suspect, Trend, TrendOptions, snapshot_order, trend_named, trend_of_series,
     trend_of_snapshot_series, trend_snapshots, trend_trace, without_exit_dumps,
 };

@@ -33,6 +33,7 @@ use crate::culprit::CulpritRules;
 use crate::cuts::{Cuts, cuts_for};
 use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, live_groups, merge_rows};
+use crate::held_by::HeldBy;
 use crate::outside::{Outside, OutsidePoint, recorded_on_cpu};
 use crate::pinned_host::{PinnedHost, PinnedHostTrend, pinned_host};
 use crate::private_pools::{IdlePool, idle_private_pools};
@@ -173,52 +174,6 @@ pub struct Suspect {
     /// first. Left out of JSON when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<HeldBy>,
-}
-
-/// What keeps some of a suspect's blocks alive: one owner, as the process
-/// named it when it dumped.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct HeldBy {
-    /// The owner: a container (`train.history`), a variable
-    /// (`evaluate (train.py:88): total_loss`), `the autograd graph of ...`,
-    /// or `a reference cycle`.
-    pub owner: String,
-    /// `global`, `local`, `autograd` (saved for backward by the graph of a
-    /// live value) or `cycle` (no root reaches it: freed at the next
-    /// garbage collection, a delay, not a leak).
-    pub kind: String,
-    /// The container's type (`list`, `dict`, `lru_cache`), when the blocks
-    /// are its elements.
-    pub container: Option<String>,
-    /// One full path, e.g. `train.history[39]`.
-    pub example: String,
-    /// The suspect's blocks it holds, and their bytes.
-    pub blocks: u64,
-    /// Their requested bytes.
-    pub bytes: u64,
-    /// How many more of the suspect's blocks it held a step, from the end
-    /// of warm-up to the last checkpoint, when both said.
-    pub blocks_per_step: Option<f64>,
-}
-
-impl HeldBy {
-    /// Orders a site's owners as every report shows them: when some
-    /// gained blocks since warm-up, only those (the ones that held the
-    /// same all along, the line's first blocks say, are left out); the
-    /// owner of more blocks first, then of more bytes, then by name.
-    pub fn order(owners: &mut Vec<HeldBy>) {
-        if owners
-            .iter()
-            .any(|h| h.blocks_per_step.is_some_and(|r| r > 0.0))
-        {
-            owners.retain(|h| h.blocks_per_step.is_some_and(|r| r > 0.0));
-        }
-        owners.sort_by(|a, b| {
-            (b.blocks, b.bytes)
-                .cmp(&(a.blocks, a.bytes))
-                .then_with(|| a.owner.cmp(&b.owner))
-        });
-    }
 }
 
 /// The result of a trend analysis: the suspects, sites whose live memory

@@ -26,7 +26,7 @@ mod stacks;
 mod tables;
 mod verdict;
 
-pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteOwners, SiteRow, rank_of};
+pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
 pub use crate::stacks::{StackStore, Stacks};
 pub use crate::tables::{TABLE_FILES, TableError, TableWriter, is_table_folder, read_tables};
 pub use crate::verdict::{

@@ -1,9 +1,8 @@
 //! The site tables of one process: what its snapshots come to once read.
 
-use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_analyze::{
-    Categories, HeldBy, OrderKey, SiteTotals, SnapshotOrder, StackKey, StackKeys,
+    Categories, OrderKey, SiteOwners, SiteTotals, SnapshotOrder, StackKey, StackKeys,
     live_sites_by_device, snapshot_order,
 };
 use snapdiff_format::Snapshot;
@@ -61,13 +60,10 @@ pub struct DeviceRows {
     /// The sites live at each checkpoint, by key (parallel to `checkpoints`).
     pub sites: Vec<Vec<SiteRow>>,
     /// What kept each site's blocks alive at each checkpoint, when the job
-    /// said (`capture --owners`; parallel to `checkpoints`). Not stored in
-    /// the Parquet tables.
+    /// said (`capture --owners`; parallel to `checkpoints`), as
+    /// `owners.parquet` stores them.
     pub owners: Vec<Option<SiteOwners>>,
 }
-
-/// The owners of each site's live blocks at one checkpoint.
-pub type SiteOwners = FxHashMap<StackKey, Vec<HeldBy>>;
 
 impl DeviceRows {
     /// Sorts the checkpoints as `trend` orders snapshots (by step, else

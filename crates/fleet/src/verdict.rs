@@ -3,11 +3,11 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_analyze::{
-    Checkpoint, CulpritKind, CulpritRules, HeldBy, Site, SiteSeries, StackKey, Suspect, Trend,
-    TrendOptions, describe_site, trend_of_snapshot_series, without_exit_dumps,
+    Checkpoint, CulpritRules, HeldBy, Site, SiteSeries, StackKey, Suspect, Trend, TrendOptions,
+    describe_site, trend_of_snapshot_series, without_exit_dumps,
 };
 
-use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteOwners, SiteRow, rank_of};
+use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
 use crate::stacks::Stacks;
 
 /// How a fleet is judged.
@@ -124,68 +124,26 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
 
 /// Fills in each suspect's `held_by` from the owners at the last checkpoint
 /// of `rows` (and at the end of warm-up, for how many blocks each owner
-/// gained a step), for the sites whose culprit line is the suspect's.
+/// gained a step), as every report attributes them.
 fn add_held_by(trend: &mut Trend, rows: &DeviceRows, stacks: &Stacks, rules: &CulpritRules) {
     let Some(Some(last)) = rows.owners.last() else {
         return;
     };
     let warm = trend.warmup.min(rows.owners.len().saturating_sub(1));
-    let steps = match (
-        trend.points.get(warm).and_then(|p| p.step),
-        trend.points.last().and_then(|p| p.step),
-    ) {
-        (Some(a), Some(b)) if b > a => Some(b - a),
-        _ => None,
-    };
+    let at_warmup = rows.owners.get(warm).and_then(Option::as_ref);
     let mut lines: FxHashMap<StackKey, Line> = FxHashMap::default();
-    let mut line_of_key = |key: StackKey| {
-        lines
-            .entry(key)
-            .or_insert_with(|| {
-                line_of(&describe_site(
-                    stacks.snapshot(),
-                    key,
-                    stacks.stack(key),
-                    rules,
-                ))
-            })
-            .clone()
+    let line_of = |key: StackKey| {
+        let line = lines.entry(key).or_insert_with(|| {
+            line_of(&describe_site(
+                stacks.snapshot(),
+                key,
+                stacks.stack(key),
+                rules,
+            ))
+        });
+        Some(line.clone())
     };
-    // The owners of a line's sites, added up by owner.
-    let mut owners_of = |owners: &SiteOwners, line: &Line| -> Vec<HeldBy> {
-        let mut merged: Vec<HeldBy> = Vec::new();
-        for (&key, held) in owners {
-            if line_of_key(key) != *line {
-                continue;
-            }
-            for h in held {
-                match merged.iter_mut().find(|m| m.owner == h.owner) {
-                    Some(m) => {
-                        m.blocks += h.blocks;
-                        m.bytes += h.bytes;
-                    }
-                    None => merged.push(h.clone()),
-                }
-            }
-        }
-        merged
-    };
-    for suspect in &mut trend.suspects {
-        let line = line_of(&suspect.site);
-        let mut held = owners_of(last, &line);
-        if let (Some(Some(earlier)), Some(steps)) = (rows.owners.get(warm), steps) {
-            let then = owners_of(earlier, &line);
-            for h in &mut held {
-                let before = then
-                    .iter()
-                    .find(|t| t.owner == h.owner)
-                    .map_or(0, |t| t.blocks);
-                h.blocks_per_step = Some((h.blocks as f64 - before as f64) / steps as f64);
-            }
-        }
-        HeldBy::order(&mut held);
-        suspect.held_by = held;
-    }
+    snapdiff_analyze::add_held_by(trend, last, at_warmup, rules, line_of);
 }
 
 /// One device of one rank: what the fleet's findings name.
@@ -337,7 +295,7 @@ struct Compared {
 }
 
 /// A culprit line: what sites are merged by, across stacks and ranks.
-type Line = (CulpritKind, String, String, u32);
+type Line = snapdiff_analyze::CulpritLine;
 
 fn line_of(site: &Site) -> Line {
     let c = &site.culprit;

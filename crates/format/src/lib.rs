@@ -31,6 +31,7 @@ mod error;
 mod events;
 mod intern;
 mod model;
+mod owners;
 mod pickle;
 mod read;
 mod snap;
@@ -48,6 +49,7 @@ pub use crate::model::{
     EventDetails, Frame, FrameId, HistoryEntry, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot,
     StackId, StrId, ThinVec, Totals, TraceEvent,
 };
+pub use crate::owners::{Owner, Owners, owners_path, read_owners_beside};
 pub use crate::pickle::write_torch_pickle;
 pub use crate::read::{Reader, read_path};
 pub use crate::snap::{Existing, FORMAT_VERSION, MAGIC, write_atomically, write_json, write_snap};
