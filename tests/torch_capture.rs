@@ -227,6 +227,25 @@ fn growth_outside_the_recorded_memory_is_said_and_a_steady_job_is_not_flagged() 
     .expect_code(0);
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("the growth is outside what snapdiff records"));
+    // fleet says it of the rank, from the snapshots and from its tables.
+    let tables = dir.path().join("tables");
+    snapdiff([
+        "export".as_ref(),
+        out.as_os_str(),
+        "-o".as_ref(),
+        tables.as_os_str(),
+    ])
+    .expect_code(0);
+    for input in [&out, &tables] {
+        let fleet = snapdiff(["fleet".as_ref(), input.as_os_str()])
+            .expect_code(0)
+            .stdout();
+        assert!(
+            fleet.contains("memory outside the recorded sites keeps growing on pid")
+                && fleet.contains("the growth is outside what snapdiff records"),
+            "{fleet}"
+        );
+    }
 
     // The same job without the arrays: nothing outside grows, nothing said.
     let dir = tempdir();

@@ -161,6 +161,29 @@ def test_tables_resaved_with_any_codec_give_the_same_verdict(job, tmp_path, code
     assert got["unreadable"] == []
 
 
+def test_tables_written_before_the_measured_columns_still_read(job, tmp_path):
+    """`checkpoints.parquet` of an older snapdiff has no `rss_bytes`,
+    `device_used_bytes` or `recorded_on_cpu`: it reads, with nothing said
+    of memory outside the sites."""
+    pq = need("pyarrow.parquet", "pip install pyarrow")
+    folder, _ = job
+    tables = tmp_path / "tables"
+    subprocess.run([snapdiff._cli.binary(), "export", str(folder), "-o", str(tables)], check=True)
+    older = tmp_path / "older"
+    older.mkdir()
+    for table in tables.iterdir():
+        t = pq.read_table(table)
+        if table.name == "checkpoints.parquet":
+            assert {"rss_bytes", "device_used_bytes", "recorded_on_cpu"} <= set(t.column_names)
+            t = t.drop_columns(["rss_bytes", "device_used_bytes", "recorded_on_cpu"])
+        pq.write_table(t, older / table.name)
+    expected = snapdiff._cli.run_json("fleet", [tables])
+    got = snapdiff._cli.run_json("fleet", [older])
+    for key in ("processes", "leaking", "steady", "leaks", "imbalance"):
+        assert got[key] == expected[key], key
+    assert all("outside" not in m for m in got["members"])
+
+
 def guide_queries():
     """The SQL blocks of the user guide, by the name on their first line."""
     text = (ROOT / "docs" / "user-guide.md").read_text()

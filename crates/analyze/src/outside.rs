@@ -43,6 +43,10 @@ pub struct OutsidePoint {
     /// (the CPU recorder's; 0 on a CUDA job, whose recorded memory is the
     /// device's).
     pub process: Option<(u64, u64)>,
+    /// The ordinal of the device `device` measured.
+    pub ordinal: u32,
+    /// Whether the recorded memory is the CPU's.
+    pub recorded_on_cpu: bool,
 }
 
 impl OutsidePoint {
@@ -60,11 +64,11 @@ impl OutsidePoint {
             _ => None,
         };
         let on_cpu = matches!(get(CPU_KEY), Some(Value::Bool(true)));
+        let ordinal = bytes(DEVICE_KEY).map_or(0, |o| o as u32);
         let device = bytes(DEVICE_USED_KEY).map(|used| {
-            let ordinal = bytes(DEVICE_KEY).unwrap_or(0);
             let reserved = snap
                 .device_segments()
-                .filter(|s| u64::from(s.device) == ordinal)
+                .filter(|s| s.device == ordinal)
                 .map(|s| s.total_size)
                 .sum();
             (used, reserved)
@@ -77,7 +81,12 @@ impl OutsidePoint {
             };
             (rss, recorded)
         });
-        (device.is_some() || process.is_some()).then_some(OutsidePoint { device, process })
+        (device.is_some() || process.is_some()).then_some(OutsidePoint {
+            device,
+            process,
+            ordinal,
+            recorded_on_cpu: on_cpu,
+        })
     }
 }
 
@@ -112,11 +121,10 @@ impl Outside {
     /// Judges `series` (each checkpoint's point and step, in order), the
     /// first `warmup` left out; `None` when no checkpoint measured both
     /// ends of a figure.
-    pub fn of(
-        series: &[(Option<OutsidePoint>, Option<u64>)],
-        warmup: usize,
-        recorded_on_cpu: bool,
-    ) -> Option<Outside> {
+    pub fn of(series: &[(Option<OutsidePoint>, Option<u64>)], warmup: usize) -> Option<Outside> {
+        let recorded_on_cpu = series
+            .iter()
+            .any(|(p, _)| p.is_some_and(|p| p.recorded_on_cpu));
         let judge = |pick: &dyn Fn(&OutsidePoint) -> Option<(u64, u64)>| {
             let points: Option<Vec<(MeasuredAndRecorded, Option<u64>)>> = series
                 .iter()
@@ -152,14 +160,6 @@ impl Outside {
     }
 }
 
-/// Whether `snap` was recorded on the CPU (see [`CPU_KEY`]).
-pub(crate) fn recorded_on_cpu(snap: &Snapshot) -> bool {
-    snap.meta
-        .extra
-        .iter()
-        .any(|(k, v)| k == CPU_KEY && *v == Value::Bool(true))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,11 +173,13 @@ mod tests {
                 let point = OutsidePoint {
                     device: None,
                     process: Some(((300 + 32 * i) * MIB, 40 * MIB)),
+                    ordinal: 0,
+                    recorded_on_cpu: true,
                 };
                 (Some(point), Some(i))
             })
             .collect();
-        let outside = Outside::of(&series, 1, true).unwrap();
+        let outside = Outside::of(&series, 1).unwrap();
         let process = outside.process.as_ref().unwrap();
         assert!(outside.grows());
         assert_eq!(process.outside.growth_bytes, (8 * 32 * MIB) as i64);
@@ -192,11 +194,13 @@ mod tests {
                 let point = OutsidePoint {
                     device: Some((reserved + 500 * MIB, reserved)),
                     process: None,
+                    ordinal: 0,
+                    recorded_on_cpu: false,
                 };
                 (Some(point), Some(i))
             })
             .collect();
-        let outside = Outside::of(&series, 1, false).unwrap();
+        let outside = Outside::of(&series, 1).unwrap();
         assert!(!outside.grows());
         assert_eq!(outside.device.unwrap().outside.growth_bytes, 0);
     }

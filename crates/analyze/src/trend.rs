@@ -34,7 +34,7 @@ use crate::cuts::{Cuts, cuts_for};
 use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, live_groups, merge_rows};
 use crate::held_by::HeldBy;
-use crate::outside::{Outside, OutsidePoint, recorded_on_cpu};
+use crate::outside::{Outside, OutsidePoint};
 use crate::pinned_host::{PinnedHost, PinnedHostTrend, pinned_host};
 use crate::private_pools::{IdlePool, idle_private_pools};
 use crate::replay::replay;
@@ -257,8 +257,6 @@ pub struct SiteSeries<'a> {
     /// Memory outside the recorded memory at each checkpoint, when capture
     /// measured it; empty otherwise.
     pub outside: Vec<Option<OutsidePoint>>,
-    /// Whether the recorded memory is the CPU's.
-    pub recorded_on_cpu: bool,
 }
 
 /// The floor of `series`: at each point, the least value from there to the
@@ -452,7 +450,7 @@ pub fn trend_of_series(
         let at: Vec<_> = (series.outside.iter().copied())
             .zip(steps_of(&series.points))
             .collect();
-        Outside::of(&at, warmup, series.recorded_on_cpu)
+        Outside::of(&at, warmup)
     } else {
         None
     };
@@ -657,7 +655,6 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
         device_memory: last.and_then(device_memory_of),
         pinned_host: order.iter().map(|&i| pinned_host(snaps[i])).collect(),
         outside: order.iter().map(|&i| OutsidePoint::of(snaps[i])).collect(),
-        recorded_on_cpu: last.is_some_and(recorded_on_cpu),
     };
     let in_order: Vec<&Snapshot> = order.iter().map(|&i| snaps[i]).collect();
     let mut trend = trend_of_snapshot_series(series, by, options);
@@ -814,7 +811,6 @@ fn trend_of_device(
         device_memory: device_memory_of(snap),
         pinned_host: Vec::new(),
         outside: Vec::new(),
-        recorded_on_cpu: false,
     };
     let mut trend = trend_of_series(series, source, options);
     if freed_unseen > 0 {

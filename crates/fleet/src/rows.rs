@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use snapdiff_analyze::{
-    Categories, OrderKey, SiteOwners, SiteTotals, SnapshotOrder, StackKey, StackKeys,
+    Categories, OrderKey, OutsidePoint, SiteOwners, SiteTotals, SnapshotOrder, StackKey, StackKeys,
     live_sites_by_device, snapshot_order,
 };
 use snapdiff_format::Snapshot;
@@ -27,9 +27,35 @@ pub struct CheckpointRow {
     pub active_bytes: u64,
     /// The device's total memory, if recorded.
     pub device_memory: Option<u64>,
+    /// The process's resident memory when the dump was taken, when capture
+    /// measured it.
+    pub rss_bytes: Option<u64>,
+    /// Bytes in use on this device then (every user's), when capture
+    /// measured it.
+    pub device_used_bytes: Option<u64>,
+    /// Whether the recorded memory is the CPU's (capture's recorder), and
+    /// so inside `rss_bytes`.
+    pub recorded_on_cpu: bool,
 }
 
 impl CheckpointRow {
+    /// What capture measured beside the recorded memory of `device` at
+    /// this checkpoint, as trends judge it.
+    pub fn outside(&self, device: u32) -> Option<OutsidePoint> {
+        let recorded_inside_rss = if self.recorded_on_cpu {
+            self.reserved_bytes
+        } else {
+            0
+        };
+        let point = OutsidePoint {
+            device: (self.device_used_bytes).map(|used| (used, self.reserved_bytes)),
+            process: (self.rss_bytes).map(|rss| (rss, recorded_inside_rss)),
+            ordinal: device,
+            recorded_on_cpu: self.recorded_on_cpu,
+        };
+        (point.device.is_some() || point.process.is_some()).then_some(point)
+    }
+
     /// The name of the file the checkpoint was read from, without its folder:
     /// what orders snapshots that record neither step nor time.
     pub fn file_name(&self) -> &str {
@@ -106,6 +132,9 @@ fn empty_checkpoint() -> CheckpointRow {
         allocated_bytes: 0,
         active_bytes: 0,
         device_memory: None,
+        rss_bytes: None,
+        device_used_bytes: None,
+        recorded_on_cpu: false,
     }
 }
 
@@ -165,6 +194,7 @@ impl ProcessRows {
         let keys = StackKeys::of_live_blocks(snap);
         let devices = live_sites_by_device(snap, &keys);
         let categories = Categories::new(snap);
+        let measured = OutsidePoint::of(snap);
         stacks.add_from(
             snap,
             devices
@@ -182,6 +212,17 @@ impl ProcessRows {
                 totals.add_segment(segment);
             }
             checkpoint.reserved_bytes = totals.reserved_bytes;
+            // What capture measured beside the dump (see OutsidePoint):
+            // the process's RSS on every device's row, the device's use on
+            // its own.
+            if let Some(m) = measured {
+                checkpoint.rss_bytes = m.process.map(|(rss, _)| rss);
+                checkpoint.device_used_bytes = m
+                    .device
+                    .filter(|_| m.ordinal == sites.device)
+                    .map(|(used, _)| used);
+                checkpoint.recorded_on_cpu = m.recorded_on_cpu;
+            }
             checkpoint.allocated_bytes = totals.allocated_bytes;
             checkpoint.active_bytes = totals.active_bytes;
             checkpoint.device_memory = snap

@@ -11,9 +11,11 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::builder::{Int64Builder, StringBuilder, UInt32Builder, UInt64Builder};
+use arrow_array::builder::{
+    BooleanBuilder, Int64Builder, StringBuilder, UInt32Builder, UInt64Builder,
+};
 use arrow_array::{
-    Array, ArrayRef, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+    Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
@@ -98,8 +100,14 @@ fn checkpoints_schema() -> SchemaRef {
         Field::new("allocated_bytes", DataType::UInt64, false),
         Field::new("active_bytes", DataType::UInt64, false),
         Field::new("device_memory", DataType::UInt64, true),
+        Field::new("rss_bytes", DataType::UInt64, true),
+        Field::new("device_used_bytes", DataType::UInt64, true),
+        Field::new("recorded_on_cpu", DataType::Boolean, true),
     ]))
 }
+
+/// Columns that tables written before them lack: read as empty.
+const ADDED_COLUMNS: [&str; 3] = ["rss_bytes", "device_used_bytes", "recorded_on_cpu"];
 
 fn stacks_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -299,6 +307,9 @@ impl TableWriter {
         let mut allocated = UInt64Builder::new();
         let mut active = UInt64Builder::new();
         let mut memory = UInt64Builder::new();
+        let mut rss = UInt64Builder::new();
+        let mut used = UInt64Builder::new();
+        let mut on_cpu = BooleanBuilder::new();
         for device in devices {
             for (index, c) in device.checkpoints.iter().enumerate() {
                 names.append_value(process);
@@ -312,6 +323,9 @@ impl TableWriter {
                 allocated.append_value(c.allocated_bytes);
                 active.append_value(c.active_bytes);
                 memory.append_option(c.device_memory);
+                rss.append_option(c.rss_bytes);
+                used.append_option(c.device_used_bytes);
+                on_cpu.append_value(c.recorded_on_cpu);
             }
         }
         self.checkpoints.write(vec![
@@ -326,6 +340,9 @@ impl TableWriter {
             Arc::new(allocated.finish()),
             Arc::new(active.finish()),
             Arc::new(memory.finish()),
+            Arc::new(rss.finish()),
+            Arc::new(used.finish()),
+            Arc::new(on_cpu.finish()),
         ])
     }
 
@@ -448,9 +465,14 @@ fn read_batches(
     for batch in reader {
         let batch = batch.map_err(|e| file_error(&path, e))?;
         for field in schema.fields() {
-            let column = batch
-                .column_by_name(field.name())
-                .ok_or_else(|| file_error(&path, format!("has no column `{}`", field.name())))?;
+            let column = match batch.column_by_name(field.name()) {
+                Some(column) => column,
+                None if ADDED_COLUMNS.contains(&field.name().as_str()) => continue,
+                None => {
+                    let missing = format!("has no column `{}`", field.name());
+                    return Err(file_error(&path, missing));
+                }
+            };
             if column.data_type() != field.data_type() {
                 return Err(file_error(
                     &path,
@@ -480,6 +502,13 @@ fn column<'b, T: Array + 'static>(batch: &'b RecordBatch, name: &str) -> &'b T {
         .column_by_name(name)
         .and_then(|c| c.as_any().downcast_ref::<T>())
         .expect("a column checked against the schema")
+}
+
+/// One of [`ADDED_COLUMNS`], where the table has it.
+fn added_column<'b, T: Array + 'static>(batch: &'b RecordBatch, name: &str) -> Option<&'b T> {
+    batch
+        .column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
 }
 
 fn parse_key(path: &Path, text: &str) -> Result<StackKey, TableError> {
@@ -543,6 +572,9 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
         let allocated = column::<UInt64Array>(&batch, "allocated_bytes");
         let active = column::<UInt64Array>(&batch, "active_bytes");
         let memory = column::<UInt64Array>(&batch, "device_memory");
+        let rss = added_column::<UInt64Array>(&batch, "rss_bytes");
+        let used = added_column::<UInt64Array>(&batch, "device_used_bytes");
+        let on_cpu = added_column::<BooleanArray>(&batch, "recorded_on_cpu");
         for i in 0..batch.num_rows() {
             let name = names.value(i);
             let p = *index_of.entry(name.to_owned()).or_insert_with(|| {
@@ -570,6 +602,9 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
                 allocated_bytes: allocated.value(i),
                 active_bytes: active.value(i),
                 device_memory: option(memory.is_valid(i), memory.value(i)),
+                rss_bytes: rss.and_then(|c| option(c.is_valid(i), c.value(i))),
+                device_used_bytes: used.and_then(|c| option(c.is_valid(i), c.value(i))),
+                recorded_on_cpu: on_cpu.is_some_and(|c| c.is_valid(i) && c.value(i)),
             });
             device.sites.push(Vec::new());
             device.owners.push(None);

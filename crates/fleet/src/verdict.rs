@@ -3,8 +3,8 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_analyze::{
-    Checkpoint, CulpritRules, HeldBy, Site, SiteSeries, StackKey, Suspect, Trend, TrendOptions,
-    describe_site, trend_of_snapshot_series, without_exit_dumps,
+    Checkpoint, CulpritRules, HeldBy, Outside, Site, SiteSeries, StackKey, Suspect, Trend,
+    TrendOptions, describe_site, trend_of_snapshot_series, without_exit_dumps,
 };
 
 use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
@@ -102,8 +102,11 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
                 allocated_bytes: last_checkpoint.map_or(0, |c| c.allocated_bytes),
                 device_memory: last_checkpoint.and_then(|c| c.device_memory),
                 pinned_host: Vec::new(),
-                outside: Vec::new(),
-                recorded_on_cpu: false,
+                outside: judged
+                    .checkpoints
+                    .iter()
+                    .map(|c| c.outside(device.device))
+                    .collect(),
             };
             let mut trend = trend_of_snapshot_series(series, by, options);
             trend.notes.extend(exit_note);
@@ -185,6 +188,10 @@ pub struct MemberRow {
     pub checkpoints: Vec<CheckpointRow>,
     /// Plain statements about its analysis.
     pub notes: Vec<String>,
+    /// Memory outside what its snapshots record (its RSS, its device's use
+    /// beyond the allocator), when capture measured it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outside: Option<Outside>,
 }
 
 /// How much one member's site grew.
@@ -361,6 +368,7 @@ pub fn fleet_verdict(
                 suspects: d.trend.suspects,
                 checkpoints: d.checkpoints,
                 notes: d.trend.notes,
+                outside: d.trend.outside,
             });
         }
     }

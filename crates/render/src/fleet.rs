@@ -107,6 +107,7 @@ pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> 
             )?;
         }
     }
+    write_outside(fleet, devices_apart, options, out)?;
     if !fleet.imbalance.is_empty() {
         let step = fleet.imbalance[0]
             .step
@@ -276,4 +277,50 @@ mod tests {
             "ranks 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22 and 28 more"
         );
     }
+}
+
+/// The ranks whose memory outside the recorded sites keeps growing (their
+/// RSS, their device's use beyond the allocator), each with its first
+/// such line, as `trend` words it.
+fn write_outside(
+    fleet: &Fleet,
+    devices_apart: bool,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let growing: Vec<(&Member, Vec<String>)> = fleet
+        .members
+        .iter()
+        .filter_map(|m| {
+            let lines = crate::outside::lines(m.outside.as_ref()?, options.color);
+            (!lines.is_empty()).then_some((&m.member, lines))
+        })
+        .collect();
+    if growing.is_empty() {
+        return Ok(());
+    }
+    let members: Vec<&Member> = growing.iter().map(|(m, _)| *m).collect();
+    writeln!(
+        out,
+        "\nmemory outside the recorded sites keeps growing on {} ({} of {}):",
+        ranks_text(&members, devices_apart),
+        count(members.len() as u64),
+        count(fleet.processes as u64),
+    )?;
+    for (member, lines) in growing.iter().take(SHOWN) {
+        writeln!(
+            out,
+            "  {}: {}",
+            ranks_text(&[*member], devices_apart),
+            lines[0]
+        )?;
+    }
+    if growing.len() > SHOWN {
+        writeln!(
+            out,
+            "  and {} more (all in --json)",
+            count((growing.len() - SHOWN) as u64)
+        )?;
+    }
+    Ok(())
 }
