@@ -253,32 +253,6 @@ fn ranks_text(members: &[&Member], devices_apart: bool) -> String {
     text
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn member(rank: u32) -> Member {
-        Member {
-            rank: Some(rank),
-            process: format!("rank{rank}"),
-            device: 0,
-        }
-    }
-
-    #[test]
-    fn rank_lists_are_runs() {
-        let members: Vec<Member> = [0, 1, 2, 3, 7, 93].into_iter().map(member).collect();
-        let refs: Vec<&Member> = members.iter().collect();
-        assert_eq!(ranks_text(&refs, false), "ranks 0-3, 7, 93");
-        let members: Vec<Member> = (0..40).map(|r| member(r * 2)).collect();
-        let refs: Vec<&Member> = members.iter().collect();
-        assert_eq!(
-            ranks_text(&refs, false),
-            "ranks 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22 and 28 more"
-        );
-    }
-}
-
 /// The ranks whose memory outside the recorded sites keeps growing (their
 /// RSS, their device's use beyond the allocator), each with its first
 /// such line, as `trend` words it.
@@ -323,4 +297,30 @@ fn write_outside(
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(rank: u32) -> Member {
+        Member {
+            rank: Some(rank),
+            process: format!("rank{rank}"),
+            device: 0,
+        }
+    }
+
+    #[test]
+    fn rank_lists_are_runs() {
+        let members: Vec<Member> = [0, 1, 2, 3, 7, 93].into_iter().map(member).collect();
+        let refs: Vec<&Member> = members.iter().collect();
+        assert_eq!(ranks_text(&refs, false), "ranks 0-3, 7, 93");
+        let members: Vec<Member> = (0..40).map(|r| member(r * 2)).collect();
+        let refs: Vec<&Member> = members.iter().collect();
+        assert_eq!(
+            ranks_text(&refs, false),
+            "ranks 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22 and 28 more"
+        );
+    }
 }
