@@ -666,6 +666,80 @@ fn ranks_dump_under_their_own_names_and_are_reported_apart() {
     }
 }
 
+#[test]
+fn two_runs_under_one_folder_are_never_one_series_and_no_file_counts_twice() {
+    if !torch_ready() {
+        return;
+    }
+    // A job run twice into one folder: the first run steady, the second
+    // leaking on rank 1. Its ranks have the same names in both runs.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let ranks = ["--ranks", "2", "--steps", "30"];
+    capture(&out, &["--every", "5", "--no-report"], &ranks).expect_code(0);
+    let mut leaking = ranks.to_vec();
+    leaking.extend(["--leak", "cache-dict", "--leak-rank", "1"]);
+    capture(&out, &["--every", "5", "--no-report"], &leaking).expect_code(0);
+    let pids: std::collections::BTreeSet<u64> = manifest(&out)
+        .iter()
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 4, "two runs of two ranks");
+    let o = out.to_str().unwrap();
+
+    let fleet = snapdiff(["fleet", "--json", o]).expect_code(0).json();
+    assert_eq!(fleet["processes"], 2, "{fleet:#}");
+    assert_eq!(fleet["leaking"], 1, "{fleet:#}");
+    let leak = &fleet["leaks"][0];
+    assert_eq!(leak["site"]["culprit"]["line"], leak_line("cache-dict"));
+    assert_eq!(leak["members"][0]["rank"], 1);
+    assert_eq!(leak["members"][0]["growth_per_step"], 8192.0, "{leak:#}");
+    // The second run's checkpoints only (its files took names ending in
+    // -2: the first run's were there), the six step dumps; the exit dump
+    // holds no live block and makes no checkpoint.
+    for m in fleet["members"].as_array().unwrap() {
+        let sources: Vec<&str> = m["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["source"].as_str().unwrap())
+            .collect();
+        assert_eq!(sources.len(), 6, "{m:#}");
+        assert!(sources.iter().all(|s| s.ends_with("-2.pickle")), "{m:#}");
+    }
+    let notes = fleet["notes"].to_string();
+    assert!(
+        notes.contains("had files from more than one run"),
+        "{notes}"
+    );
+
+    // trend says the same of each rank.
+    let trend = snapdiff(["trend", o]).expect_code(0).stdout();
+    assert!(
+        trend.contains("rank1 shows growth and the other processes do not"),
+        "{trend}"
+    );
+    assert!(trend.contains("earlier run of this process"), "{trend}");
+
+    // The same files reached twice (the folder twice, the folder and its
+    // files, a link back into it) are read once.
+    std::os::unix::fs::symlink(&out, out.join("again")).unwrap();
+    let files: Vec<String> = pickles(&out)
+        .iter()
+        .map(|p| p.to_str().unwrap().to_owned())
+        .collect();
+    let mut overlapping = vec![
+        "fleet".to_owned(),
+        "--json".to_owned(),
+        o.to_owned(),
+        o.to_owned(),
+    ];
+    overlapping.extend(files.iter().cloned());
+    let again = snapdiff(&overlapping).expect_code(0).json();
+    assert_eq!(again["files"], files.len(), "{again:#}");
+    assert_eq!(again["leaks"], fleet["leaks"]);
+}
+
 fn ranks_dump_apart(start_method: &str) {
     let dir = tempdir();
     let out = dir.path().join("out");

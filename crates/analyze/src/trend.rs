@@ -575,7 +575,8 @@ pub fn trend_of_snapshot_series(
 }
 
 /// Which snapshots of a series to judge, by their files' names: exit dumps
-/// (a name ending in `-exit`, as capture names them) are taken after the
+/// (a name ending in `-exit`, or `-exit-N` where the name was taken, as
+/// capture names them) are taken after the
 /// program freed its own variables, so what leaked into them is gone; among
 /// three or more other dumps they would hide every leak, and are left out.
 /// Returns whether each is kept, and a note when some are not.
@@ -587,6 +588,12 @@ pub fn without_exit_dumps(names: &[&str]) -> (Vec<bool>, Option<String>) {
             .find_map(|ext| name.strip_suffix(ext))
             .unwrap_or(name);
         let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+        // `NAME-exit-2.pickle`: capture's name for a second run's exit
+        // dump where the first run's took `NAME-exit.pickle`.
+        let stem = match stem.rsplit_once('-') {
+            Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => head,
+            _ => stem,
+        };
         stem.ends_with("-exit")
     };
     let exits = names.iter().filter(|n| is_exit(n)).count();

@@ -43,6 +43,8 @@ pub(crate) struct Entry {
     pub(crate) interval: Option<f64>,
     /// `cpu` (capture's recorder) or `cuda:N`.
     pub(crate) device: Option<String>,
+    /// The machine the process ran on.
+    pub(crate) host: Option<String>,
     /// The process's resident memory when the dump was taken.
     pub(crate) rss_bytes: Option<u64>,
     /// Bytes in use on the device then, by every user of it.
@@ -114,6 +116,9 @@ impl Manifests {
             .created_us
             .or(entry.time.map(|t| (t * 1e6).round() as i64));
         meta.pid = meta.pid.or(entry.pid);
+        if meta.host.is_none() {
+            meta.host.clone_from(&entry.host);
+        }
         if meta.label.is_none() {
             meta.label = match (entry.rank, &entry.reason) {
                 (Some(rank), Some(reason)) => Some(format!("rank {rank}, {reason}")),

@@ -39,6 +39,7 @@ import os
 import pickle
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -63,6 +64,9 @@ NO_EXIT_DUMP = (
 )
 # The share of the job's time dumps may take before the interval widens.
 MAX_DUMP_SHARE = 0.10
+# The machine, in each manifest line: with the process id, what tells two
+# runs of one rank apart.
+HOST = socket.gethostname()
 # Bytes a page, for the resident size in /proc/self/statm.
 try:
     PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -699,7 +703,7 @@ class Capture:
             except Exception:
                 device = "cuda"
         entry.update(
-            rank=rank, pid=self.pid, device=device, step=self.steps,
+            rank=rank, pid=self.pid, host=HOST, device=device, step=self.steps,
             time=round(time.time(), 6), reason=reason,
         )
         line = (json.dumps(entry) + "\n").encode()

@@ -50,16 +50,22 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
         .finish()?;
+    let runs_note = outcome.earlier_runs_note();
     let mut all_unreadable = unreadable;
     all_unreadable.extend(outcome.unreadable);
+    all_unreadable.extend(inputs.unreadable.iter().cloned());
     for u in &all_unreadable {
         eprintln!("snapdiff: {}", u.error);
+    }
+    if let Some(note) = &runs_note {
+        eprintln!("snapdiff: note: {note}");
     }
     if args.json {
         let said = serde_json::json!({
             "files": outcome.files,
             "bytes": outcome.bytes,
             "unreadable": all_unreadable,
+            "notes": runs_note.into_iter().collect::<Vec<_>>(),
         });
         println!("{said}");
     } else {

@@ -266,6 +266,8 @@ pub(crate) fn trends_of(files: &[PathBuf], options: &TrendOptions) -> Vec<Proces
 struct Read<'a> {
     path: &'a PathBuf,
     snapshot: Snapshot,
+    /// On one file of a process: how many earlier runs of it were left out.
+    earlier_runs: usize,
 }
 
 /// Reads `files` in parallel, with what their manifests say of them, each
@@ -308,16 +310,65 @@ fn read_all(files: &[PathBuf]) -> (Vec<(Read<'_>, String)>, bool) {
         .zip(writers)
         .map(|((path, snapshot), writer)| {
             let process = crate::processes::process_of_snapshot(path, &snapshot, writer.as_deref());
-            (Read { path, snapshot }, process)
+            let read = Read {
+                path,
+                snapshot,
+                earlier_runs: 0,
+            };
+            (read, process)
         })
         .collect();
     (read, errored)
 }
 
-/// Snapshots grouped by the process that wrote them.
+/// Snapshots grouped by the process that wrote them, each process's
+/// latest run only (see [`latest_run`]).
 fn split_by_process(read: Vec<(Read<'_>, String)>) -> Vec<(String, Vec<Read<'_>>)> {
     crate::processes::group(read.into_iter().map(|(r, process)| (process, r)))
+        .into_iter()
+        .map(|(process, reads)| (process, latest_run(reads)))
+        .collect()
 }
+
+/// The snapshots of one process name's latest run: two runs of one job
+/// under one folder name their ranks alike, but another process id or
+/// machine wrote each (where the files or their manifest say), and the
+/// files of different runs are never one series. The run with the latest
+/// time (else step) is kept, and a note on it says the others were left.
+fn latest_run(reads: Vec<Read<'_>>) -> Vec<Read<'_>> {
+    let run_of = |r: &Read<'_>| (r.snapshot.meta.pid, r.snapshot.meta.host.clone());
+    let mut runs: Vec<(RunKey, Vec<Read<'_>>)> = Vec::new();
+    for r in reads {
+        let run = run_of(&r);
+        match runs.iter_mut().find(|(k, _)| *k == run) {
+            Some((_, members)) => members.push(r),
+            None => runs.push((run, vec![r])),
+        }
+    }
+    let n = runs.len();
+    let last = |reads: &[Read<'_>]| {
+        let time = reads
+            .iter()
+            .filter_map(|r| r.snapshot.meta.created_us)
+            .max();
+        (
+            time,
+            reads.iter().filter_map(|r| r.snapshot.meta.step).max(),
+        )
+    };
+    let (_, (_, mut latest)) = runs
+        .into_iter()
+        .enumerate()
+        .max_by_key(|(i, (_, reads))| (last(reads), *i))
+        .expect("a process has files");
+    if n > 1 {
+        latest[0].earlier_runs = n - 1;
+    }
+    latest
+}
+
+/// A run of a process: the process id and machine that wrote its files.
+type RunKey = (Option<u32>, Option<String>);
 
 /// Analyses the snapshots of one process: one by its trace, several as
 /// checkpoints; with its last snapshot in order (exit dumps left out).
@@ -333,6 +384,15 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Tre
         .collect();
     let (keep, exit_note) =
         without_exit_dumps(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    let earlier_runs: usize = read.iter().map(|r| r.earlier_runs).sum();
+    let runs_note = (earlier_runs > 0).then(|| {
+        format!(
+            "files of {} earlier run{} of this process (another process id or machine) left out: \
+             only its latest run is judged",
+            earlier_runs,
+            if earlier_runs == 1 { "" } else { "s" }
+        )
+    });
     let mut kept = keep.iter();
     read.retain(|_| *kept.next().unwrap_or(&true));
     let mut kept = keep.iter();
@@ -371,6 +431,7 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Tre
     };
     let snaps: Vec<Snapshot> = read.into_iter().map(|r| r.snapshot).collect();
     trend.notes.extend(exit_note);
+    trend.notes.extend(runs_note);
     crate::input::release(snaps);
     Ok((trend, last))
 }

@@ -1,9 +1,10 @@
 //! The files a fleet command reads: snapshot files, folders searched
 //! recursively, globs, and folders of site tables.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use snapdiff_fleet::is_table_folder;
+use snapdiff_fleet::{Unreadable, is_table_folder};
 
 use crate::cmd::trend::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
@@ -14,6 +15,44 @@ pub(crate) struct Inputs {
     pub(crate) snapshots: Vec<PathBuf>,
     /// Folders of site tables (`snapdiff export`'s output).
     pub(crate) table_folders: Vec<PathBuf>,
+    /// Files and folders inside the folders given that could not be read:
+    /// named, and the rest read.
+    pub(crate) unreadable: Vec<Unreadable>,
+    /// What was taken already: a file or folder reached by two paths
+    /// (overlapping arguments, a link back into the folder) is read once.
+    seen: HashSet<FileId>,
+}
+
+/// What a file is, whatever path reaches it: its device and inode, or
+/// elsewhere its canonical path.
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum FileId {
+    #[cfg(unix)]
+    Inode(u64, u64),
+    #[cfg(not(unix))]
+    Path(PathBuf),
+}
+
+impl FileId {
+    fn of(path: &Path) -> Option<FileId> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(path).ok()?;
+            Some(FileId::Inode(m.dev(), m.ino()))
+        }
+        #[cfg(not(unix))]
+        {
+            Some(FileId::Path(std::fs::canonicalize(path).ok()?))
+        }
+    }
+}
+
+impl Inputs {
+    /// Whether `path` is new (else it was taken through another path).
+    fn first_time(&mut self, path: &Path) -> bool {
+        FileId::of(path).is_none_or(|id| self.seen.insert(id))
+    }
 }
 
 /// Whether `path` names snapshots by a pattern: it does not exist and holds
@@ -51,7 +90,10 @@ pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
             add(path, &mut inputs)?;
         }
     }
-    if inputs.snapshots.is_empty() && inputs.table_folders.is_empty() {
+    if inputs.snapshots.is_empty()
+        && inputs.table_folders.is_empty()
+        && inputs.unreadable.is_empty()
+    {
         anyhow::bail!(
             "no snapshot files in {} (looked for .{})",
             paths
@@ -70,7 +112,7 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
         if !path.exists() {
             anyhow::bail!("{}: no such file or folder", crate::output::shown(path));
         }
-        if !is_capture_file(path) {
+        if !is_capture_file(path) && inputs.first_time(path) {
             inputs.snapshots.push(path.to_path_buf());
         }
         return Ok(());
@@ -80,19 +122,30 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
         .sort_by_file_name()
         .into_iter();
     while let Some(entry) = walk.next() {
-        let entry = entry.map_err(|e| {
-            let at = e.path().unwrap_or(path).to_path_buf();
-            anyhow::anyhow!("{}: cannot read: {e}", crate::output::shown(&at))
-        })?;
+        let entry = match entry {
+            Ok(entry) => entry,
+            // A link back to a folder above: that folder is read already.
+            Err(e) if e.loop_ancestor().is_some() => continue,
+            Err(e) => {
+                let at = e.path().unwrap_or(path).to_path_buf();
+                inputs.unreadable.push(Unreadable {
+                    source: at.to_string_lossy().into_owned(),
+                    error: format!("{}: cannot read: {e}", crate::output::shown(&at)),
+                });
+                continue;
+            }
+        };
         let p = entry.path();
         if entry.file_type().is_dir() {
             if is_table_folder(p) {
-                inputs.table_folders.push(p.to_path_buf());
+                if inputs.first_time(p) {
+                    inputs.table_folders.push(p.to_path_buf());
+                }
                 walk.skip_current_dir();
             }
             continue;
         }
-        if is_snapshot_name(p) {
+        if is_snapshot_name(p) && inputs.first_time(p) {
             inputs.snapshots.push(p.to_path_buf());
         }
     }

@@ -44,13 +44,15 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
             .unwrap_or_else(|e| e.into_inner())
             .push(verdict);
     };
-    let (mut unreadable, files, bytes) = in_pool(&args.threads, || {
+    let (mut unreadable, files, bytes, runs_note) = in_pool(&args.threads, || {
         let unreadable =
             read_table_folders(&inputs.table_folders, args.rank.as_deref(), &stacks, keep);
         let outcome = read_processes(&inputs.snapshots, args.rank.as_deref(), &stacks, keep);
+        let note = outcome.earlier_runs_note();
         let mut all = unreadable;
         all.extend(outcome.unreadable);
-        (all, outcome.files, outcome.bytes)
+        all.extend(inputs.unreadable.iter().cloned());
+        (all, outcome.files, outcome.bytes, note)
     })?;
     unreadable.sort_by(|a, b| a.source.cmp(&b.source));
     let verdicts = verdicts.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -65,11 +67,15 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
     }
     let exit = exit_code(&verdicts, &unreadable, args.max_growth);
     if args.rank.is_some() {
+        if let Some(note) = &runs_note {
+            eprintln!("snapdiff: note: {note}");
+        }
         print_rank(&verdicts, &args)?;
         return Ok(exit);
     }
     let stacks = stacks.into_inner();
-    let fleet = fleet_verdict(verdicts, &stacks, &options, unreadable, files, bytes);
+    let mut fleet = fleet_verdict(verdicts, &stacks, &options, unreadable, files, bytes);
+    fleet.notes.extend(runs_note);
     if args.report.json {
         crate::output::print_json(&fleet, args.report.top)?;
     } else {

@@ -21,6 +21,62 @@ pub(crate) struct Outcome {
     pub(crate) files: usize,
     /// Their bytes.
     pub(crate) bytes: u64,
+    /// Processes whose files came from more than one run (another process
+    /// id or machine under the same rank): only the latest run is judged.
+    pub(crate) earlier_runs: Vec<String>,
+}
+
+impl Outcome {
+    /// What to say of `earlier_runs`, when there were any.
+    pub(crate) fn earlier_runs_note(&self) -> Option<String> {
+        let runs = &self.earlier_runs;
+        let first = runs.first()?;
+        let who = match runs.len() {
+            1 => first.clone(),
+            n => format!("{first} and {} other processes", n - 1),
+        };
+        Some(format!(
+            "{who} had files from more than one run (another process id or machine under the \
+             same name): each is judged on its latest run, the earlier ones left out"
+        ))
+    }
+}
+
+/// Which run of a process a file is from: the process id and machine
+/// that wrote it, where the file or its manifest says. Two runs of one job
+/// under one folder have the same rank names and different processes;
+/// their files are never one series.
+type RunOf = (Option<u32>, Option<String>);
+
+/// The files of one process name, by the run they are from.
+#[derive(Default)]
+struct Runs(Vec<(RunOf, ProcessRows)>);
+
+impl Runs {
+    fn add(&mut self, run: RunOf, rows: ProcessRows) {
+        match self.0.iter_mut().find(|(r, _)| *r == run) {
+            Some((_, into)) => into.append(rows),
+            None => self.0.push((run, rows)),
+        }
+    }
+
+    /// The latest run's rows (by the time of its last checkpoint, else its
+    /// last step, else the order read), and whether there were others.
+    fn latest(self) -> Option<(ProcessRows, bool)> {
+        let several = self.0.len() > 1;
+        let last = |rows: &ProcessRows| {
+            let checkpoints = rows.devices.iter().flat_map(|d| &d.checkpoints);
+            let time = checkpoints.clone().filter_map(|c| c.time_us).max();
+            (time, checkpoints.filter_map(|c| c.step).max())
+        };
+        let (_, rows) = self
+            .0
+            .into_iter()
+            .enumerate()
+            .max_by_key(|(i, (_, rows))| (last(rows), *i))?
+            .1;
+        Some((rows, several))
+    }
 }
 
 /// Reads `files` on the current rayon pool and hands each process's rows to
@@ -42,34 +98,42 @@ pub(crate) fn read_processes(
         progress: &progress,
         stacks,
     };
-    let unnamed: Mutex<BTreeMap<String, ProcessRows>> = Mutex::new(BTreeMap::new());
+    let unnamed: Mutex<BTreeMap<String, Runs>> = Mutex::new(BTreeMap::new());
+    let hand_on = |runs: Runs| {
+        let Some((rows, several)) = runs.latest() else {
+            return;
+        };
+        if several {
+            let mut outcome = reader.outcome.lock().unwrap_or_else(|e| e.into_inner());
+            outcome.earlier_runs.push(rows.process.clone());
+        }
+        if rows.checkpoint_count() > 0 {
+            done(rows);
+        }
+    };
     by_process(files).par_iter().for_each(|(name, files)| {
         if name.is_empty() {
             files.par_iter().for_each(|path| {
-                reader.read(path, None, only, |one| {
+                reader.read(path, None, only, |one, run| {
                     let mut unnamed = unnamed.lock().unwrap_or_else(|e| e.into_inner());
-                    match unnamed.get_mut(&one.process) {
-                        Some(rows) => rows.append(one),
-                        None => {
-                            unnamed.insert(one.process.clone(), one);
-                        }
-                    }
+                    unnamed
+                        .entry(one.process.clone())
+                        .or_default()
+                        .add(run, one);
                 });
             });
         } else if wanted(name, only) {
-            let mut rows = ProcessRows::new(name.clone());
+            let mut runs = Runs::default();
             for path in files {
-                reader.read(path, Some(name), only, |one| rows.append(one));
+                reader.read(path, Some(name), only, |one, run| runs.add(run, one));
             }
-            if rows.checkpoint_count() > 0 {
-                done(rows);
-            }
+            hand_on(runs);
         } else {
             progress.skip(files);
         }
     });
-    for (_, rows) in unnamed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        done(rows);
+    for (_, runs) in unnamed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        hand_on(runs);
     }
     progress.finish();
     let mut outcome = reader
@@ -77,6 +141,7 @@ pub(crate) fn read_processes(
         .into_inner()
         .unwrap_or_else(|e| e.into_inner());
     outcome.unreadable.sort_by(|a, b| a.source.cmp(&b.source));
+    outcome.earlier_runs.sort();
     outcome
 }
 
@@ -97,7 +162,7 @@ impl FileReader<'_> {
         path: &PathBuf,
         process: Option<&str>,
         only: Option<&str>,
-        add: impl FnOnce(ProcessRows),
+        add: impl FnOnce(ProcessRows, RunOf),
     ) {
         let len = std::fs::metadata(path).map_or(0, |m| m.len());
         let result = crate::input::read_state_quietly(path);
@@ -125,7 +190,7 @@ impl FileReader<'_> {
             let mut rows = ProcessRows::new(process);
             let owners = crate::owners::by_site(path, &snap);
             rows.add_snapshot(&path.to_string_lossy(), &snap, self.stacks, owners.as_ref());
-            add(rows);
+            add(rows, (snap.meta.pid, snap.meta.host.clone()));
         }
         drop(snap);
         let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
