@@ -324,3 +324,96 @@ fn export_never_writes_through_a_link_planted_in_its_folder() {
         .collect();
     assert_eq!(left, Vec::<String>::new(), "temporary files left");
 }
+
+#[test]
+fn fifos_devices_and_too_few_checkpoints_never_hang_or_pass_for_a_verdict() {
+    let Some((_, dir)) = fleet() else {
+        return crate::util::skip("fleet", "../shared/fixtures/torch is not here");
+    };
+    let copy = tempdir();
+    for rank in [1u32, 2] {
+        for step in 0..STEPS {
+            let name = format!("rank{rank}-step{step}.snap");
+            std::fs::copy(dir.join("node0").join(&name), copy.path().join(&name)).unwrap();
+        }
+    }
+    // A FIFO (a read would wait forever) and a link to /dev/zero (a read
+    // would never end) named like snapshots: named, left out, exit 2.
+    let fifo = copy.path().join("rank3-step0.pickle");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::os::unix::fs::symlink("/dev/zero", copy.path().join("rank4-step0.pickle")).unwrap();
+    let run = snapdiff(["fleet".as_ref(), copy.path().as_os_str()]);
+    let text = run.expect_code(2).stdout();
+    assert!(text.contains("2 ranks read from 12 snapshots"), "{text}");
+    assert!(
+        text.contains("2 files could not be read and are left out:"),
+        "{text}"
+    );
+    assert!(text.contains("not a regular file"), "{text}");
+    // Named on its own too.
+    let run = snapdiff(["fleet".as_ref(), fifo.as_os_str()]);
+    assert!(run.expect_code(2).stderr().contains("not a regular file"));
+
+    // Every rank with too few checkpoints: no verdict, exit 3, never "no
+    // rank's memory keeps growing".
+    let few = tempdir();
+    for rank in [1u32, 2] {
+        for step in 0..2 {
+            let name = format!("rank{rank}-step{step}.snap");
+            std::fs::copy(dir.join("node0").join(&name), few.path().join(&name)).unwrap();
+        }
+    }
+    let run = snapdiff(["fleet".as_ref(), few.path().as_os_str()]);
+    let text = run.expect_code(3).stdout();
+    assert!(
+        text.contains("no verdict: no rank has checkpoints enough"),
+        "{text}"
+    );
+    assert!(!text.contains("keeps growing at any line"), "{text}");
+}
+
+#[test]
+fn export_into_a_folder_inside_its_input_never_reads_its_own_tables() {
+    let Some((_, dir)) = fleet() else {
+        return crate::util::skip("fleet", "../shared/fixtures/torch is not here");
+    };
+    let job = tempdir();
+    for rank in [1u32, 2, 7] {
+        for step in 0..STEPS {
+            let name = format!("rank{rank}-step{step}.snap");
+            std::fs::copy(dir.join("node0").join(&name), job.path().join(&name)).unwrap();
+        }
+    }
+    let tables = job.path().join("tables");
+    let export = |force: bool| {
+        let mut args = vec![
+            "export".as_ref(),
+            job.path().as_os_str(),
+            "-o".as_ref(),
+            tables.as_os_str(),
+            "--json".as_ref(),
+        ];
+        if force {
+            args.push("--force".as_ref());
+        }
+        snapdiff(args).expect_code(0).json()
+    };
+    let first = export(false);
+    let again = export(true);
+    assert_eq!(first["files"], 3 * STEPS);
+    assert_eq!(again["files"], first["files"], "{again:#}");
+    let from_tables = snapdiff(["fleet".as_ref(), tables.as_os_str(), "--json".as_ref()])
+        .expect_code(0)
+        .json();
+    assert_eq!(
+        from_tables["processes"], 3,
+        "every rank once: {from_tables:#}"
+    );
+    for m in from_tables["members"].as_array().unwrap() {
+        assert_eq!(m["checkpoints"].as_array().unwrap().len() as u32, STEPS);
+    }
+}

@@ -26,12 +26,13 @@ def binary():
 
 def run(args, check=True):
     """Runs `snapdiff ARGS`; returns (exit code, stdout, stderr). Exit
-    codes 0 and 1 (over a --fail-over limit) are answers; 2 is an error,
-    raised as RuntimeError with snapdiff's one-line message when `check`."""
+    codes 0, 1 (over a --max-growth limit) and 3 (fleet: no rank could be
+    judged) are answers; 2 is an error, raised as RuntimeError with
+    snapdiff's one-line message when `check`."""
     done = subprocess.run(
         [binary(), *map(_arg, args)], capture_output=True, text=True
     )
-    if check and done.returncode not in (0, 1):
+    if check and done.returncode not in (0, 1, 3):
         raise RuntimeError(done.stderr.strip() or f"snapdiff exited with {done.returncode}")
     return done.returncode, done.stdout, done.stderr
 

@@ -11,6 +11,8 @@ pub(crate) enum Exit {
     OverThreshold,
     /// Bad usage or unreadable input.
     Error,
+    /// `fleet`: no rank had checkpoints enough to judge.
+    NoVerdict,
     /// `capture` passes on the exit code of the command it ran.
     Code(u8),
 }
@@ -21,6 +23,7 @@ impl From<Exit> for ExitCode {
             Exit::Clean => 0,
             Exit::OverThreshold => 1,
             Exit::Error => 2,
+            Exit::NoVerdict => 3,
             Exit::Code(code) => code,
         })
     }

@@ -65,7 +65,12 @@ pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> 
         options.full_paths,
     );
     let total = fleet.processes;
-    if fleet.leaks.is_empty() {
+    if fleet.leaks.is_empty() && fleet.too_few_checkpoints == fleet.processes {
+        writeln!(
+            out,
+            "\nno verdict: no rank has checkpoints enough to judge (warm-up and 3 more dumps each)"
+        )?;
+    } else if fleet.leaks.is_empty() {
         writeln!(out, "\nno rank's memory keeps growing at any line")?;
     } else {
         writeln!(out, "\nleaking lines (memory that keeps growing):")?;

@@ -11,7 +11,15 @@ use crate::exit::Exit;
 
 /// The top-level entry point for `snapdiff export`.
 pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
-    let inputs = find(&args.paths)?;
+    let mut inputs = find(&args.paths)?;
+    // Its own output is never its input: a folder inside the one given
+    // would be read as tables and every rank written twice.
+    if let Ok(output) = std::fs::canonicalize(&args.output) {
+        let inside =
+            |p: &std::path::Path| std::fs::canonicalize(p).is_ok_and(|p| p.starts_with(&output));
+        inputs.snapshots.retain(|p| !inside(p));
+        inputs.table_folders.retain(|p| !inside(p));
+    }
     let existing: Vec<String> = TABLE_FILES
         .iter()
         .map(|name| args.output.join(name))

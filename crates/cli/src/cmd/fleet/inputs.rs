@@ -49,6 +49,23 @@ impl FileId {
 }
 
 impl Inputs {
+    /// Takes `path` as a snapshot file if it is a regular file (where
+    /// links lead): a FIFO would block the read forever and a device
+    /// (`/dev/zero`) never end, so they are named and left out.
+    fn take_file(&mut self, path: &Path) {
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            self.snapshots.push(path.to_path_buf());
+        } else {
+            self.unreadable.push(Unreadable {
+                source: path.to_string_lossy().into_owned(),
+                error: format!(
+                    "{}: not a regular file (a FIFO, device or socket is never read)",
+                    crate::output::shown(path)
+                ),
+            });
+        }
+    }
+
     /// Whether `path` is new (else it was taken through another path).
     fn first_time(&mut self, path: &Path) -> bool {
         FileId::of(path).is_none_or(|id| self.seen.insert(id))
@@ -113,7 +130,7 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
             anyhow::bail!("{}: no such file or folder", crate::output::shown(path));
         }
         if !is_capture_file(path) && inputs.first_time(path) {
-            inputs.snapshots.push(path.to_path_buf());
+            inputs.take_file(path);
         }
         return Ok(());
     }
@@ -146,7 +163,7 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
             continue;
         }
         if is_snapshot_name(p) && inputs.first_time(p) {
-            inputs.snapshots.push(p.to_path_buf());
+            inputs.take_file(p);
         }
     }
     Ok(())

@@ -129,7 +129,8 @@ pub(crate) fn read_table_folders(
 }
 
 /// 2 when files could not be read (the verdict rests on part of the job),
-/// else 1 when a rank's suspected growth exceeds `max_growth`, else 0.
+/// else 3 when no rank had checkpoints enough to judge, else 1 when a
+/// rank's suspected growth exceeds `max_growth`, else 0.
 fn exit_code(
     verdicts: &[ProcessVerdict],
     unreadable: &[Unreadable],
@@ -137,6 +138,10 @@ fn exit_code(
 ) -> Exit {
     if !unreadable.is_empty() {
         return Exit::Error;
+    }
+    let judged = |v: &ProcessVerdict| v.devices.iter().any(|d| d.trend.no_verdict.is_none());
+    if !verdicts.iter().any(judged) {
+        return Exit::NoVerdict;
     }
     let Some(limit) = max_growth else {
         return Exit::Clean;
