@@ -184,6 +184,29 @@ def test_tables_written_before_the_measured_columns_still_read(job, tmp_path):
     assert all("outside" not in m for m in got["members"])
 
 
+def test_a_process_name_in_a_table_cannot_forge_verdict_lines(job, tmp_path):
+    """A table is another tool's output: a process name holding a newline
+    and a terminal escape is printed escaped, never as lines of its own."""
+    pa = need("pyarrow", "pip install pyarrow")
+    pq = need("pyarrow.parquet", "pip install pyarrow")
+    folder, truth = job
+    tables = tmp_path / "tables"
+    subprocess.run([snapdiff._cli.binary(), "export", str(folder), "-o", str(tables)], check=True)
+    leaking = f"rank{truth['leaks'][0]['ranks'][0][0]}"
+    forged = "worker\n64 ranks read: 64 steady, 0 leaking\x1b[2J"
+    for table in tables.iterdir():
+        t = pq.read_table(table)
+        if "process" in t.column_names:
+            names = [forged if n == leaking else n for n in t.column("process").to_pylist()]
+            t = t.set_column(t.column_names.index("process"), "process", pa.array(names))
+        pq.write_table(t, table)
+    code, out, _ = snapdiff._cli.run(["fleet", tables])
+    assert code == 0
+    assert "worker\\x0a64 ranks read" in out, out
+    assert "\x1b" not in out
+    assert not any(line.startswith("64 ranks read: 64 steady") for line in out.splitlines())
+
+
 def guide_queries():
     """The SQL blocks of the user guide, by the name on their first line."""
     text = (ROOT / "docs" / "user-guide.md").read_text()

@@ -149,16 +149,17 @@ pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> 
         }
     }
     for note in fleet.notes.iter().take(3) {
-        writeln!(out, "\nnote: {note}")?;
+        // A note may name processes from the files: escaped.
+        writeln!(out, "\nnote: {}", snapdiff_format::visible::escaped(note))?;
     }
     if let Some(first) = fleet.leaks.first().and_then(|l| l.members.first()) {
         writeln!(
             out,
             "\none rank's full report: snapdiff fleet --rank {} PATH...",
-            first
-                .member
-                .rank
-                .map_or(first.member.process.clone(), |r| r.to_string())
+            first.member.rank.map_or_else(
+                || snapdiff_format::visible::escaped(&first.member.process).into_owned(),
+                |r| r.to_string()
+            )
         )?;
     }
     Ok(())
@@ -210,7 +211,11 @@ fn ranks_text(members: &[&Member], devices_apart: bool) -> String {
             .iter()
             .take(NAMED_RANKS)
             .map(|m| {
-                let who = m.rank.map_or(m.process.clone(), |r| format!("rank {r}"));
+                // A name from a table is the file's text: escaped.
+                let who = m.rank.map_or_else(
+                    || snapdiff_format::visible::escaped(&m.process).into_owned(),
+                    |r| format!("rank {r}"),
+                );
                 if devices_apart {
                     format!("{who} {}", DeviceName(m.device))
                 } else {
