@@ -416,4 +416,19 @@ fn export_into_a_folder_inside_its_input_never_reads_its_own_tables() {
     for m in from_tables["members"].as_array().unwrap() {
         assert_eq!(m["checkpoints"].as_array().unwrap().len() as u32, STEPS);
     }
+    // A snapshot written into the tables' folder since: refused, not
+    // passed over.
+    std::fs::copy(
+        job.path().join("rank1-step0.snap"),
+        tables.join("rank1-step0.snap"),
+    )
+    .unwrap();
+    let run = snapdiff(["fleet".as_ref(), tables.as_os_str()]);
+    assert!(
+        run.expect_code(2)
+            .stderr()
+            .contains("holds site tables and 1 snapshot file together"),
+        "{}",
+        run.stderr()
+    );
 }

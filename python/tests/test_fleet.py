@@ -207,6 +207,34 @@ def test_a_process_name_in_a_table_cannot_forge_verdict_lines(job, tmp_path):
     assert not any(line.startswith("64 ranks read: 64 steady") for line in out.splitlines())
 
 
+def test_sums_over_ranks_never_wrap(job, tmp_path):
+    """Tables from another tool can hold any number: a line's growth over
+    two ranks of 2**63 bytes each is at most the largest number, never 0
+    (release builds wrapped it)."""
+    pa = need("pyarrow", "pip install pyarrow")
+    pq = need("pyarrow.parquet", "pip install pyarrow")
+    folder, _ = job
+    tables = tmp_path / "tables"
+    subprocess.run([snapdiff._cli.binary(), "export", str(folder), "-o", str(tables)], check=True)
+    report = snapdiff._cli.run_json("fleet", [tables])
+    [leak] = [l for l in report["leaks"] if len(l["members"]) == 2]
+    ranks = {m["rank"] for m in leak["members"]}
+    sites = pq.read_table(tables / "sites.parquet")
+    huge = [
+        c * 2**61 if rank in ranks and key == leak["site"]["key"] else b
+        for rank, key, c, b in zip(
+            sites.column("rank").to_pylist(), sites.column("stack_key").to_pylist(),
+            sites.column("checkpoint").to_pylist(), sites.column("requested_bytes").to_pylist())
+    ]
+    at = sites.column_names.index("requested_bytes")
+    sites = sites.set_column(at, "requested_bytes", pa.array(huge, pa.uint64()))
+    pq.write_table(sites, tables / "sites.parquet")
+    forged = snapdiff._cli.run_json("fleet", [tables])
+    [grown] = [l for l in forged["leaks"] if l["site"]["key"] == leak["site"]["key"]]
+    assert [m["growth_bytes"] for m in grown["members"]] == [2**63, 2**63]
+    assert grown["growth_bytes"] == 2**64 - 1
+
+
 def guide_queries():
     """The SQL blocks of the user guide, by the name on their first line."""
     text = (ROOT / "docs" / "user-guide.md").read_text()

@@ -33,9 +33,11 @@ impl SiteTotals {
 
     /// Adds one block of `requested` bytes, `allocated` once rounded.
     pub fn add_bytes(&mut self, requested: u64, allocated: u64) {
+        // Saturating, here and in `merge`: sizes come from files, and a
+        // forged one must not wrap a sum to a small number.
         self.blocks += 1;
-        self.bytes += requested;
-        self.allocated += allocated;
+        self.bytes = self.bytes.saturating_add(requested);
+        self.allocated = self.allocated.saturating_add(allocated);
     }
 
     /// Takes away one block added by [`SiteTotals::add_bytes`].
@@ -47,9 +49,9 @@ impl SiteTotals {
 
     /// Adds another site's (or chunk's) totals.
     pub fn merge(&mut self, other: SiteTotals) {
-        self.blocks += other.blocks;
-        self.bytes += other.bytes;
-        self.allocated += other.allocated;
+        self.blocks = self.blocks.saturating_add(other.blocks);
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.allocated = self.allocated.saturating_add(other.allocated);
     }
 }
 

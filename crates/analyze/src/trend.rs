@@ -44,8 +44,9 @@ use crate::stack_key::{StackKey, StackKeys};
 /// line, whose series add up checkpoint by checkpoint.
 fn merge_suspects(into: &mut Suspect, other: Suspect) {
     into.site.absorb(other.site);
-    into.growth_bytes += other.growth_bytes;
-    into.growth_per_checkpoint += other.growth_per_checkpoint;
+    into.growth_bytes = into.growth_bytes.saturating_add(other.growth_bytes);
+    into.growth_per_checkpoint =
+        (into.growth_per_checkpoint).saturating_add(other.growth_per_checkpoint);
     let add = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a + b);
     into.growth_per_second = add(into.growth_per_second, other.growth_per_second);
     into.growth_per_step = add(into.growth_per_step, other.growth_per_step);
@@ -55,7 +56,7 @@ fn merge_suspects(into: &mut Suspect, other: Suspect) {
         (&mut into.blocks, &other.blocks),
     ] {
         for (a, b) in mine.iter_mut().zip(theirs) {
-            *a += b;
+            *a = a.saturating_add(*b);
         }
     }
     into.before_recording |= other.before_recording;
@@ -425,7 +426,7 @@ pub fn trend_of_series(
             if left_out == 1 { "" } else { "s" }
         ));
     }
-    let suspected_bytes = suspects.iter().map(|s| s.growth_bytes).sum();
+    let suspected_bytes = (suspects.iter()).fold(0u64, |sum, s| sum.saturating_add(s.growth_bytes));
     let growth_per_second = seconds.map(|s| suspected_bytes as f64 / s);
     let device_memory = options.device_memory.or(series.device_memory);
     // A trace without segments still says what was live at its end.
@@ -740,7 +741,7 @@ pub(crate) fn trend_trace_with_keys(
         .collect::<Result<_, _>>()?;
     let mut trend = trends.remove(0);
     for other in trends {
-        trend.suspected_bytes += other.suspected_bytes;
+        trend.suspected_bytes = trend.suspected_bytes.saturating_add(other.suspected_bytes);
         trend.growth_per_second = match (trend.growth_per_second, other.growth_per_second) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),

@@ -422,7 +422,7 @@ fn merged_leaks(members: &[MemberRow]) -> Vec<FleetLeak> {
             {
                 leak.site = s.site.clone();
             }
-            leak.growth_bytes += s.growth_bytes;
+            leak.growth_bytes = leak.growth_bytes.saturating_add(s.growth_bytes);
             leak.members.push(growth);
         }
     }
@@ -505,7 +505,7 @@ fn imbalance(
             let entry = per_line
                 .entry(line)
                 .or_insert_with(|| (site.clone(), 0, vec![0; included.len()]));
-            entry.2[i] += row.totals.bytes;
+            entry.2[i] = entry.2[i].saturating_add(row.totals.bytes);
             if row.totals.bytes > entry.1 {
                 entry.0 = site;
                 entry.1 = row.totals.bytes;
@@ -541,7 +541,9 @@ fn imbalance(
             site,
             step: common.0,
             median_bytes: median,
-            excess_bytes: over.iter().map(|m| m.excess_bytes).sum(),
+            excess_bytes: over
+                .iter()
+                .fold(0u64, |sum, m| sum.saturating_add(m.excess_bytes)),
             members: over,
         });
     }

@@ -480,17 +480,19 @@ pub struct Totals {
 
 impl Totals {
     /// Adds one segment and its blocks.
+    /// Sums saturate: sizes come from files, and a forged one must not
+    /// wrap a total to a small number.
     pub fn add_segment(&mut self, segment: &Segment) {
         self.segments += 1;
-        self.reserved_bytes += segment.total_size;
+        self.reserved_bytes = self.reserved_bytes.saturating_add(segment.total_size);
         for block in &segment.blocks {
             self.blocks += 1;
             if block.state == BlockState::ActiveAllocated {
-                self.allocated_bytes += block.size;
+                self.allocated_bytes = self.allocated_bytes.saturating_add(block.size);
             }
             if block.state.is_active() {
-                self.active_bytes += block.size;
-                self.requested_bytes += block.requested_size;
+                self.active_bytes = self.active_bytes.saturating_add(block.size);
+                self.requested_bytes = self.requested_bytes.saturating_add(block.requested_size);
             }
         }
     }
@@ -499,10 +501,10 @@ impl Totals {
     pub fn merge(&mut self, other: &Totals) {
         self.segments += other.segments;
         self.blocks += other.blocks;
-        self.reserved_bytes += other.reserved_bytes;
-        self.allocated_bytes += other.allocated_bytes;
-        self.active_bytes += other.active_bytes;
-        self.requested_bytes += other.requested_bytes;
+        self.reserved_bytes = self.reserved_bytes.saturating_add(other.reserved_bytes);
+        self.allocated_bytes = self.allocated_bytes.saturating_add(other.allocated_bytes);
+        self.active_bytes = self.active_bytes.saturating_add(other.active_bytes);
+        self.requested_bytes = self.requested_bytes.saturating_add(other.requested_bytes);
     }
 }
 

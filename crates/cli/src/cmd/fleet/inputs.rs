@@ -155,6 +155,7 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
         let p = entry.path();
         if entry.file_type().is_dir() {
             if is_table_folder(p) {
+                refuse_tables_beside_snapshots(p)?;
                 if inputs.first_time(p) {
                     inputs.table_folders.push(p.to_path_buf());
                 }
@@ -165,6 +166,29 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
         if is_snapshot_name(p) && inputs.first_time(p) {
             inputs.take_file(p);
         }
+    }
+    Ok(())
+}
+
+/// A folder of site tables that holds snapshot files too is refused: read
+/// as tables, the snapshots written there since would be passed over; read
+/// as both, the ranks the tables were made from would count twice.
+fn refuse_tables_beside_snapshots(folder: &Path) -> anyhow::Result<()> {
+    let snapshots = std::fs::read_dir(folder)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| is_snapshot_name(&e.path()) && e.path().is_file())
+                .count()
+        })
+        .unwrap_or(0);
+    if snapshots > 0 {
+        anyhow::bail!(
+            "{}: holds site tables and {snapshots} snapshot file{} together: give the snapshots \
+             or the tables (export into a folder of its own)",
+            crate::output::shown(folder),
+            if snapshots == 1 { "" } else { "s" }
+        );
     }
     Ok(())
 }
