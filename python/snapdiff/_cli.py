@@ -6,6 +6,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
+
+#: More paths than this reach the command through a file (`--paths-from`),
+#: never its command line, which the system bounds (30,000 paths raised
+#: "Argument list too long").
+PATHS_ON_COMMAND_LINE = 1000
 
 
 def binary():
@@ -35,6 +41,20 @@ def run(args, check=True):
     if check and done.returncode not in (0, 1, 3):
         raise RuntimeError(done.stderr.strip() or f"snapdiff exited with {done.returncode}")
     return done.returncode, done.stdout, done.stderr
+
+
+def run_with_paths(args, paths, check=True):
+    """`run(ARGS -- PATHS)`; many paths go through a NUL-separated file
+    given as `--paths-from` instead (`fleet` and `export` read it)."""
+    paths = [_arg(p) for p in paths]
+    if len(paths) <= PATHS_ON_COMMAND_LINE:
+        return run([*args, "--", *paths], check)
+    with tempfile.NamedTemporaryFile("wb", suffix=".paths", delete=False) as f:
+        f.write(b"\0".join(os.fsencode(p) for p in paths))
+    try:
+        return run([*args, "--paths-from", f.name], check)
+    finally:
+        os.unlink(f.name)
 
 
 def _arg(value):

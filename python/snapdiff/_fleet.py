@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from snapdiff._api import Site, Suspect, _site, _suspect
-from snapdiff._cli import run
+from snapdiff._cli import run_with_paths
 from snapdiff._limits import size_text
 
 # Ray retries a task this many times (a worker that died, or an error
@@ -216,8 +216,9 @@ def _fleet_json(paths, warmup):
     """`snapdiff fleet --json` on `paths`; files that could not be read
     (exit code 2) still give a verdict."""
     options = [] if warmup is None else ["--warmup", warmup]
-    code, out, err = run(["fleet", *options, "--json", "--top", "0", "--", *paths], check=False)
-    if code not in (0, 1, 2) or not out.strip():
+    code, out, err = run_with_paths(["fleet", *options, "--json", "--top", "0"], paths, check=False)
+    # 2: some files unreadable, 3: no rank judgeable; both still a verdict.
+    if code not in (0, 1, 2, 3) or not out.strip():
         raise RuntimeError(err.strip() or f"snapdiff exited with {code}")
     return json.loads(out)
 
@@ -321,7 +322,7 @@ def _export(files):
                     shutil.copyfileobj(src, dst)
             local.append(os.path.join(folder, os.path.basename(path)))
         out = os.path.join(work, "tables")
-        code, stdout, stderr = run(["export", "--json", "-o", out, "--", *local], check=False)
+        code, stdout, stderr = run_with_paths(["export", "--json", "-o", out], local, check=False)
         if code not in (0, 2) or not stdout.strip():
             raise RuntimeError(stderr.strip() or f"snapdiff export exited with {code}")
         said = json.loads(stdout)

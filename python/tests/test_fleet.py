@@ -235,6 +235,25 @@ def test_sums_over_ranks_never_wrap(job, tmp_path):
     assert grown["growth_bytes"] == 2**64 - 1
 
 
+def test_thirty_thousand_paths_reach_the_command_and_each_file_counts_once(job):
+    """More paths than a command line holds go through `--paths-from`;
+    30,000 spellings of the job's files (`dir/./f`, `dir/././f`, ...) are
+    read as its files, once each."""
+    folder, truth = job
+    files = sorted(p for p in folder.rglob("*.snap"))
+    assert len(files) == truth["files"]
+    paths = []
+    hops = 0
+    while len(paths) < 30_000:
+        hops += 1
+        paths += [os.path.join(f.parent, *["."] * hops, f.name) for f in files]
+    result = snapdiff.fleet(paths[:30_000])
+    expected = snapdiff.fleet(folder)
+    assert result.files == truth["files"]
+    assert (result.processes, result.leaking) == (expected.processes, expected.leaking)
+    assert [l.ranks for l in result.leaks] == [l.ranks for l in expected.leaks]
+
+
 def guide_queries():
     """The SQL blocks of the user guide, by the name on their first line."""
     text = (ROOT / "docs" / "user-guide.md").read_text()

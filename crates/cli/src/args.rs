@@ -409,8 +409,12 @@ pub(crate) struct TrendArgs {
 #[derive(Debug, Args)]
 pub(crate) struct FleetArgs {
     /// Snapshot files, folders, globs, or site-table folders.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "paths_from")]
     pub(crate) paths: Vec<PathBuf>,
+    /// Read more PATHs from FILE (`-`: standard input), one a line, or
+    /// separated by NUL bytes: for more paths than a command line holds.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) paths_from: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
     /// Print one rank's full trend report instead: a rank number (7) or a
@@ -441,8 +445,12 @@ pub(crate) struct FleetArgs {
 #[derive(Debug, Args)]
 pub(crate) struct ExportArgs {
     /// Snapshot files, folders (searched recursively) or globs.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "paths_from")]
     pub(crate) paths: Vec<PathBuf>,
+    /// Read more PATHs from FILE (`-`: standard input), one a line, or
+    /// separated by NUL bytes.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) paths_from: Option<PathBuf>,
     /// Folder to write the tables into (created if missing).
     #[arg(long, short, value_name = "DIR")]
     pub(crate) output: PathBuf,

@@ -6,12 +6,13 @@ use snapdiff_fleet::{StackStore, TABLE_FILES, TableWriter};
 use snapdiff_render::text::{count, size};
 
 use crate::args::ExportArgs;
-use crate::cmd::fleet::{find, in_pool, read_processes, read_table_folders};
+use crate::cmd::fleet::{find, in_pool, read_processes, read_table_folders, with_paths_from};
 use crate::exit::Exit;
 
 /// The top-level entry point for `snapdiff export`.
 pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
-    let mut inputs = find(&args.paths)?;
+    let paths = with_paths_from(&args.paths, args.paths_from.as_deref())?;
+    let mut inputs = find(&paths)?;
     // Its own output is never its input: a folder inside the one given
     // would be read as tables and every rank written twice.
     if let Ok(output) = std::fs::canonicalize(&args.output) {

@@ -72,6 +72,55 @@ impl Inputs {
     }
 }
 
+/// `paths`, and those listed in `from` (`-`: standard input): NUL-separated
+/// when the list holds a NUL byte (names may hold newlines), else one a
+/// line; empty entries are passed over.
+pub(crate) fn with_paths_from(
+    paths: &[PathBuf],
+    from: Option<&Path>,
+) -> anyhow::Result<Vec<PathBuf>> {
+    use std::io::Read;
+    let mut all = paths.to_vec();
+    let Some(from) = from else {
+        return Ok(all);
+    };
+    let mut list = Vec::new();
+    let read = if from == Path::new("-") {
+        std::io::stdin().lock().read_to_end(&mut list)
+    } else {
+        std::fs::File::open(from).and_then(|mut f| f.read_to_end(&mut list))
+    };
+    read.map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", crate::output::shown(from)))?;
+    let separator = if list.contains(&0) { 0 } else { b'\n' };
+    for entry in list.split(|&b| b == separator) {
+        let entry = if separator == b'\n' {
+            entry.strip_suffix(b"\r").unwrap_or(entry)
+        } else {
+            entry
+        };
+        if !entry.is_empty() {
+            all.push(path_of_bytes(entry));
+        }
+    }
+    if all.is_empty() {
+        anyhow::bail!("{}: lists no path", crate::output::shown(from));
+    }
+    Ok(all)
+}
+
+/// A path from the bytes of its name.
+fn path_of_bytes(bytes: &[u8]) -> PathBuf {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        PathBuf::from(std::ffi::OsStr::from_bytes(bytes))
+    }
+    #[cfg(not(unix))]
+    {
+        PathBuf::from(String::from_utf8_lossy(bytes).into_owned())
+    }
+}
+
 /// Whether `path` names snapshots by a pattern: it does not exist and holds
 /// `*`, `?` or `[`.
 fn is_pattern(path: &Path) -> bool {

@@ -16,7 +16,7 @@ use snapdiff_render::text::size;
 
 use crate::args::{FleetArgs, ThreadArgs};
 use crate::exit::Exit;
-pub(crate) use inputs::find;
+pub(crate) use inputs::{find, with_paths_from};
 pub(crate) use read::read_processes;
 
 /// The top-level entry point for `snapdiff fleet`.
@@ -27,7 +27,8 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
     trend.device_memory = args.device_memory;
     let mut options = FleetOptions::default();
     options.trend = trend;
-    let inputs = find(&args.paths)?;
+    let paths = inputs::with_paths_from(&args.paths, args.paths_from.as_deref())?;
+    let inputs = find(&paths)?;
     let stacks = StackStore::new();
     let verdicts = Mutex::new(Vec::new());
     // The text verdict of the job needs less of each rank than its JSON
