@@ -152,12 +152,23 @@ class Trend(_AsReport):
     #: Pinned host memory over the run, judged on its own (`grows`,
     #: `first`, `last`, `rises`...), when the snapshots recorded it.
     pinned_host: Optional[dict] = None
+    #: Memory outside what the snapshots record (`device`, `process`, each
+    #: with `grows`), when capture measured it.
+    outside: Optional[dict] = None
     files: List[str] = field(default_factory=list, repr=False, compare=False)
     _command = "trend"
+
+    def outside_grows(self):
+        """Whether memory outside the recorded sites keeps growing (the
+        process's resident memory, the device's use beyond the allocator)."""
+        parts = (self.outside or {}).values()
+        return any(isinstance(p, dict) and p.get("grows") for p in parts)
 
     def __repr__(self):
         if self.no_verdict:
             said = "no verdict"
+        elif not self.suspects and self.outside_grows():
+            said = "no site keeps growing; memory outside the sites does"
         elif not self.suspects and self.pinned_host and self.pinned_host["grows"]:
             said = "no device site keeps growing; pinned host memory does"
         elif not self.suspects:
@@ -267,6 +278,7 @@ def trend(files, warmup=None):
         notes=r["notes"],
         no_verdict=r.get("no_verdict"),
         pinned_host=r.get("pinned_host"),
+        outside=r.get("outside"),
         files=[os.fspath(f) for f in ([files] if one else files)],
     )
     result._options = options

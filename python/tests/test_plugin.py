@@ -308,6 +308,31 @@ def test_a_leak_that_grows_once_an_epoch_is_named_and_one_time_allocations_are_n
     assert "grows in steps: about once every 4 steps" in str(trend), str(trend)
 
 
+def test_memory_outside_the_recorded_sites_is_said_and_not_an_all_clear(tmp_path):
+    """A loop whose tensors hold still while it keeps a 16 MiB numpy array
+    a step: no site is a suspect, and the result says the process grows."""
+    import numpy
+    import torch
+
+    model = torch.nn.Linear(64, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    kept = []
+    with snapdiff.recording(tmp_path / "dumps", every=1) as rec:
+        for _ in range(12):
+            loss = model(torch.randn(16, 64)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            kept.append(numpy.ones(4 << 20, dtype=numpy.float32))
+            rec.step()
+    trend = snapdiff.trend(rec.files())
+    assert trend.suspects == []
+    assert trend.outside_grows()
+    assert trend.outside["process"]["growth_per_step"] == pytest.approx(16 << 20, rel=0.2)
+    assert "memory outside the sites does" in repr(trend)
+    assert "the growth is outside what snapdiff records" in str(trend), str(trend)
+
+
 def test_a_suspect_carries_what_pytorch_recorded_with_it():
     # Written by CPython's pickler in the newest layout (fixtures/make_torch_format.py).
     path = os.path.join(os.path.dirname(__file__), "../../fixtures/torch-format/newest-step6.pickle")
