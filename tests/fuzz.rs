@@ -20,7 +20,7 @@
 //!
 //! The seed is fixed, so a run is repeatable; `SNAPDIFF_FUZZ_ROUNDS` sets the
 //! number of rounds (the default takes about a minute on two cores; longer
-//! runs and their figures are in `docs/testing.md`).
+//! runs and their figures are in `docs/performance.md`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
