@@ -1,9 +1,12 @@
 """The command's reports as plain dataclasses, read from its `--json`."""
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional, Union
 
 import os
+
+#: A path as the functions take it: text, bytes or any `os.PathLike`.
+PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 from snapdiff._cli import run_json
 from snapdiff._limits import size_text
@@ -48,7 +51,7 @@ class Group:
     delta_bytes: int
 
     @property
-    def culprit(self):
+    def culprit(self) -> Culprit:
         """The site's culprit: the line to look at first."""
         return self.site.culprit
 
@@ -119,11 +122,11 @@ class Suspect:
     held_by: List[dict] = field(default_factory=list)
 
     @property
-    def culprit(self):
+    def culprit(self) -> Culprit:
         """The site's culprit: the line to look at first."""
         return self.site.culprit
 
-    def rate(self):
+    def rate(self) -> str:
         """`64.00 KiB a step`, or a checkpoint when steps are unknown."""
         if self.growth_per_step is not None:
             return f"{size_text(self.growth_per_step)} a step"
@@ -158,7 +161,7 @@ class Trend(_AsReport):
     files: List[str] = field(default_factory=list, repr=False, compare=False)
     _command = "trend"
 
-    def outside_grows(self):
+    def outside_grows(self) -> bool:
         """Whether memory outside the recorded sites keeps growing (the
         process's resident memory, the device's use beyond the allocator)."""
         parts = (self.outside or {}).values()
@@ -233,7 +236,7 @@ def _suspect(report, entry):
     )
 
 
-def compare(before, after):
+def compare(before: PathArg, after: PathArg) -> Comparison:
     """What holds more memory in `after` than in `before`, by site."""
     r = run_json("compare", [before, after])
     return Comparison(
@@ -260,7 +263,7 @@ def compare(before, after):
     )
 
 
-def trend(files, warmup=None):
+def trend(files: Union[PathArg, Iterable[PathArg]], warmup: Optional[int] = None) -> Trend:
     """The sites whose memory keeps growing over `files` (snapshots, a
     folder of them, or one trace)."""
     one = isinstance(files, (str, bytes)) or hasattr(files, "__fspath__")
@@ -285,7 +288,7 @@ def trend(files, warmup=None):
     return result
 
 
-def peak(file):
+def peak(file: PathArg) -> Peak:
     """The moment each device held the most memory, and what held it."""
     r = run_json("peak", [file])
     return Peak(

@@ -15,9 +15,9 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional, Union
 
-from snapdiff._api import Site, Suspect, _site, _suspect
+from snapdiff._api import Culprit, PathArg, Site, Suspect, _site, _suspect
 from snapdiff._cli import run_with_paths
 from snapdiff._limits import size_text
 
@@ -56,11 +56,11 @@ class FleetLeak:
     held_by: List[dict] = field(default_factory=list)
 
     @property
-    def culprit(self):
+    def culprit(self) -> Culprit:
         """The site's culprit: the line to look at first."""
         return self.site.culprit
 
-    def rate(self):
+    def rate(self) -> str:
         """The leaking ranks' growth a step, as one size or a range."""
         known = sorted(g for g in self.growth_per_step if g is not None)
         if not known:
@@ -101,7 +101,7 @@ class Fleet:
     # Ray tasks that failed after their retries: their files and the error.
     failed: List[dict] = field(default_factory=list)
 
-    def counts(self):
+    def counts(self) -> str:
         """`48 ranks: 46 steady, 2 leaking`, then what could not be judged:
         ranks with too few checkpoints, unreadable files, failed Ray tasks."""
         said = f"{self.processes} ranks: {self.steady} steady, {self.leaking} leaking"
@@ -223,7 +223,13 @@ def _fleet_json(paths, warmup):
     return json.loads(out)
 
 
-def fleet(paths, engine=None, warmup=None, tables=None, tasks_per_cpu=4):
+def fleet(
+    paths: Union[PathArg, Iterable[PathArg], Dict[str, List[PathArg]]],
+    engine: Optional[str] = None,
+    warmup: Optional[int] = None,
+    tables: Optional[PathArg] = None,
+    tasks_per_cpu: int = 4,
+) -> "Fleet":
     """One verdict for a whole job: which ranks leak, at which line and how
     fast, and which ranks hold far more than their peers.
 

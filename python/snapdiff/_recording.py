@@ -9,6 +9,9 @@ CPU recorder when torch sees no CUDA device. Steps are counted by
 """
 
 import os
+from typing import Iterable, List, Optional, Tuple
+
+from snapdiff._api import PathArg
 
 
 def _capture_module():
@@ -36,7 +39,14 @@ class _Settings:
 class Recording:
     """A recording in progress; see `recording`."""
 
-    def __init__(self, folder, every=10, max_entries=100000, stacks=True, owners=False):
+    def __init__(
+        self,
+        folder: PathArg,
+        every: int = 10,
+        max_entries: int = 100000,
+        stacks: bool = True,
+        owners: bool = False,
+    ) -> None:
         import torch
 
         os.makedirs(folder, exist_ok=True)
@@ -48,16 +58,16 @@ class Recording:
         # Each dump followed by its owners file, as `capture --owners` does.
         self._capture.settings.owners = bool(owners)
 
-    def start(self):
+    def start(self) -> "Recording":
         self._capture.start_recording()
         return self
 
     @property
-    def steps(self):
+    def steps(self) -> int:
         """Steps counted so far."""
         return self._capture.steps
 
-    def step(self):
+    def step(self) -> None:
         """Counts one training step; dumps when the step count is a
         multiple of `every`."""
         self._capture.steps += 1
@@ -65,11 +75,11 @@ class Recording:
         if every > 0 and self._capture.steps % every == 0:
             self._capture.dump("step")
 
-    def dump(self, reason="step"):
+    def dump(self, reason: str = "step") -> None:
         """Dumps a snapshot now (`reason` ends up in its name unless "step")."""
         self._capture.dump(reason)
 
-    def stop(self, final_dump=True):
+    def stop(self, final_dump: bool = True) -> None:
         """Dumps once more (`-exit`) and stops recording: the recorder, the
         dump thread and any signal handler installed for it are undone.
         Stopping again does nothing."""
@@ -89,7 +99,7 @@ class Recording:
             except Exception:
                 pass
 
-    def owners(self, blocks=None):
+    def owners(self, blocks: Optional[Iterable[Tuple[int, int]]] = None) -> List[dict]:
         """What keeps the live tensors alive now, grouped: a list of dicts
         `{"owner", "kind", "container", "blocks", "bytes", "example"}`,
         the owner of most blocks first (see `snapdiff.hook.snapdiff_owners`). `blocks`:
@@ -119,7 +129,7 @@ class Recording:
             g["bytes"] += sizes.get(int(address), 0)
         return sorted(groups.values(), key=lambda g: (-g["blocks"], -g["bytes"], g["owner"]))
 
-    def files(self):
+    def files(self) -> List[str]:
         """The snapshots this recording has written so far, in step order
         (not those of earlier runs into the same folder)."""
         return [os.path.join(self.folder, n) for n in self._capture.written]
@@ -132,7 +142,13 @@ class Recording:
         return False
 
 
-def recording(folder, every=10, max_entries=100000, stacks=True, owners=False):
+def recording(
+    folder: PathArg,
+    every: int = 10,
+    max_entries: int = 100000,
+    stacks: bool = True,
+    owners: bool = False,
+) -> Recording:
     """Records PyTorch's memory in `folder` while the `with` block runs::
 
         with snapdiff.recording("snapshots", every=10) as rec:
