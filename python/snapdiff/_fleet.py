@@ -26,6 +26,7 @@ from snapdiff._limits import size_text
 TASK_RETRIES = 2
 
 _TABLES = ("sites.parquet", "checkpoints.parquet", "stacks.parquet", "owners.parquet")
+# The rules of `snapdiff_format::names` (docs/format.md, "File names").
 _SNAPSHOT = re.compile(r"\.(snap|pickle|pkl|json|pt|zip|gz|zst|xz|bz2)$")
 _PROCESS = re.compile(r"^(rank\d+|pid\d+)-step")
 

@@ -254,6 +254,18 @@ def test_thirty_thousand_paths_reach_the_command_and_each_file_counts_once(job):
     assert [l.ranks for l in result.leaks] == [l.ranks for l in expected.leaks]
 
 
+def test_python_lists_snapshots_by_the_commands_rule():
+    """Ray tasks are handed the files Python lists: the extensions it takes
+    are those of `snapdiff_format::names`."""
+    from snapdiff import _fleet
+
+    names_rs = (ROOT / "crates" / "format" / "src" / "names.rs").read_text()
+    listed = re.search(r"SNAPSHOT_EXTENSIONS: \[&str; \d+\] = \[(.*?)\];", names_rs, re.S).group(1)
+    rust = sorted(re.findall(r'"(\w+)"', listed))
+    python = sorted(re.search(r"\\\.\((.*?)\)\$", _fleet._SNAPSHOT.pattern).group(1).split("|"))
+    assert python == rust
+
+
 def guide_queries():
     """The SQL blocks of the user guide, by the name on their first line."""
     text = (ROOT / "docs" / "user-guide.md").read_text()

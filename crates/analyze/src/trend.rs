@@ -582,21 +582,7 @@ pub fn trend_of_snapshot_series(
 /// three or more other dumps they would hide every leak, and are left out.
 /// Returns whether each is kept, and a note when some are not.
 pub fn without_exit_dumps(names: &[&str]) -> (Vec<bool>, Option<String>) {
-    let is_exit = |name: &str| {
-        // `NAME-exit.pickle`, or compressed, `NAME-exit.pickle.gz`.
-        let name = [".gz", ".zst", ".xz", ".bz2"]
-            .iter()
-            .find_map(|ext| name.strip_suffix(ext))
-            .unwrap_or(name);
-        let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
-        // `NAME-exit-2.pickle`: capture's name for a second run's exit
-        // dump where the first run's took `NAME-exit.pickle`.
-        let stem = match stem.rsplit_once('-') {
-            Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => head,
-            _ => stem,
-        };
-        stem.ends_with("-exit")
-    };
+    let is_exit = |name: &str| snapdiff_format::names::is_exit_dump(name);
     let exits = names.iter().filter(|n| is_exit(n)).count();
     if exits == 0 || names.len() - exits < 3 {
         return (vec![true; names.len()], None);

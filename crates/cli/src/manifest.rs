@@ -13,7 +13,7 @@ use serde::Deserialize;
 use snapdiff_format::{Extra, Snapshot, Value};
 
 /// The manifest's file name.
-pub(crate) const FILE_NAME: &str = "manifest.jsonl";
+pub(crate) const FILE_NAME: &str = snapdiff_format::names::MANIFEST_FILE_NAME;
 
 /// A manifest larger than this is not read (a real one has a line per dump,
 /// about 150 bytes each).

@@ -4,28 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use snapdiff_format::Snapshot;
-
-/// The process that wrote the file `name`, as capture names files:
-/// `rank0-step10.pickle` (rank 0) and `pid123-step10.pickle` from the PyTorch
-/// hook, `snapdiff-123-dev0-0001-step.snap` from the runtime (process 123,
-/// device 0). `None` for any other name.
-pub(crate) fn process_of(name: &str) -> Option<String> {
-    if let Some(rest) = name.strip_prefix("snapdiff-") {
-        let mut parts = rest.splitn(3, '-');
-        let (pid, dev) = (parts.next()?, parts.next()?);
-        let valid = pid.bytes().all(|b| b.is_ascii_digit()) && dev.starts_with("dev");
-        return valid.then(|| format!("process {pid} {dev}"));
-    }
-    let (who, _) = name.split_once("-step")?;
-    let number = |prefix: &str| {
-        who.strip_prefix(prefix)
-            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    };
-    if let Some(rank) = number("rank") {
-        return Some(format!("rank{rank}"));
-    }
-    number("pid").map(|pid| format!("pid{pid}"))
-}
+use snapdiff_format::names::process_of;
 
 /// `files` grouped by the process that wrote them, as their names say (see
 /// [`process_of`]); files whose names say nothing form one group, named "".
@@ -71,20 +50,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn processes_are_told_by_capture_names_only() {
-        assert_eq!(process_of("rank3-step40.pickle").as_deref(), Some("rank3"));
-        assert_eq!(
-            process_of("rank3-step41-exit.pickle").as_deref(),
-            Some("rank3")
-        );
-        assert_eq!(process_of("pid812-step5.pickle").as_deref(), Some("pid812"));
-        assert_eq!(
-            process_of("snapdiff-77-dev1-0003-step-000010.snap").as_deref(),
-            Some("process 77 dev1")
-        );
-        assert_eq!(process_of("step-100.pickle"), None);
-        assert_eq!(process_of("run-step-100.pickle"), None);
-        assert_eq!(process_of("snapshot.pickle"), None);
+    fn files_are_grouped_by_the_process_their_names_say() {
         let files: Vec<PathBuf> = [
             "rank1-step2.pickle",
             "rank0-step2.pickle",

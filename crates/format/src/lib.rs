@@ -31,6 +31,7 @@ mod error;
 mod events;
 mod intern;
 mod model;
+pub mod names;
 mod owners;
 mod pickle;
 mod read;

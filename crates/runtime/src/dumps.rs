@@ -25,7 +25,7 @@ static LAST_FAILURE: Mutex<String> = Mutex::new(String::new());
 const REQUEST_POLL: Duration = Duration::from_millis(200);
 
 /// The manifest capture reads beside the dumps (see `snapdiff capture`).
-const MANIFEST: &str = "manifest.jsonl";
+const MANIFEST: &str = snapdiff_format::names::MANIFEST_FILE_NAME;
 
 /// Starts automatic dumps for a new allocator, if its configuration asks for them.
 pub(crate) fn register(recorder: &Arc<Recorder>) {

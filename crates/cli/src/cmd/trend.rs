@@ -8,6 +8,7 @@ use snapdiff_analyze::{
     without_exit_dumps,
 };
 use snapdiff_format::Snapshot;
+use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
 use crate::args::{ReportArgs, TrendArgs};
 use crate::exit::Exit;
@@ -44,34 +45,6 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
         1 => print_one(&trends[0].1, errored, &args),
         _ => print_per_process(&trends, errored, &args),
     }
-}
-
-/// File names snapdiff reads as snapshots when given a folder.
-pub(crate) const SNAPSHOT_EXTENSIONS: [&str; 10] = [
-    "snap", "pickle", "pkl", "json", "pt", "zip", "gz", "zst", "xz", "bz2",
-];
-
-/// Whether a file found in a folder is read as a snapshot: by its
-/// extension, owners files (`NAME.owners.json`, beside a dump) excepted.
-pub(crate) fn is_snapshot_name(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    path.extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| SNAPSHOT_EXTENSIONS.contains(&e))
-        && !name.ends_with(".owners.json")
-}
-
-/// Whether `path` is one of the files capture writes beside its dumps
-/// (`manifest.jsonl`, `NAME.owners.json`), never a snapshot: passed over
-/// when named too, so that `snapdiff trend snapshots/*` reads a capture's
-/// folder as `snapdiff trend snapshots` does.
-pub(crate) fn is_capture_file(path: &Path) -> bool {
-    path.file_name()
-        .map(|n| n.to_string_lossy())
-        .is_some_and(|n| n == crate::manifest::FILE_NAME || n.ends_with(".owners.json"))
 }
 
 /// `files`, with each folder among them replaced by the snapshot files in

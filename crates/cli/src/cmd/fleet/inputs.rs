@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use snapdiff_fleet::{Unreadable, is_table_folder};
 
-use crate::cmd::trend::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
+use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
 /// What the paths given name.
 #[derive(Debug, Default)]
