@@ -438,23 +438,23 @@ pub fn trend_of_series(
         0 => live_at_end,
         allocated => allocated,
     };
-    let steps_of = |p: &[Checkpoint]| p.iter().map(|p| p.step).collect::<Vec<_>>();
-    let pinned_host = if series.pinned_host.len() == series.points.len() {
-        let at: Vec<_> = (series.pinned_host.iter().copied())
-            .zip(steps_of(&series.points))
-            .collect();
-        PinnedHostTrend::of(&at, warmup)
-    } else {
-        None
-    };
-    let outside = if series.outside.len() == series.points.len() {
-        let at: Vec<_> = (series.outside.iter().copied())
-            .zip(steps_of(&series.points))
-            .collect();
-        Outside::of(&at, warmup)
-    } else {
-        None
-    };
+    // Each checkpoint's figure with its step, where every checkpoint has one.
+    fn with_steps<T: Copy>(
+        values: &[Option<T>],
+        points: &[Checkpoint],
+    ) -> Option<Vec<(Option<T>, Option<u64>)>> {
+        (values.len() == points.len()).then(|| {
+            values
+                .iter()
+                .copied()
+                .zip(points.iter().map(|p| p.step))
+                .collect()
+        })
+    }
+    let pinned_host = with_steps(&series.pinned_host, &series.points)
+        .and_then(|at| PinnedHostTrend::of(&at, warmup));
+    let outside =
+        with_steps(&series.outside, &series.points).and_then(|at| Outside::of(&at, warmup));
     let seconds_to_full = match (device_memory, growth_per_second) {
         (Some(total), Some(rate)) if rate > 0.0 => {
             Some(total.saturating_sub(allocated_bytes) as f64 / rate)
