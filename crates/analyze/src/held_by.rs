@@ -69,8 +69,9 @@ pub type SiteOwners = FxHashMap<StackKey, Vec<HeldBy>>;
 const UNOWNED: &str = "no live tensor (the allocator's cache, or C++ code)";
 
 /// The owners of `snap`'s live blocks from `owners`, grouped site by site
-/// (see [`group_site`]). Where the search was complete, a block it found
-/// no owner for is held by "no live tensor"; else it is left out.
+/// (each block under the deepest container holding several of the site's
+/// blocks). Where the search was complete, a block it found no owner for
+/// is held by "no live tensor"; else it is left out.
 pub fn owners_by_site(snap: &Snapshot, owners: &Owners) -> SiteOwners {
     let unowned = Owner {
         owner: UNOWNED.to_owned(),
