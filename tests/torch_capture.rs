@@ -491,7 +491,22 @@ fn under_sigusr1_storm(mut capture: Command) -> std::process::Output {
         .unwrap();
     let pid = child.id() as i32;
     let storm = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(10));
+        // From the moment capture catches SIGUSR1, the first thing its
+        // `main` does: before that, the signal's default action would end
+        // any process (on a loaded machine, loading the binary alone can
+        // take longer than any fixed wait).
+        let catches = || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
+            let caught = status.ok().and_then(|s| {
+                let mask = s.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+                u64::from_str_radix(mask.trim(), 16).ok()
+            });
+            caught.map(|mask| mask & (1 << (libc::SIGUSR1 - 1)) != 0)
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while catches() == Some(false) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // SAFETY: signals our own child while it exists.
         while unsafe { libc::kill(pid, libc::SIGUSR1) } == 0 {
             std::thread::sleep(Duration::from_millis(50));
@@ -507,8 +522,8 @@ fn sigusr1_to_capture_never_kills_the_job() {
     if !torch_ready() {
         return;
     }
-    // A signal every 50 ms from capture's first milliseconds to its end:
-    // through `import torch`, the training and interpreter shutdown.
+    // A signal every 50 ms from capture's first moment to its end: through
+    // `import torch`, the training and interpreter shutdown.
     let dir = tempdir();
     let out = dir.path().join("out");
     let tmp = dir.path().join("tmp");

@@ -66,7 +66,10 @@ NO_EXIT_DUMP = (
 MAX_DUMP_SHARE = 0.10
 # The machine, in each manifest line: with the process id, what tells two
 # runs of one rank apart.
-HOST = socket.gethostname()
+try:
+    HOST = socket.gethostname()
+except OSError:
+    HOST = None
 # Bytes a page, for the resident size in /proc/self/statm.
 try:
     PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
