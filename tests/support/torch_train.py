@@ -48,6 +48,11 @@ def parse():
         help="with --ranks, ranks join a gloo process group at URL (and leave RANK unset)",
     )
     p.add_argument("--raise-at", type=int, default=0)
+    p.add_argument("--leak-from", type=int, default=0, help="the leak begins at this step")
+    p.add_argument(
+        "--progress", metavar="FILE",
+        help="write each step's number here as it ends (what a watcher's alert is checked against)",
+    )
     p.add_argument("--step-seconds", type=float, default=0.0)
     p.add_argument("--accounting", help="write the model's own storage accounting here")
     p.add_argument(
@@ -99,7 +104,9 @@ def train(args):
     if args.leak_rank is not None and args.rank != args.leak_rank:
         args.leak = None
     data = batches(args)
+    leak = args.leak
     for step in range(1, args.steps + 1):
+        args.leak = leak if step >= args.leak_from else None
         x, y = (t.to(on) for t in next(data))
         features, logits = model(x)
         loss = F.cross_entropy(logits, y)  # leaks with --leak loss-list
@@ -127,6 +134,9 @@ def train(args):
             print(f"old optimizer freed: {dropped() is None}", file=sys.stderr, flush=True)
             model = Net().to(on)
             opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        if args.progress:
+            with open(args.progress, "w") as f:
+                f.write(str(step))
         time.sleep(args.step_seconds)
     if args.accounting:
         account(model, opt, args.accounting)

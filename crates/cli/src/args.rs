@@ -38,6 +38,7 @@ pub(crate) enum Command {
     Compare(CompareArgs),
     Trend(TrendArgs),
     Fleet(FleetArgs),
+    Watch(WatchArgs),
     Export(ExportArgs),
     Summary(SummaryArgs),
     Peak(PeakArgs),
@@ -95,6 +96,13 @@ pub(crate) struct CaptureArgs {
     /// Do not print the trend report afterwards.
     #[arg(long)]
     pub(crate) no_report: bool,
+    /// Judge the dumps while the job runs, as `snapdiff watch` does: a
+    /// status on stderr, a line when a site starts or stops leaking.
+    /// --exec, --fail-fast and --metrics turn it on.
+    #[arg(long)]
+    pub(crate) watch: bool,
+    #[command(flatten)]
+    pub(crate) live: LiveArgs,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
     /// Exit with code 1 when suspected growth in any process exceeds SIZE,
@@ -432,6 +440,86 @@ pub(crate) struct FleetArgs {
     pub(crate) device_memory: Option<u64>,
     #[command(flatten)]
     pub(crate) threads: ThreadArgs,
+}
+
+/// Follow a running job's dumps and say when a line starts leaking.
+///
+/// Reads each dump once, as it is written (into a capture's folder, or
+/// many ranks' folders on one machine or a shared file system), and keeps
+/// each process's verdict current: a line on stdout when a site becomes a
+/// suspect or stops being one, with its growth and when the device would
+/// be full, and a status on stderr (on a terminal). Ends when every process
+/// the manifests name has ended, or on Ctrl-C, with the verdict `fleet`
+/// gives. Exit codes as for `fleet`; 1 at the first suspect with
+/// --fail-fast.
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    /// Folders a job dumps into (followed recursively, also those made
+    /// later; one that does not exist yet is waited for), or dump files.
+    #[arg(required = true)]
+    pub(crate) paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub(crate) live: LiveArgs,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+    /// Exit with code 1 when a rank's suspected growth exceeds SIZE (e.g. 1GiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) max_growth: Option<u64>,
+    /// Checkpoints at the start of each rank's series that are warm-up.
+    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
+    pub(crate) warmup: usize,
+    /// Total device memory, for the time-to-full estimate, when the files do not record it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) device_memory: Option<u64>,
+}
+
+/// How a job is followed while it runs (`watch`, `capture --watch`).
+#[derive(Debug, Args)]
+pub(crate) struct LiveArgs {
+    /// How often to look for new dumps (e.g. 2s, 500ms).
+    #[arg(long, value_name = "T", default_value = "2s", value_parser = parse_interval)]
+    pub(crate) poll: std::time::Duration,
+    /// Run CMD (with `sh -c`) at each new suspect: the verdict in
+    /// SNAPDIFF_* environment variables and as JSON on its stdin.
+    #[arg(long, value_name = "CMD")]
+    pub(crate) exec: Option<String>,
+    /// Exit with code 1 at the first suspect (under capture, the job is
+    /// ended first, by SIGTERM, so that it writes its exit dump).
+    #[arg(long)]
+    pub(crate) fail_fast: bool,
+    /// Serve the verdict as OpenMetrics text at http://ADDR/metrics, for
+    /// Prometheus: HOST:PORT, or PORT alone for every interface (port 0
+    /// picks a free one; the address is said on stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics: Option<String>,
+    /// No status on stderr, only the lines (for logs).
+    #[arg(long)]
+    pub(crate) no_status: bool,
+    /// The most checkpoints kept of each device: past it, every other
+    /// older one is dropped, so that memory stays flat however long the run.
+    #[arg(long, value_name = "N", default_value_t = snapdiff_fleet::DEFAULT_KEEP_CHECKPOINTS)]
+    pub(crate) keep_checkpoints: usize,
+}
+
+impl Default for LiveArgs {
+    /// What the flags' defaults are (for a capture built in code: `demo`).
+    fn default() -> LiveArgs {
+        LiveArgs {
+            poll: std::time::Duration::from_secs(2),
+            exec: None,
+            fail_fast: false,
+            metrics: None,
+            no_status: false,
+            keep_checkpoints: snapdiff_fleet::DEFAULT_KEEP_CHECKPOINTS,
+        }
+    }
+}
+
+impl LiveArgs {
+    /// Whether any flag asks for a live verdict.
+    pub(crate) fn asked(&self) -> bool {
+        self.exec.is_some() || self.fail_fast || self.metrics.is_some()
+    }
 }
 
 /// Write the site tables of a job's snapshots as Parquet, for SQL tools.

@@ -64,6 +64,29 @@ pub(crate) fn entries(path: &Path, from: u64) -> Vec<Entry> {
         .collect()
 }
 
+/// The entries in the whole lines of the manifest at `path` after its
+/// first `from` bytes, and where the last whole line ends: a line being
+/// appended is left for the next read.
+pub(crate) fn new_entries(path: &Path, from: u64) -> (Vec<Entry>, u64) {
+    use std::io::{Read, Seek};
+    let mut text = Vec::new();
+    let read = std::fs::File::open(path).and_then(|mut f| {
+        f.seek(std::io::SeekFrom::Start(from))?;
+        f.take(MAX_BYTES).read_to_end(&mut text)
+    });
+    if read.is_err() {
+        return (Vec::new(), from);
+    }
+    let Some(end) = text.iter().rposition(|&b| b == b'\n') else {
+        return (Vec::new(), from);
+    };
+    let entries = String::from_utf8_lossy(&text[..end])
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    (entries, from + end as u64 + 1)
+}
+
 fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut text = Vec::new();
@@ -109,29 +132,35 @@ impl Manifests {
                 .clone()
         };
         let name = path.file_name()?.to_string_lossy().into_owned();
-        let entry = described.get(&name)?;
-        let meta = &mut snap.meta;
-        meta.step = meta.step.or(entry.step);
-        meta.created_us = meta
-            .created_us
-            .or(entry.time.map(|t| (t * 1e6).round() as i64));
-        meta.pid = meta.pid.or(entry.pid);
-        if meta.host.is_none() {
-            meta.host.clone_from(&entry.host);
-        }
-        if meta.label.is_none() {
-            meta.label = match (entry.rank, &entry.reason) {
-                (Some(rank), Some(reason)) => Some(format!("rank {rank}, {reason}")),
-                (None, Some(reason)) => Some(reason.clone()),
-                (_, None) => None,
-            };
-        }
-        add_outside(entry, &mut meta.extra);
-        match (entry.rank, entry.pid) {
-            (Some(rank), _) => Some(format!("rank{rank}")),
-            (None, Some(pid)) => Some(format!("pid{pid}")),
-            (None, None) => None,
-        }
+        apply(described.get(&name)?, snap)
+    }
+}
+
+/// Fills in what `entry` says of its dump where `snap` does not say it
+/// itself, and returns the process it says wrote it (`rank3`, or `pid812`
+/// without a rank).
+pub(crate) fn apply(entry: &Entry, snap: &mut Snapshot) -> Option<String> {
+    let meta = &mut snap.meta;
+    meta.step = meta.step.or(entry.step);
+    meta.created_us = meta
+        .created_us
+        .or(entry.time.map(|t| (t * 1e6).round() as i64));
+    meta.pid = meta.pid.or(entry.pid);
+    if meta.host.is_none() {
+        meta.host.clone_from(&entry.host);
+    }
+    if meta.label.is_none() {
+        meta.label = match (entry.rank, &entry.reason) {
+            (Some(rank), Some(reason)) => Some(format!("rank {rank}, {reason}")),
+            (None, Some(reason)) => Some(reason.clone()),
+            (_, None) => None,
+        };
+    }
+    add_outside(entry, &mut meta.extra);
+    match (entry.rank, entry.pid) {
+        (Some(rank), _) => Some(format!("rank{rank}")),
+        (None, Some(pid)) => Some(format!("pid{pid}")),
+        (None, None) => None,
     }
 }
 

@@ -17,6 +17,8 @@
 //! by the floor rule), and [`fleet_verdict`] brings the ranks' verdicts
 //! together: the leaking ranks, the same line merged across them, and the
 //! ranks that hold far more than their peers at one site (imbalance).
+//! [`Watch`] does the same while the job runs, a dump at a time, and says
+//! which lines start or stop leaking.
 
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
@@ -25,6 +27,7 @@ mod rows;
 mod stacks;
 mod tables;
 mod verdict;
+mod watch;
 
 pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
 pub use crate::stacks::{StackStore, Stacks};
@@ -34,3 +37,4 @@ pub use crate::verdict::{
     MemberExcess, MemberGrowth, MemberRow, ProcessVerdict, Unreadable, Verdict, fleet_verdict,
     judge,
 };
+pub use crate::watch::{Change, ChangeKind, DEFAULT_KEEP_CHECKPOINTS, Run, Watch};

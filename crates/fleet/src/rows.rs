@@ -123,6 +123,17 @@ impl DeviceRows {
     }
 }
 
+/// Keeps the items at even places and the last one.
+fn every_other<T>(items: &mut Vec<T>) {
+    let last = items.len().saturating_sub(1);
+    let mut at = 0;
+    items.retain(|_| {
+        let kept = at % 2 == 0 || at == last;
+        at += 1;
+        kept
+    });
+}
+
 fn empty_checkpoint() -> CheckpointRow {
     CheckpointRow {
         step: None,
@@ -268,6 +279,22 @@ impl ProcessRows {
             into.checkpoints.extend(device.checkpoints);
             into.sites.extend(device.sites);
             into.owners.extend(owners);
+        }
+    }
+
+    /// Halves each device's checkpoints past `keep` (put in order first):
+    /// every other one is dropped, the first and the last kept, so that a
+    /// long run's series stays about `keep` long, denser toward its end.
+    pub fn thin(&mut self, keep: usize) {
+        for device in &mut self.devices {
+            let n = device.checkpoints.len();
+            if n <= keep.max(2) {
+                continue;
+            }
+            device.owners.resize(n, None);
+            every_other(&mut device.checkpoints);
+            every_other(&mut device.sites);
+            every_other(&mut device.owners);
         }
     }
 

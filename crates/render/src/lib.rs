@@ -37,6 +37,8 @@ pub mod steps;
 pub mod summary;
 pub mod text;
 pub mod trend;
+#[cfg(feature = "fleet")]
+pub mod watch;
 
 /// How text reports are laid out: what `--top`, `--frames` and
 /// `--full-paths` ask for on the command line.

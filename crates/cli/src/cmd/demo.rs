@@ -62,6 +62,8 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         no_stacks: false,
         owners: false,
         no_report: false,
+        watch: false,
+        live: crate::args::LiveArgs::default(),
         max_growth: None,
         report,
         command: command.iter().map(|s| s.to_os_string()).collect(),

@@ -6,7 +6,7 @@ mod convert;
 mod demo;
 mod export;
 mod flamegraph;
-mod fleet;
+pub(crate) mod fleet;
 mod oom;
 mod peak;
 mod pprof;
@@ -14,6 +14,7 @@ mod report;
 mod steps;
 mod summary;
 pub(crate) mod trend;
+pub(crate) mod watch;
 
 use crate::args::{Cli, Command};
 use crate::exit::Exit;
@@ -26,6 +27,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Compare(args) => compare::run(args),
         Command::Trend(args) => trend::run(args),
         Command::Fleet(args) => fleet::run(args),
+        Command::Watch(args) => watch::run(args),
         Command::Export(args) => export::run(args),
         Command::Summary(args) => summary::run(args),
         Command::Peak(args) => peak::run(args),

@@ -52,6 +52,8 @@ pub(crate) struct Captured {
     pub(crate) nothing_because: Option<String>,
     /// How long its dumps held it, as far as the manifest says.
     pub(crate) held: Option<DumpTime>,
+    /// Whether `--watch --fail-fast` ended it at a suspect.
+    pub(crate) failed_fast: bool,
 }
 
 /// The signals caught by [`catch_signals`], until [`capture`] serves them.
@@ -126,7 +128,21 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         .spawn()
         .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
     let forwarder = signals.forward_to(child.id(), requests, &name);
+    let job_ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watching = (args.watch || args.live.asked())
+        .then(|| {
+            crate::cmd::watch::beside_capture(
+                dir.clone(),
+                &args.live,
+                &args.report,
+                child.id(),
+                std::sync::Arc::clone(&job_ended),
+            )
+        })
+        .transpose()?;
     let status = child.wait().context("cannot wait for the command")?;
+    job_ended.store(true, std::sync::atomic::Ordering::Relaxed);
+    let failed_fast = watching.is_some_and(|w| w.join().unwrap_or(false));
     forwarder.stop();
     let abandoned = remove_abandoned_dumps(&dir);
 
@@ -176,6 +192,7 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         abandoned,
         nothing_because,
         held,
+        failed_fast,
     })
 }
 

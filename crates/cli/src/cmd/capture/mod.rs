@@ -35,6 +35,9 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         report_files(&mut *out, &args.output, &captured)?;
     }
     if args.no_report || captured.snapshots.is_empty() {
+        if captured.failed_fast {
+            return Ok(Exit::OverThreshold);
+        }
         return Ok(match args.max_growth {
             Some(_) if captured.exit == Exit::Clean => {
                 eprintln!("snapdiff: no snapshot to judge, so no verdict (--max-growth)");
@@ -92,6 +95,10 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         )?;
     }
     out.flush()?;
+    if captured.failed_fast {
+        eprintln!("snapdiff: a line started leaking (--fail-fast): the job was ended");
+        return Ok(Exit::OverThreshold);
+    }
     if captured.exit != Exit::Clean {
         return Ok(captured.exit);
     }

@@ -132,7 +132,7 @@ pub(crate) fn read_table_folders(
 /// 2 when files could not be read (the verdict rests on part of the job),
 /// else 3 when no rank had checkpoints enough to judge, else 1 when a
 /// rank's suspected growth exceeds `max_growth`, else 0.
-fn exit_code(
+pub(crate) fn exit_code(
     verdicts: &[ProcessVerdict],
     unreadable: &[Unreadable],
     max_growth: Option<u64>,

@@ -1,0 +1,268 @@
+//! A job followed while it runs: each process's site tables grow one dump
+//! at a time, and each dump re-judges its own process only, so the verdict
+//! is current after every dump without reading a file twice.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use snapdiff_analyze::{HeldBy, Suspect, TrendOptions};
+
+use crate::rows::{ProcessRows, rank_of};
+use crate::stacks::StackStore;
+use crate::verdict::{Fleet, FleetOptions, ProcessVerdict, Unreadable, fleet_verdict, judge};
+
+/// The most checkpoints a device keeps by default: past it, every other of
+/// its older checkpoints is dropped (see [`ProcessRows::thin`]), so that a
+/// week-long job is followed in the memory of its first hours.
+pub const DEFAULT_KEEP_CHECKPOINTS: usize = 512;
+
+/// Which run of a process a dump is from: the process id and machine that
+/// wrote it, where known. A new run under the same name (a restarted
+/// rank) starts the process's series afresh.
+pub type Run = (Option<u32>, Option<String>);
+
+/// A line of code that started or stopped leaking on one device of one
+/// process, at the dump just added.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Change {
+    /// `leaks` when the site became a suspect, `stopped` when it no longer is.
+    pub event: ChangeKind,
+    /// The process as the verdict names it (`rank13`).
+    pub process: String,
+    /// Its rank, when it is one.
+    pub rank: Option<u32>,
+    /// The process id and machine of its run, where known.
+    pub pid: Option<u32>,
+    /// The machine it runs on, where known.
+    pub host: Option<String>,
+    /// The device ordinal.
+    pub device: u32,
+    /// The step of the dump that changed the verdict, when known.
+    pub step: Option<u64>,
+    /// The culprit line: `function  file:line`.
+    pub line: String,
+    /// The suspect as `trend` reports it (for `leaks`; the last one seen,
+    /// for `stopped`).
+    pub suspect: Suspect,
+    /// Seconds until the device is full at its suspects' rate, when known.
+    pub seconds_to_full: Option<f64>,
+}
+
+/// What happened to a suspect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// The site's memory keeps growing now.
+    Leaks,
+    /// It no longer does.
+    Stopped,
+}
+
+impl Change {
+    /// The first owner "held by" names, when the job said.
+    pub fn held_by(&self) -> Option<&HeldBy> {
+        self.suspect.held_by.first()
+    }
+}
+
+/// One process followed: its rows so far and its last verdict.
+struct Followed {
+    run: Run,
+    rows: ProcessRows,
+    verdict: ProcessVerdict,
+}
+
+/// Every process of a job followed so far, judged as `fleet` judges them.
+pub struct Watch {
+    stacks: StackStore,
+    processes: BTreeMap<String, Followed>,
+    options: FleetOptions,
+    keep: usize,
+    notes: Vec<String>,
+    dumps: usize,
+    bytes: u64,
+}
+
+impl Watch {
+    /// Nothing followed yet; each device keeps at most `keep` checkpoints
+    /// (at least 16).
+    pub fn new(options: TrendOptions, keep: usize) -> Watch {
+        Watch {
+            stacks: StackStore::new(),
+            processes: BTreeMap::new(),
+            options: FleetOptions { trend: options },
+            keep: keep.max(16),
+            notes: Vec::new(),
+            dumps: 0,
+            bytes: 0,
+        }
+    }
+
+    /// The stacks sites are named from: [`ProcessRows::add_snapshot`] adds
+    /// a dump's to them.
+    pub fn stacks(&self) -> &StackStore {
+        &self.stacks
+    }
+
+    /// Adds `dump`, the rows of one dump of one process (`bytes` long on
+    /// disk), from `run`, re-judges that process, and says which of its
+    /// lines started or stopped leaking. A dump of an earlier run than the
+    /// one followed is passed over; one of a later run starts the
+    /// process's series afresh, with a note.
+    pub fn add(&mut self, dump: ProcessRows, run: Run, bytes: u64) -> Vec<Change> {
+        self.dumps += 1;
+        self.bytes = self.bytes.saturating_add(bytes);
+        let name = dump.process.clone();
+        let followed = match self.processes.remove(&name) {
+            Some(f) if f.run == run => Some(f),
+            Some(f) if later(&f.rows) > later(&dump) => {
+                self.processes.insert(name, f);
+                return Vec::new(); // a late file of a run already left behind
+            }
+            Some(f) => {
+                self.notes.push(format!(
+                    "{name}: a new run began ({}); the earlier one is left out",
+                    describe_run(&run)
+                ));
+                let mut stopped = Vec::new();
+                changes(&f.verdict, &empty_verdict(&name), &f.run, &mut stopped);
+                let mut fresh = self.start(name, dump, run);
+                stopped.append(&mut fresh);
+                return stopped;
+            }
+            None => None,
+        };
+        let Some(mut followed) = followed else {
+            return self.start(name, dump, run);
+        };
+        followed.rows.append(dump);
+        followed.rows.put_in_order();
+        followed.rows.thin(self.keep);
+        let verdict = judge(
+            followed.rows.clone(),
+            &self.stacks.read(),
+            &self.options.trend,
+        );
+        let mut found = Vec::new();
+        changes(&followed.verdict, &verdict, &followed.run, &mut found);
+        followed.verdict = verdict;
+        self.processes.insert(name, followed);
+        found
+    }
+
+    fn start(&mut self, name: String, mut rows: ProcessRows, run: Run) -> Vec<Change> {
+        rows.put_in_order();
+        let verdict = judge(rows.clone(), &self.stacks.read(), &self.options.trend);
+        let mut found = Vec::new();
+        changes(&empty_verdict(&name), &verdict, &run, &mut found);
+        self.processes.insert(name, Followed { run, rows, verdict });
+        found
+    }
+
+    /// Each process's latest verdict, by name.
+    pub fn verdicts(&self) -> impl Iterator<Item = &ProcessVerdict> {
+        self.processes.values().map(|f| &f.verdict)
+    }
+
+    /// The run each process is followed in, by name.
+    pub fn runs(&self) -> impl Iterator<Item = (&str, &Run)> {
+        self.processes.iter().map(|(n, f)| (n.as_str(), &f.run))
+    }
+
+    /// Dumps added so far, and their bytes.
+    pub fn read(&self) -> (usize, u64) {
+        (self.dumps, self.bytes)
+    }
+
+    /// The job's verdict now, as `fleet` would give it from the same dumps
+    /// (`unreadable`: the files that could not be read).
+    pub fn fleet(&self, unreadable: Vec<Unreadable>) -> Fleet {
+        let verdicts = self.verdicts().cloned().collect();
+        let mut fleet = fleet_verdict(
+            verdicts,
+            &self.stacks.read(),
+            &self.options,
+            unreadable,
+            self.dumps,
+            self.bytes,
+        );
+        fleet.notes.extend(self.notes.iter().cloned());
+        fleet
+    }
+}
+
+/// The latest time, else step, of a process's checkpoints.
+fn later(rows: &ProcessRows) -> (Option<i64>, Option<u64>) {
+    let checkpoints = rows.devices.iter().flat_map(|d| &d.checkpoints);
+    (
+        checkpoints.clone().filter_map(|c| c.time_us).max(),
+        checkpoints.filter_map(|c| c.step).max(),
+    )
+}
+
+fn describe_run(run: &Run) -> String {
+    match run {
+        (Some(pid), Some(host)) => format!("process {pid} on {host}"),
+        (Some(pid), None) => format!("process {pid}"),
+        (None, Some(host)) => format!("on {host}"),
+        (None, None) => "another process".to_owned(),
+    }
+}
+
+fn empty_verdict(name: &str) -> ProcessVerdict {
+    ProcessVerdict {
+        process: name.to_owned(),
+        devices: Vec::new(),
+    }
+}
+
+/// A process's suspects by device and line, each with its device's time
+/// to full and last step.
+type SuspectsByLine = BTreeMap<(u32, String), (Suspect, Option<f64>, Option<u64>)>;
+
+/// The lines that leak in `now` and not in `before` (`Leaks`), and the
+/// other way round (`Stopped`), device by device.
+fn changes(before: &ProcessVerdict, now: &ProcessVerdict, run: &Run, out: &mut Vec<Change>) {
+    let suspects = |v: &ProcessVerdict| -> SuspectsByLine {
+        v.devices
+            .iter()
+            .flat_map(|d| {
+                let step = d.trend.points.last().and_then(|p| p.step);
+                d.trend.suspects.iter().map(move |s| {
+                    (
+                        (d.device, s.site.culprit.display()),
+                        (s.clone(), d.trend.seconds_to_full, step),
+                    )
+                })
+            })
+            .collect()
+    };
+    let (was, is) = (suspects(before), suspects(now));
+    let step_now = now
+        .devices
+        .iter()
+        .filter_map(|d| d.trend.points.last().and_then(|p| p.step))
+        .max();
+    let change = |event, (device, line): &(u32, String), suspect: &Suspect, full, step| Change {
+        event,
+        process: now.process.clone(),
+        rank: rank_of(&now.process),
+        pid: run.0,
+        host: run.1.clone(),
+        device: *device,
+        step,
+        line: line.clone(),
+        suspect: suspect.clone(),
+        seconds_to_full: full,
+    };
+    for (id, (suspect, full, step)) in &is {
+        if !was.contains_key(id) {
+            out.push(change(ChangeKind::Leaks, id, suspect, *full, *step));
+        }
+    }
+    for (id, (suspect, _, _)) in &was {
+        if !is.contains_key(id) {
+            out.push(change(ChangeKind::Stopped, id, suspect, None, step_now));
+        }
+    }
+}
