@@ -42,6 +42,9 @@ mod capture;
 // capture of real PyTorch programs through the start-up hook.
 mod torch_capture;
 
+// watch and capture --watch: leaks found while the job runs.
+mod watch;
+
 // The snapdiff library: leak assertions, from a user's point of view.
 mod library;
 

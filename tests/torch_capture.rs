@@ -23,7 +23,7 @@ use crate::util::{
 const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
 
 /// Whether `python3` imports the real torch; asked once.
-fn torch_ready() -> bool {
+pub(crate) fn torch_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     let ready = *READY.get_or_init(|| {
         Command::new("python3")
@@ -56,19 +56,19 @@ fn assert_dumped(files: &[String], ends: &[&str]) {
     }
 }
 
-fn script() -> PathBuf {
+pub(crate) fn script() -> PathBuf {
     root().join("tests/support/torch_train.py")
 }
 
 /// The line of the training script marked `leaks with --leak KIND`.
-fn leak_line(kind: &str) -> u64 {
+pub(crate) fn leak_line(kind: &str) -> u64 {
     let marker = format!("leaks with --leak {kind}");
     let text = std::fs::read_to_string(script()).unwrap();
     text.lines().position(|l| l.ends_with(&marker)).unwrap() as u64 + 1
 }
 
 /// The `snapdiff capture` command line for the training script.
-fn capture_args(out: &Path, flags: &[&str], script_args: &[&str]) -> Vec<OsString> {
+pub(crate) fn capture_args(out: &Path, flags: &[&str], script_args: &[&str]) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["capture".into(), "-o".into(), out.into()];
     args.extend(flags.iter().map(Into::into));
     args.extend(["--".into(), "python3".into(), script().into()]);
@@ -77,7 +77,7 @@ fn capture_args(out: &Path, flags: &[&str], script_args: &[&str]) -> Vec<OsStrin
 }
 
 /// Captures the training script to completion.
-fn capture(out: &Path, flags: &[&str], script_args: &[&str]) -> Run {
+pub(crate) fn capture(out: &Path, flags: &[&str], script_args: &[&str]) -> Run {
     snapdiff(capture_args(out, flags, script_args))
 }
 
@@ -92,7 +92,7 @@ fn start_capture(out: &Path, flags: &[&str], script_args: &[&str]) -> Child {
 }
 
 /// Snapshot pickles in `dir`, by name.
-fn pickles(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn pickles(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|d| d.map(|e| e.unwrap().path()).collect())
         .unwrap_or_default();
@@ -155,7 +155,7 @@ fn wait_for_first_dump(dir: &Path) {
 
 /// Waits for `child`, failing (and killing it) if it takes over two minutes:
 /// a hung job is what some of these tests are about.
-fn wait_bounded(mut child: Child) -> std::process::Output {
+pub(crate) fn wait_bounded(mut child: Child) -> std::process::Output {
     let deadline = Instant::now() + Duration::from_secs(120);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {

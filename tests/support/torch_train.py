@@ -54,6 +54,11 @@ def parse():
         help="write each step's number here as it ends (what a watcher's alert is checked against)",
     )
     p.add_argument("--step-seconds", type=float, default=0.0)
+    p.add_argument(
+        "--wait-for", metavar="FILE",
+        help="after the last step, wait (at most 2 minutes) until FILE exists: a test looks at "
+        "the job while it still runs",
+    )
     p.add_argument("--accounting", help="write the model's own storage accounting here")
     p.add_argument(
         "--keep-tensors", type=int, default=0,
@@ -134,12 +139,16 @@ def train(args):
             print(f"old optimizer freed: {dropped() is None}", file=sys.stderr, flush=True)
             model = Net().to(on)
             opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-        if args.progress:
-            with open(args.progress, "w") as f:
+        if args.progress:  # replaced whole, so that a reader never sees it empty
+            with open(args.progress + ".part", "w") as f:
                 f.write(str(step))
+            os.replace(args.progress + ".part", args.progress)
         time.sleep(args.step_seconds)
     if args.accounting:
         account(model, opt, args.accounting)
+    deadline = time.monotonic() + 120
+    while args.wait_for and not os.path.exists(args.wait_for) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def account(model, opt, path):

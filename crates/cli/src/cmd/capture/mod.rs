@@ -36,7 +36,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     }
     if args.no_report || captured.snapshots.is_empty() {
         if captured.failed_fast {
-            return Ok(Exit::OverThreshold);
+            return Ok(failed_fast());
         }
         return Ok(match args.max_growth {
             Some(_) if captured.exit == Exit::Clean => {
@@ -96,8 +96,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     }
     out.flush()?;
     if captured.failed_fast {
-        eprintln!("snapdiff: a line started leaking (--fail-fast): the job was ended");
-        return Ok(Exit::OverThreshold);
+        return Ok(failed_fast());
     }
     if captured.exit != Exit::Clean {
         return Ok(captured.exit);
@@ -123,6 +122,12 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         return Ok(Exit::Error);
     }
     Ok(Exit::Clean)
+}
+
+/// What capture says and returns when `--fail-fast` ended the job.
+fn failed_fast() -> Exit {
+    eprintln!("snapdiff: a line started leaking (--fail-fast): the job was ended");
+    Exit::OverThreshold
 }
 
 /// Lists what the job wrote in `dir`, or says plainly that it wrote nothing

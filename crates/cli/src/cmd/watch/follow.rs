@@ -88,9 +88,10 @@ impl Follower {
         self.waiting.len()
     }
 
-    /// Looks for new dumps: those whole now are returned, in path order.
+    /// Looks for new dumps: those whole now are returned, in path order;
+    /// with `last` (the watch ends), every dump there is, whole or not.
     /// A file that is not a regular file is named as unreadable.
-    pub(crate) fn poll(&mut self) -> (Vec<Ready>, Vec<Unreadable>) {
+    pub(crate) fn poll(&mut self, last: bool) -> (Vec<Ready>, Vec<Unreadable>) {
         let mut unreadable = Vec::new();
         for root in self.roots.clone() {
             if root.is_dir() {
@@ -125,10 +126,11 @@ impl Follower {
             let has_manifest = folder.join(MANIFEST_FILE_NAME).is_file();
             let whole = match &entry {
                 Some(_) => true,
+                None if last => true,
                 None if has_manifest => now.duration_since(waiting.since) > MANIFEST_GRACE,
                 None => waiting.seen == state,
             };
-            let retried = waiting.failed.is_some_and(|f| f == state);
+            let retried = !last && waiting.failed.is_some_and(|f| f == state);
             if whole && !retried {
                 ready.push(Ready {
                     path: path.clone(),

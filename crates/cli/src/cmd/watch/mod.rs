@@ -80,7 +80,7 @@ pub(crate) fn beside_capture(
     trend.rules = report.rules()?;
     let mut watcher = Watcher::new(std::slice::from_ref(&dir), live, report, trend, Say::Stderr)?;
     // Dumps of earlier runs in the folder are not this job's.
-    watcher.follower.poll();
+    watcher.follower.poll(false);
     watcher.follower.pass_over_waiting();
     let poll = live.poll;
     let fail_fast = live.fail_fast;
@@ -201,7 +201,7 @@ impl Watcher {
             // Whether the job had ended before this poll: then the poll
             // reads its last dumps, and the watch ends.
             let ended = done() || stop.load(Ordering::Relaxed);
-            let leaks = self.poll()?;
+            let leaks = self.poll(ended)?;
             if options.fail_fast && leaks {
                 return Ok(true);
             }
@@ -215,10 +215,10 @@ impl Watcher {
         }
     }
 
-    /// Reads the dumps that are whole, says what changed; true when a
-    /// line started leaking.
-    fn poll(&mut self) -> anyhow::Result<bool> {
-        let (ready, unreadable) = self.follower.poll();
+    /// Reads the dumps that are whole (all of them, when `last`), says
+    /// what changed; true when a line started leaking.
+    fn poll(&mut self, last: bool) -> anyhow::Result<bool> {
+        let (ready, unreadable) = self.follower.poll(last);
         self.unreadable.extend(unreadable);
         let stacks = self.watch.stacks();
         let read: Vec<(Ready, DumpRead)> = ready
@@ -237,7 +237,7 @@ impl Watcher {
                     changes.extend(self.watch.add(rows, run, ready.bytes));
                 }
                 Err(error) => {
-                    if self.follower.failed(&ready.path) {
+                    if last || self.follower.failed(&ready.path) {
                         eprintln!("snapdiff: {error}");
                         self.unreadable.push(Unreadable {
                             source: ready.path.to_string_lossy().into_owned(),

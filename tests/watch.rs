@@ -1,0 +1,466 @@
+//! `snapdiff watch` and `capture --watch`: leaks found while the job runs.
+//! Real PyTorch jobs on the CPU (an alert before the job's last step,
+//! `/metrics` scraped and parsed by Prometheus's own client, a steady job,
+//! eight gloo ranks with one leaking, `--fail-fast`), and dumps that
+//! arrive in pieces, from the built-in training job.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::torch_capture::{capture_args, leak_line, torch_ready, wait_bounded};
+use crate::util::{leaking_training_job, root, tempdir};
+
+const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
+
+/// A running snapdiff whose stderr is collected as it comes (so that the
+/// metrics address can be read while it runs).
+struct Running {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Running {
+    fn start(args: Vec<std::ffi::OsString>) -> Running {
+        let mut child = Command::new(SNAPDIFF)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().unwrap();
+        let collected = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                collected
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        Running { child, stderr }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The address `--metrics` said it serves at.
+    fn metrics_url(&self) -> String {
+        let mut url = None;
+        wait_until("the metrics address on stderr", || {
+            url = self
+                .stderr()
+                .lines()
+                .find_map(|l| l.strip_prefix("snapdiff: metrics at ").map(str::to_owned));
+            url.is_some()
+        });
+        url.unwrap()
+    }
+
+    /// Waits (at most two minutes) for the end: exit code, stdout, stderr.
+    fn finish(self) -> (i32, String, String) {
+        let stderr = Arc::clone(&self.stderr);
+        let output = wait_bounded(self.child);
+        std::thread::sleep(Duration::from_millis(100)); // the reader's last bytes
+        let err = stderr.lock().unwrap().clone();
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            err,
+        )
+    }
+}
+
+/// Waits for `ready()` at most two minutes, failing with `what`.
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ready() {
+        assert!(Instant::now() < deadline, "no {what} within two minutes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `/metrics` as Prometheus's own Python client parses it: the content
+/// type and the samples.
+fn scrape(url: &str) -> Value {
+    let output = Command::new("python3")
+        .arg(root().join("tests/support/scrape_metrics.py"))
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "scraping {url}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The samples named `name` whose labels hold `line` (a `file:line`
+/// ending), or all of them without `line`.
+fn samples<'a>(scraped: &'a Value, name: &str, line: Option<&str>) -> Vec<&'a Value> {
+    scraped["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == name)
+        .filter(|s| line.is_none_or(|l| s["labels"]["line"].as_str().unwrap().ends_with(l)))
+        .collect()
+}
+
+fn quoted(path: &Path) -> String {
+    format!("'{}'", path.display())
+}
+
+#[test]
+fn capture_watch_alerts_before_the_last_step_names_the_line_and_serves_it_as_metrics() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let (out, progress, go) = (
+        dir.path().join("out"),
+        dir.path().join("progress"),
+        dir.path().join("go"),
+    );
+    let (alert, alert_step) = (dir.path().join("alert.json"), dir.path().join("alert-step"));
+    // The alert records the job's step when it came, and its JSON.
+    let exec = format!(
+        "cp {p} {s}; cat > {a}.part && mv {a}.part {a}",
+        p = quoted(&progress),
+        s = quoted(&alert_step),
+        a = quoted(&alert)
+    );
+    let (progress_arg, go_arg) = (progress.display().to_string(), go.display().to_string());
+    let job = Running::start(capture_args(
+        &out,
+        &[
+            "--every",
+            "2",
+            "--watch",
+            "--poll",
+            "200ms",
+            "--metrics",
+            "127.0.0.1:0",
+            "--exec",
+            &exec,
+        ],
+        &[
+            "--steps",
+            "60",
+            "--leak",
+            "cache-dict",
+            "--leak-from",
+            "20",
+            "--device",
+            "cpu",
+            "--progress",
+            &progress_arg,
+            "--wait-for",
+            &go_arg,
+        ],
+    ));
+    let url = job.metrics_url();
+    wait_until("alert", || alert.exists());
+    let step: u64 = std::fs::read_to_string(&alert_step)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        step < 60,
+        "the alert came at the job's step {step}, not before its last (60)"
+    );
+    let line = format!("torch_train.py:{}", leak_line("cache-dict"));
+    let change: Value = serde_json::from_slice(&std::fs::read(&alert).unwrap()).unwrap();
+    assert_eq!(change["event"], "leaks");
+    assert!(
+        change["line"].as_str().unwrap().ends_with(&line),
+        "{change}"
+    );
+    assert!(change["suspect"]["growth_per_step"].as_f64().unwrap() > 0.0);
+
+    let scraped = scrape(&url);
+    assert!(
+        scraped["content_type"]
+            .as_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text"),
+        "{}",
+        scraped["content_type"]
+    );
+    let suspect = samples(&scraped, "snapdiff_site_suspect", Some(&line));
+    assert_eq!(suspect.len(), 1, "{scraped}");
+    assert_eq!(suspect[0]["value"], 1.0);
+    assert_eq!(suspect[0]["labels"]["function"], "train");
+    let growth = samples(&scraped, "snapdiff_site_growth_bytes_per_step", Some(&line));
+    assert!(growth[0]["value"].as_f64().unwrap() > 0.0, "{scraped}");
+    assert_eq!(
+        samples(&scraped, "snapdiff_suspects", None)[0]["value"],
+        1.0
+    );
+
+    std::fs::write(&go, "").unwrap();
+    let (code, _, stderr) = job.finish();
+    assert_eq!(code, 0, "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(" leaks at "))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].ends_with(&format!(
+        "{line}, +{}",
+        said[0].rsplit(", +").next().unwrap()
+    )));
+}
+
+#[test]
+fn a_steady_job_raises_no_alert_and_its_metrics_say_no_suspect() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let (out, progress, go) = (
+        dir.path().join("out"),
+        dir.path().join("progress"),
+        dir.path().join("go"),
+    );
+    let alert = dir.path().join("alert");
+    let exec = format!("touch {}", quoted(&alert));
+    let (progress_arg, go_arg) = (progress.display().to_string(), go.display().to_string());
+    let job = Running::start(capture_args(
+        &out,
+        &[
+            "--every",
+            "2",
+            "--watch",
+            "--poll",
+            "200ms",
+            "--metrics",
+            "127.0.0.1:0",
+            "--exec",
+            &exec,
+        ],
+        &[
+            "--steps",
+            "40",
+            "--device",
+            "cpu",
+            "--progress",
+            &progress_arg,
+            "--wait-for",
+            &go_arg,
+        ],
+    ));
+    let url = job.metrics_url();
+    wait_until("last step", || {
+        std::fs::read_to_string(&progress).is_ok_and(|s| s.trim() == "40")
+    });
+    // Every dump of the 40 steps read: the 20 step dumps.
+    wait_until("the dumps read", || {
+        samples(&scrape(&url), "snapdiff_dumps_read", None)[0]["value"]
+            .as_f64()
+            .unwrap()
+            >= 20.0
+    });
+    let scraped = scrape(&url);
+    assert_eq!(
+        samples(&scraped, "snapdiff_suspects", None)[0]["value"],
+        0.0
+    );
+    assert!(
+        samples(&scraped, "snapdiff_site_suspect", None)
+            .iter()
+            .all(|s| s["value"] == 0.0),
+        "{scraped}"
+    );
+    assert!(!samples(&scraped, "snapdiff_device_live_bytes", None).is_empty());
+    std::fs::write(&go, "").unwrap();
+    let (code, _, stderr) = job.finish();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains(" leaks at "), "{stderr}");
+    assert!(!alert.exists(), "--exec ran for a steady job");
+}
+
+#[test]
+fn watch_of_eight_gloo_ranks_raises_one_alert_naming_the_leaking_rank() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let alerts = dir.path().join("alerts.jsonl");
+    let rendezvous = format!("file://{}", dir.path().join("rendezvous").display());
+    // The watch starts first, before the folder exists.
+    let exec = format!("cat >> {}", quoted(&alerts));
+    let watch = Running::start(
+        [
+            "watch".as_ref(),
+            out.as_os_str(),
+            "--poll".as_ref(),
+            "300ms".as_ref(),
+            "--no-status".as_ref(),
+            "--exec".as_ref(),
+            exec.as_ref(),
+        ]
+        .map(std::ffi::OsStr::to_owned)
+        .to_vec(),
+    );
+    let job = Running::start(capture_args(
+        &out,
+        &["--every", "2", "--no-report"],
+        &[
+            "--ranks",
+            "8",
+            "--gloo",
+            &rendezvous,
+            "--steps",
+            "30",
+            "--leak",
+            "cache-dict",
+            "--leak-rank",
+            "5",
+            "--device",
+            "cpu",
+        ],
+    ));
+    let (code, _, stderr) = job.finish();
+    assert_eq!(code, 0, "{stderr}");
+    // The watch ends by itself once every rank wrote its exit dump.
+    let (code, stdout, stderr) = watch.finish();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let said: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" leaks at "))
+        .collect();
+    assert_eq!(said.len(), 1, "{stdout}");
+    assert!(said[0].contains("rank5 leaks at"), "{stdout}");
+    let sent = std::fs::read_to_string(&alerts).unwrap();
+    let sent: Vec<Value> = sent
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["process"], "rank5");
+    assert_eq!(sent[0]["rank"], 5);
+    assert!(
+        stdout.contains("8 ranks read from ") && stdout.contains(": 7 steady, 1 leaking"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn fail_fast_ends_the_captured_job_at_the_first_suspect() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let (out, progress) = (dir.path().join("out"), dir.path().join("progress"));
+    let progress_arg = progress.display().to_string();
+    let job = Running::start(capture_args(
+        &out,
+        &[
+            "--every",
+            "2",
+            "--fail-fast",
+            "--poll",
+            "200ms",
+            "--no-report",
+        ],
+        &[
+            "--steps",
+            "400",
+            "--leak",
+            "cache-dict",
+            "--leak-from",
+            "10",
+            "--device",
+            "cpu",
+            "--step-seconds",
+            "0.02",
+            "--progress",
+            &progress_arg,
+        ],
+    ));
+    let (code, _, stderr) = job.finish();
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("(--fail-fast): the job was ended"),
+        "{stderr}"
+    );
+    let step: u64 = std::fs::read_to_string(&progress)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(step < 400, "the job ran to its end (step {step})");
+    // Ended by SIGTERM as a scheduler would: its exit dump was written.
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n.contains("-exit")), "{names:?}");
+}
+
+#[test]
+fn dumps_that_arrive_in_pieces_are_read_once_each_when_whole() {
+    let made = tempdir();
+    let files = leaking_training_job(made.path(), 40, 4);
+    assert!(files.len() >= 10, "{files:?}");
+    let dir = tempdir();
+    let watched = dir.path().join("job");
+    let watch = Running::start(
+        [
+            "watch".as_ref(),
+            watched.as_os_str(),
+            "--poll".as_ref(),
+            "100ms".as_ref(),
+            "--no-status".as_ref(),
+        ]
+        .map(std::ffi::OsStr::to_owned)
+        .to_vec(),
+    );
+    std::thread::sleep(Duration::from_millis(300)); // the folder is waited for
+    std::fs::create_dir(&watched).unwrap();
+    for (n, file) in files.iter().enumerate() {
+        let bytes = std::fs::read(file).unwrap();
+        let to = watched.join(file.file_name().unwrap());
+        if n % 2 == 0 {
+            // Written in place in two pieces, with polls between them.
+            let mut f = std::fs::File::create(&to).unwrap();
+            f.write_all(&bytes[..bytes.len() / 2]).unwrap();
+            f.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(450));
+            f.write_all(&bytes[bytes.len() / 2..]).unwrap();
+        } else {
+            // Written under another name and renamed into place.
+            let hidden = watched.join(format!(".{n}.tmp"));
+            std::fs::write(&hidden, &bytes).unwrap();
+            std::fs::rename(&hidden, &to).unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(watch.child.id() as i32, libc::SIGINT) };
+    let (code, stdout, stderr) = watch.finish();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("1 rank read from {} snapshots", files.len())),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stdout.contains("could not be read"), "{stdout}");
+    assert!(stdout.contains("1 leaking"), "{stdout}");
+    // The leak was said as it was found, before the final verdict.
+    assert!(stdout.lines().any(|l| l.contains(" leaks at ")), "{stdout}");
+    assert!(!stderr.contains("cannot"), "{stderr}");
+}
