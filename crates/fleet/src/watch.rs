@@ -266,3 +266,107 @@ fn changes(before: &ProcessVerdict, now: &ProcessVerdict, run: &Run, out: &mut V
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rows::{CheckpointRow, DeviceRows, SiteRow};
+    use snapdiff_analyze::{SiteTotals, StackKey};
+
+    const SITE: StackKey = StackKey(7);
+
+    /// One dump of `process`'s device 0 at `step`, holding `bytes` at SITE.
+    fn dump(process: &str, step: u64, bytes: u64) -> ProcessRows {
+        let mut rows = ProcessRows::new(process);
+        rows.devices.push(DeviceRows {
+            device: 0,
+            checkpoints: vec![CheckpointRow {
+                step: Some(step),
+                time_us: Some(step as i64 * 1_000_000),
+                source: format!("{process}-step{step}.pickle"),
+                reserved_bytes: bytes,
+                allocated_bytes: bytes,
+                active_bytes: bytes,
+                device_memory: None,
+                rss_bytes: None,
+                device_used_bytes: None,
+                recorded_on_cpu: false,
+            }],
+            sites: vec![vec![SiteRow {
+                key: SITE,
+                totals: SiteTotals {
+                    blocks: bytes >> 20,
+                    bytes,
+                    allocated: bytes,
+                },
+            }]],
+            owners: Vec::new(),
+        });
+        rows
+    }
+
+    #[test]
+    fn a_line_is_said_once_when_it_starts_leaking_and_once_when_it_stops() {
+        let mut watch = Watch::new(TrendOptions::default(), DEFAULT_KEEP_CHECKPOINTS);
+        let run = (Some(1), Some("node".to_owned()));
+        let mut said = Vec::new();
+        for step in 1..=10 {
+            for change in watch.add(dump("rank3", step, step << 20), run.clone(), 0) {
+                said.push((step, change.event, change.process, change.rank));
+            }
+        }
+        let first = said.first().expect("the growing site is said").clone();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert_eq!(first.1, ChangeKind::Leaks);
+        assert_eq!((first.2.as_str(), first.3), ("rank3", Some(3)));
+        assert!(first.0 <= 5, "said only at step {}", first.0);
+        // It falls back to where it began and stays there: no longer a suspect.
+        let mut stopped = Vec::new();
+        for step in 11..=40 {
+            stopped.extend(watch.add(dump("rank3", step, 1 << 20), run.clone(), 0));
+        }
+        assert_eq!(stopped.len(), 1, "{stopped:?}");
+        assert_eq!(stopped[0].event, ChangeKind::Stopped);
+        assert_eq!(watch.fleet(Vec::new()).leaking, 0);
+    }
+
+    #[test]
+    fn a_new_run_starts_afresh_and_a_late_file_of_the_old_one_is_passed_over() {
+        let mut watch = Watch::new(TrendOptions::default(), DEFAULT_KEEP_CHECKPOINTS);
+        let (old, new) = ((Some(1), None), (Some(2), None));
+        for step in 1..=8 {
+            watch.add(dump("rank0", step, step << 20), old.clone(), 0);
+        }
+        assert_eq!(watch.fleet(Vec::new()).leaking, 1);
+        // The restarted rank: its first dump ends the old run's suspect.
+        let changes = watch.add(dump("rank0", 100, 1 << 20), new.clone(), 0);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].event, ChangeKind::Stopped);
+        assert!(watch.add(dump("rank0", 9, 9 << 20), old, 0).is_empty());
+        let fleet = watch.fleet(Vec::new());
+        assert_eq!(fleet.members[0].checkpoints.len(), 1);
+        assert!(
+            fleet.notes[0].contains("a new run began"),
+            "{:?}",
+            fleet.notes
+        );
+    }
+
+    #[test]
+    fn a_long_run_keeps_at_most_its_bound_of_checkpoints_and_still_finds_its_leak() {
+        let keep = 64;
+        let mut watch = Watch::new(TrendOptions::default(), keep);
+        for step in 1..=5_000 {
+            watch.add(dump("rank0", step, step << 10), (None, None), 0);
+        }
+        let fleet = watch.fleet(Vec::new());
+        let kept = &fleet.members[0].checkpoints;
+        assert!(kept.len() <= keep, "{} checkpoints kept", kept.len());
+        assert_eq!(kept.first().and_then(|c| c.step), Some(1));
+        assert_eq!(kept.last().and_then(|c| c.step), Some(5_000));
+        assert_eq!(fleet.leaking, 1);
+        let growth = fleet.members[0].suspects[0].growth_per_step.unwrap();
+        assert!((growth - 1024.0).abs() < 1.0, "{growth}");
+        assert_eq!(watch.read().0, 5_000);
+    }
+}
