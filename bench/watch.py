@@ -4,7 +4,8 @@ link: in place at once, as capture's rename puts it), and the round ends
 when the watch's `/metrics` says it has read them all. Prints, a round a
 line, how long the watch took to read and judge the round's dumps (the
 cost of an update, per dump), and its resident memory, which stays flat
-once each rank's series reaches `--keep-checkpoints`.
+once each rank's series reaches `--keep-checkpoints`. The round's time includes the wait for the next
+poll (200 ms); its CPU time is the watch's own.
 
     python3 bench/watch.py [RANKS] [STEPS] [KEEP]    (1000 20 8 by default)
 
@@ -57,6 +58,13 @@ def dumps_read(url):
     return 0
 
 
+def cpu_seconds(pid):
+    """User and system CPU time of the process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def resident_mib(pid):
     with open(f"/proc/{pid}/status") as f:
         kib = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
@@ -87,21 +95,23 @@ def main():
     url = re.search(r"metrics at (\S+)", line).group(1)
     print(f"machine: {os.cpu_count()} cores; {ranks} ranks in {len(os.listdir(job))} folders, "
           f"{steps} dumps each, --keep-checkpoints {keep}")
-    print(f"{'round':>5} {'dumps':>7} {'seconds':>8} {'ms a dump':>10} {'RSS MiB':>8}")
+    print(f"{'round':>5} {'dumps':>7} {'seconds':>8} {'CPU s':>6} {'CPU ms a dump':>14} "
+          f"{'RSS MiB':>8}")
     done = 0
     for n, step in enumerate(sorted(by_step), 1):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_seconds(watch.pid)
         for node, name in by_step[step]:
             os.link(os.path.join(job, node, name), os.path.join(live, node, name))
         done += len(by_step[step])
         while dumps_read(url) < done:
             time.sleep(0.02)
-        seconds = time.perf_counter() - started
-        print(f"{n:>5} {done:>7} {seconds:>8.2f} {1000 * seconds / len(by_step[step]):>10.2f} "
-              f"{resident_mib(watch.pid):>8.1f}", flush=True)
+        seconds, cpu = time.perf_counter() - started, cpu_seconds(watch.pid) - cpu
+        print(f"{n:>5} {done:>7} {seconds:>8.2f} {cpu:>6.2f} "
+              f"{1000 * cpu / len(by_step[step]):>14.2f} {resident_mib(watch.pid):>8.1f}",
+              flush=True)
     watch.send_signal(signal.SIGINT)
     out, _ = watch.communicate(timeout=600)
-    print(out.strip().splitlines()[1] if out.strip() else "(no verdict)")
+    print(next((l for l in out.splitlines() if " read from " in l), "(no verdict)"))
     leaking = sorted(r for leak in truth["leaks"] for r, _ in leak["ranks"])
     right = f"{ranks - len(leaking)} steady, {len(leaking)} leaking" in out and all(
         f"rank{r}" in out for r in leaking

@@ -37,7 +37,7 @@ from snapdiff._api import (
     peak,
     trend,
 )
-from snapdiff._fleet import Fleet, FleetLeak, Imbalance, RankVerdict, fleet
+from snapdiff._fleet import Fleet, FleetLeak, Imbalance, OutsideGrowth, RankVerdict, fleet
 from snapdiff._limits import SnapdiffLeak
 from snapdiff._recording import Recording, recording
 
@@ -58,6 +58,7 @@ __all__ = [
     "FleetLeak",
     "Group",
     "Imbalance",
+    "OutsideGrowth",
     "Peak",
     "RankVerdict",
     "Recording",

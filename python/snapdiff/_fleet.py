@@ -85,6 +85,28 @@ class Imbalance:
 
 
 @dataclass
+class OutsideGrowth:
+    """Memory that keeps growing outside every recorded site on one rank's
+    device (what no site names: numpy arrays, NCCL's or cuBLAS's buffers):
+    `what` is `process` (its resident memory beyond the recorded memory)
+    or `device` (the device's use beyond the allocator's reserved bytes)."""
+
+    rank: Optional[int]
+    process: str
+    device: int
+    what: str
+    growth_bytes: int
+    growth_per_step: Optional[float]
+
+    def __str__(self):
+        where = ("the process's resident memory" if self.what == "process"
+                 else "the device's memory beyond the allocator")
+        rate = (f"{size_text(self.growth_per_step)} a step" if self.growth_per_step is not None
+                else f"{size_text(self.growth_bytes)} in all")
+        return f"{where}, +{rate}"
+
+
+@dataclass
 class Fleet:
     """`snapdiff fleet`: counts, leaking lines, imbalance, and every rank."""
 
@@ -101,12 +123,17 @@ class Fleet:
     notes: List[str]
     # Ray tasks that failed after their retries: their files and the error.
     failed: List[dict] = field(default_factory=list)
+    # Ranks whose memory outside the recorded sites keeps growing.
+    outside: List[OutsideGrowth] = field(default_factory=list)
 
     def counts(self) -> str:
-        """`48 ranks: 46 steady, 2 leaking`, then what could not be judged:
-        ranks with too few checkpoints, unreadable files, failed Ray tasks."""
+        """`48 ranks: 46 steady, 2 leaking`, then memory growing outside
+        the recorded sites, then what could not be judged: ranks with too
+        few checkpoints, unreadable files, failed Ray tasks."""
         said = f"{self.processes} ranks: {self.steady} steady, {self.leaking} leaking"
-        for n, what in ((self.too_few_checkpoints, "with too few checkpoints to judge"),
+        outside = len({(o.process, o.device) for o in self.outside})
+        for n, what in ((outside, "with memory growing outside the recorded sites"),
+                        (self.too_few_checkpoints, "with too few checkpoints to judge"),
                         (len(self.unreadable), "unreadable"),
                         (len(self.failed), "in failed Ray tasks")):
             if n:
@@ -119,6 +146,7 @@ class Fleet:
         lines += [f"  imbalance on {_ranks(i.ranks)}: {i.site.culprit}, "
                   f"{size_text(max(i.excess_bytes, default=0))} over the median"
                   for i in self.imbalance]
+        lines += [f"  outside the recorded sites on {_ranks([o.rank])}: {o}" for o in self.outside]
         lines += [f"  unreadable: {u['source']}: {u.get('error', '')}" for u in self.unreadable]
         lines += [f"  {_failed(f)}" for f in self.failed]
         return "\n".join(lines)
@@ -149,6 +177,13 @@ class Fleet:
             )
             parts.append("<table><tr><th>ranks</th><th>imbalanced line</th>"
                          f"<th>most over the median</th></tr>{rows}</table>")
+        if self.outside:
+            rows = "".join(
+                f"<tr><td>{e(_ranks([o.rank]))}</td><td>{e(str(o))}</td></tr>"
+                for o in self.outside
+            )
+            parts.append("<table><tr><th>rank</th><th>memory growing outside the recorded "
+                         f"sites</th></tr>{rows}</table>")
         unjudged = [f"unreadable: {u['source']}: {u.get('error', '')}" for u in self.unreadable]
         unjudged += [_failed(f) for f in self.failed]
         if unjudged:
@@ -210,6 +245,20 @@ def _fleet_of(r, files=None, bytes_=None, unreadable=(), failed=()):
         ],
         notes=r["notes"],
         failed=list(failed),
+        outside=[
+            OutsideGrowth(
+                rank=m.get("rank"),
+                process=m["process"],
+                device=m["device"],
+                what=what,
+                growth_bytes=growth["growth_bytes"],
+                growth_per_step=growth.get("growth_per_step"),
+            )
+            for m in r["members"]
+            for what in ("process", "device")
+            for growth in [(m.get("outside") or {}).get(what)]
+            if growth and growth.get("grows")
+        ],
     )
 
 

@@ -382,3 +382,34 @@ def test_the_guides_top_growth_query_leaves_exit_dumps_out_as_the_verdict_does(
     leaks = {(l["site"]["culprit"]["line"], l["growth_bytes"]) for l in report["leaks"]}
     assert {line for line, _ in leaks} == {13, 14}, report["leaks"]
     assert leaks <= {(row[2], row[4]) for row in top}, top
+
+
+def test_memory_growing_outside_the_recorded_sites_is_in_the_fleets_result(tmp_path):
+    """A real CPU job keeping a 16 MiB numpy array a step: no recorded site
+    grows, the process does; the result says so in `outside`, its counts,
+    its text and its notebook view."""
+    need("torch", "pip install torch")
+    subprocess.run(
+        [snapdiff._cli.binary(), "capture", "--no-report", "-o", tmp_path / "dumps",
+         "--every", "1", "--", "python3", ROOT / "tests/support/torch_train.py",
+         "--steps", "12", "--leak", "numpy-list", "--device", "cpu"],
+        check=True, capture_output=True,
+    )
+    result = snapdiff.fleet(tmp_path / "dumps")
+    assert result.leaking == 0
+    assert len(result.outside) == 1, result.outside
+    growth = result.outside[0]
+    assert growth.what == "process"
+    # 16 MiB a step, give or take what the allocator and Python add.
+    assert 15 << 20 <= growth.growth_per_step <= 18 << 20, growth
+    assert "1 with memory growing outside the recorded sites" in result.counts()
+    assert "outside the recorded sites on" in str(result)
+    assert "the process&#x27;s resident memory" in result._repr_html_()
+
+    steady = tmp_path / "steady"
+    subprocess.run(
+        [snapdiff._cli.binary(), "capture", "--no-report", "-o", steady, "--every", "1", "--",
+         "python3", ROOT / "tests/support/torch_train.py", "--steps", "12", "--device", "cpu"],
+        check=True, capture_output=True,
+    )
+    assert snapdiff.fleet(steady).outside == []
