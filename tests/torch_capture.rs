@@ -1428,3 +1428,55 @@ fn no_stacks_is_honoured_and_stacks_start_at_the_programs_frames() {
         "{tops:?}"
     );
 }
+
+#[test]
+fn the_librarys_trend_files_leaves_the_exit_dump_out_as_the_command_does() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    capture(
+        &out,
+        &["--every", "2", "--no-report"],
+        &["--steps", "16", "--leak", "cache-dict", "--device", "cpu"],
+    )
+    .expect_code(0);
+    let files = pickles(&out);
+    assert!(
+        names(&files).iter().any(|n| n.ends_with("-exit.pickle")),
+        "{files:?}"
+    );
+    let trend = snapdiff::trend_files(&files, &snapdiff::TrendOptions::default()).unwrap();
+    let command = trend_json(&files);
+    assert_eq!(
+        trend.checkpoints,
+        files.len() - 1,
+        "the exit dump is left out"
+    );
+    assert_eq!(
+        trend.checkpoints as u64,
+        command["checkpoints"].as_u64().unwrap()
+    );
+    assert!(
+        trend
+            .notes
+            .iter()
+            .any(|n| n.contains("exit snapshot left out")),
+        "{:?}",
+        trend.notes
+    );
+    assert_eq!(trend.suspects.len(), 1, "{:?}", trend.suspects);
+    assert_eq!(
+        trend.suspects[0].growth_bytes,
+        command["suspects"][0]["growth_bytes"].as_u64().unwrap()
+    );
+    assert_eq!(
+        u64::from(trend.suspects[0].site.culprit.line),
+        leak_line("cache-dict")
+    );
+    // Snapshots without their names: every one is judged.
+    let snapshots: Vec<_> = files.iter().map(|f| snapdiff::read(f).unwrap()).collect();
+    let all = snapdiff::trend(&snapshots, &snapdiff::TrendOptions::default());
+    assert_eq!(all.checkpoints, files.len());
+}

@@ -603,12 +603,22 @@ pub(crate) fn device_memory_of(snap: &Snapshot) -> Option<u64> {
     known.filter(|k| !k.is_empty()).map(|k| k.iter().sum())
 }
 
-/// The trend over several named snapshots of one job, ordered by their step
+/// The trend over several named snapshots of one job (exit dumps, told by
+/// their names, left out among three or more others), ordered by their step
 /// if all have one, else by their time if all have one, else by name with
 /// numbers compared as numbers; [`Trend::order`] says which, with a note
 /// when it is not by step or time.
 pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend {
     use rayon::prelude::*;
+    // Exit dumps, told by their names, as everywhere (see `without_exit_dumps`).
+    let names: Vec<&str> = snaps.iter().map(|s| s.name).collect();
+    let (keep, exit_note) = without_exit_dumps(&names);
+    let mut kept = keep.iter();
+    let snaps: Vec<NamedSnapshot<'_>> = snaps
+        .iter()
+        .filter(|_| *kept.next().unwrap_or(&true))
+        .copied()
+        .collect();
     let keys: Vec<OrderKey<'_>> = snaps
         .iter()
         .map(|s| OrderKey {
@@ -653,6 +663,7 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
     let in_order: Vec<&Snapshot> = order.iter().map(|&i| snaps[i]).collect();
     let mut trend = trend_of_snapshot_series(series, by, options);
     trend.idle_private_pools = idle_private_pools(&in_order);
+    trend.notes.extend(exit_note);
     trend
 }
 

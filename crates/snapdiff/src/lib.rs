@@ -82,7 +82,8 @@ pub fn read(path: impl AsRef<std::path::Path>) -> Result<Snapshot, Error> {
 }
 
 /// The sites whose memory keeps growing over several snapshots of one job
-/// (see [`Trend`] for the rule).
+/// (see [`Trend`] for the rule). Every snapshot given is judged: an exit
+/// dump, told by its file's name, is left out by [`trend_files`].
 ///
 /// ```
 /// use snapdiff::{Snapshot, TrendOptions};
@@ -91,4 +92,45 @@ pub fn read(path: impl AsRef<std::path::Path>) -> Result<Snapshot, Error> {
 /// ```
 pub fn trend(snapshots: &[Snapshot], options: &TrendOptions) -> Trend {
     snapdiff_analyze::trend_snapshots(snapshots, options)
+}
+
+/// [`trend`] of the snapshot files at `paths`, judged as `snapdiff trend`
+/// judges one process's files: ordered by step, else time, else name, and
+/// exit dumps (`...-exit.pickle`, taken after the program freed its
+/// variables) left out among three or more others, with a note.
+///
+/// # Errors
+///
+/// When a file cannot be read; the message names it.
+///
+/// ```no_run
+/// let trend = snapdiff::trend_files(
+///     &["dumps/rank0-step10.pickle", "dumps/rank0-step20.pickle", "dumps/rank0-step30.pickle"],
+///     &snapdiff::TrendOptions::default(),
+/// )?;
+/// assert!(trend.suspects.is_empty(), "{:?}", trend.suspects);
+/// # Ok::<(), snapdiff::Error>(())
+/// ```
+pub fn trend_files(
+    paths: &[impl AsRef<std::path::Path>],
+    options: &TrendOptions,
+) -> Result<Trend, Error> {
+    let snapshots = paths
+        .iter()
+        .map(|p| snapdiff_format::read_path(p.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<String> = paths
+        .iter()
+        .map(|p| {
+            p.as_ref()
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        })
+        .collect();
+    let named: Vec<snapdiff_analyze::NamedSnapshot<'_>> = names
+        .iter()
+        .zip(&snapshots)
+        .map(|(name, snapshot)| snapdiff_analyze::NamedSnapshot { name, snapshot })
+        .collect();
+    Ok(snapdiff_analyze::trend_named(&named, options))
 }
