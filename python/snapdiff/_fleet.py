@@ -125,6 +125,8 @@ class Fleet:
     failed: List[dict] = field(default_factory=list)
     # Ranks whose memory outside the recorded sites keeps growing.
     outside: List[OutsideGrowth] = field(default_factory=list)
+    # With engine="ray": the snapshot files each Ray node read, by node id.
+    read_on: Dict[str, int] = field(default_factory=dict)
 
     def counts(self) -> str:
         """`48 ranks: 46 steady, 2 leaking`, then memory growing outside
@@ -201,7 +203,7 @@ def _ranks(ranks):
     return ", ".join("?" if r is None else str(r) for r in ranks)
 
 
-def _fleet_of(r, files=None, bytes_=None, unreadable=(), failed=()):
+def _fleet_of(r, files=None, bytes_=None, unreadable=(), failed=(), read_on=None):
     return Fleet(
         processes=r["processes"],
         steady=r["steady"],
@@ -245,6 +247,7 @@ def _fleet_of(r, files=None, bytes_=None, unreadable=(), failed=()):
         ],
         notes=r["notes"],
         failed=list(failed),
+        read_on=dict(read_on or {}),
         outside=[
             OutsideGrowth(
                 rank=m.get("rank"),
@@ -382,10 +385,21 @@ def _export(files):
         if code not in (0, 2) or not stdout.strip():
             raise RuntimeError(stderr.strip() or f"snapdiff export exited with {code}")
         said = json.loads(stdout)
+        said["node"] = _this_node()
         tables = {name: pq.read_table(os.path.join(out, name)) for name in _TABLES}
         return tables, said
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _this_node():
+    """The id of the Ray node this task runs on (None outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
 
 
 def _last_line(error):
@@ -449,6 +463,7 @@ def _fleet_on_ray(paths, warmup, tables, tasks_per_cpu):
     parts = {name: [] for name in _TABLES}
     files = bytes_ = 0
     unreadable = []
+    read_on = {}
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         batch = pending.pop(done[0])
@@ -462,6 +477,8 @@ def _fleet_on_ray(paths, warmup, tables, tasks_per_cpu):
         files += said["files"]
         bytes_ += said["bytes"]
         unreadable += said["unreadable"]
+        if said.get("node"):
+            read_on[said["node"]] = read_on.get(said["node"], 0) + said["files"]
     if not parts["sites.parquet"]:
         raise RuntimeError("every Ray task failed: " + "; ".join(f["error"] for f in failed))
 
@@ -474,4 +491,5 @@ def _fleet_on_ray(paths, warmup, tables, tasks_per_cpu):
     finally:
         if tables is None:
             shutil.rmtree(folder, ignore_errors=True)
-    return _fleet_of(r, files=files, bytes_=bytes_, unreadable=unreadable, failed=failed)
+    return _fleet_of(r, files=files, bytes_=bytes_, unreadable=unreadable, failed=failed,
+                     read_on=read_on)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,37 @@ def test_ray_reads_files_where_they_are_and_from_uris(job, cluster):
     from_uri = snapdiff.fleet(f"file://{folder}", engine="ray")
     assert without_sources(from_uri.ranks) == without_sources(here.ranks)
     assert from_uri.imbalance == here.imbalance
+
+
+def test_ray_on_three_nodes_reads_each_nodes_files_there_and_names_a_lost_node(job):
+    """A real cluster of three Ray nodes on this machine (in a process of
+    its own, see ray_nodes.py): each node reads the folders placed on it,
+    the verdict is `fleet`'s on all the files, and a node removed while the
+    fleet waits on it is named in `failed` while the rest is judged."""
+    need("ray", "pip install 'torch-snapdiff[ray]'")
+    need("pyarrow", "pip install 'torch-snapdiff[ray]'")
+    folder, truth = job
+    ran = subprocess.run(
+        [sys.executable, Path(__file__).with_name("ray_nodes.py"), folder],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    report = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert report["nodes"] == 3
+    # Each node read exactly the files placed on it.
+    assert report["read_on"] == report["placed"], report
+    assert report["processes"] == RANKS and report["files"] == truth["files"]
+    assert report["failed"] == []
+    here = snapdiff.fleet(folder)
+    assert report["leaks"] == [[l.ranks, l.culprit.file, l.culprit.line] for l in here.leaks]
+
+    after = report["after_removal"]
+    lost = [f for task in after["failed"] for f in task["files"]]
+    held = sorted(str(p) for p in sorted(folder.iterdir())[2::3])
+    assert lost == held, after["failed"]
+    assert after["lost"] not in after["read_on"], after
+    # The two nodes left judged their ranks: six of the eight node folders.
+    assert after["processes"] == RANKS * 6 // 8, after
 
 
 def test_ray_names_unreadable_files_and_failed_tasks_and_judges_the_rest(job, cluster, tmp_path):

@@ -176,7 +176,13 @@ pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
 fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
     if !path.is_dir() {
         if !path.exists() {
-            anyhow::bail!("{}: no such file or folder", crate::output::shown(path));
+            // Named, and the rest judged: a file that vanished between a
+            // listing and its reading (a Ray task's batch) fails alone.
+            inputs.unreadable.push(Unreadable {
+                source: path.to_string_lossy().into_owned(),
+                error: format!("{}: no such file or folder", crate::output::shown(path)),
+            });
+            return Ok(());
         }
         if !is_capture_file(path) && inputs.first_time(path) {
             inputs.take_file(path);
