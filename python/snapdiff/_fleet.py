@@ -305,24 +305,29 @@ def fleet(
 
 def _list_snapshots(path):
     """The snapshot files under `path` (a file, a folder searched
-    recursively, or a URI), as (filesystem URI prefix, path) pairs."""
+    recursively, or a URI), as (scheme prefix, path, query) triples: a
+    file's URI is their concatenation. The query (`?endpoint_override=...`,
+    for a server of the S3 protocol that is not AWS) is kept for each file."""
     import pyarrow.fs as pafs
 
     text = os.fspath(path)
+    query = ""
     if "://" in text:
         fs, root = pafs.FileSystem.from_uri(text)
         scheme = text.split("://", 1)[0]
         prefix = f"{scheme}://"
+        if "?" in text:
+            query = "?" + text.split("?", 1)[1]
     else:
         fs, root, prefix = pafs.LocalFileSystem(), os.path.abspath(text), ""
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"{text}: no such file or folder")
     if info.type == pafs.FileType.File:
-        return [(prefix, root)]
+        return [(prefix, root, query)]
     found = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     return sorted(
-        (prefix, f.path)
+        (prefix, f.path, query)
         for f in found
         if f.type == pafs.FileType.File and _SNAPSHOT.search(f.path)
         and not f.path.endswith(".owners.json")
@@ -338,11 +343,11 @@ def _batches(files, count):
     """`files` in about `count` batches, each rank's files in one batch
     (ranks told by their names; other files by their folder)."""
     by_process = {}
-    for prefix, path in files:
+    for prefix, path, query in files:
         name = os.path.basename(path)
         m = _PROCESS.match(name)
         key = (os.path.dirname(path), m.group(1)) if m else (os.path.dirname(path), "")
-        by_process.setdefault(key, []).append((prefix, path))
+        by_process.setdefault(key, []).append((prefix, path, query))
     groups = [by_process[k] for k in sorted(by_process)]
     size = max(1, -(-len(groups) // max(1, count)))
     return [sum(groups[i : i + size], []) for i in range(0, len(groups), size)]
@@ -357,14 +362,14 @@ def _export(files):
     work = tempfile.mkdtemp(prefix="snapdiff-fleet-")
     try:
         local = []
-        for prefix, path in files:
+        for prefix, path, query in files:
             if not prefix:
                 local.append(path)
                 continue
             # A file on remote storage: copied here with its folder's name
             # kept (and its manifest and owners), so that ranks are told,
             # and blocks' owners named, as at home.
-            fs, _ = pafs.FileSystem.from_uri(prefix + path)
+            fs, _ = pafs.FileSystem.from_uri(prefix + path + query)
             folder = os.path.join(work, "in", os.path.dirname(path).lstrip("/"))
             os.makedirs(folder, exist_ok=True)
             owners = os.path.splitext(os.path.basename(path))[0] + ".owners.json"
@@ -470,7 +475,7 @@ def _fleet_on_ray(paths, warmup, tables, tasks_per_cpu):
         try:
             got, said = ray.get(done[0])
         except ray.exceptions.RayError as e:
-            failed.append({"files": [p + f for p, f in batch], "error": _last_line(e)})
+            failed.append({"files": [p + f for p, f, _ in batch], "error": _last_line(e)})
             continue
         for name in _TABLES:
             parts[name].append(got[name])

@@ -152,6 +152,48 @@ def test_ray_on_three_nodes_reads_each_nodes_files_there_and_names_a_lost_node(j
     assert after["processes"] == RANKS * 6 // 8, after
 
 
+@pytest.fixture
+def s3_server():
+    """A real server of the S3 protocol on this machine (moto's server
+    mode, its own HTTP server on a free port): (host:port, a boto3 client)."""
+    moto_server = need("moto.server", "pip install 'moto[server]'")
+    boto3 = need("boto3", "pip install 'moto[server]'")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    client = boto3.client(
+        "s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+        aws_access_key_id="test", aws_secret_access_key="test",
+    )
+    yield f"{host}:{port}", client
+    server.stop()
+
+
+def test_ray_reads_a_job_from_object_storage_with_the_verdict_of_its_local_files(
+    job, cluster, s3_server
+):
+    """The job uploaded to an S3-protocol server and judged from there by
+    Ray tasks (`pyarrow.fs`, the endpoint in the URI's query kept for
+    every file): the same verdict as from the local files."""
+    folder, truth = job
+    endpoint, client = s3_server
+    client.create_bucket(Bucket="runs")
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            key = f"job/{path.relative_to(folder).as_posix()}"
+            # Readable without credentials: the Ray workers have none.
+            client.put_object(Bucket="runs", Key=key, Body=path.read_bytes(), ACL="public-read")
+    remote = snapdiff.fleet(f"s3://runs/job?endpoint_override={endpoint}&scheme=http",
+                            engine="ray")
+    here = snapdiff.fleet(folder)
+    assert remote.failed == [] and remote.unreadable == []
+    assert (remote.processes, remote.files) == (RANKS, truth["files"])
+    assert [(l.ranks, l.culprit) for l in remote.leaks] == [
+        (l.ranks, l.culprit) for l in here.leaks]
+    assert [(i.ranks, i.site.culprit) for i in remote.imbalance] == [
+        (i.ranks, i.site.culprit) for i in here.imbalance]
+
+
 def test_ray_names_unreadable_files_and_failed_tasks_and_judges_the_rest(job, cluster, tmp_path):
     folder, _ = job
     for rank in range(8):
