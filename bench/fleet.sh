@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# snapdiff fleet on generated jobs of 64 and 1,024 ranks x 10 steps, whole
+# snapdiff fleet on generated jobs of 64, 1,024 and (RANKS="64 1024 10000")
+# 10,000 ranks x 10 steps, whole
 # processes: wall time and peak resident memory (GNU time) with 1 and 2
 # threads, Parquet bytes per rank, the Ray path against the direct one on a
 # local cluster, and bytes per second per core against `trend`.
 #
-#   bash bench/fleet.sh
+#   bash bench/fleet.sh             # RANKS="64 1024 10000" bash bench/fleet.sh
 #
 # Writes the jobs once (bench/make_fleet.rs, from the real training trace in
 # ../shared/fixtures/torch) into target/fleet/. Needs GNU time; the Ray line
@@ -16,7 +17,8 @@ cargo build --release -q --example make_fleet
 snapdiff=$PWD/target/release/snapdiff
 source=../shared/fixtures/torch/cs336-medium-128-training.pickle
 dir=target/fleet
-for ranks in 64 1024; do
+sizes=${RANKS:-64 1024}
+for ranks in $sizes; do
   if [ ! -f $dir/$ranks/truth.json ]; then
     mkdir -p $dir/$ranks
     target/release/examples/make_fleet $source $ranks 10 $dir/$ranks/job > $dir/$ranks/truth.json.partial
@@ -40,7 +42,7 @@ best() {
 }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-for ranks in 64 1024; do
+for ranks in $sizes; do
   bytes=$(du -sb $dir/$ranks/job | cut -f1)
   for threads in 1 2; do
     read -r wall rss < <(best $snapdiff fleet $dir/$ranks/job -j $threads)

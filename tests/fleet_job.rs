@@ -164,23 +164,43 @@ pub fn make_fleet(source: &Path, ranks: u32, steps: u32, dir: &Path) -> Truth {
                 bytes: HELD_BYTES,
             }
         } else {
-            Extra::Nothing
+            return None; // a steady rank
         };
-        Job::steady(steps as usize).with(extra)
+        Some(Job::steady(steps as usize).with(extra))
     };
+    // Every steady rank replays the same job: it is run once, its dumps
+    // cut to one step's trace events, and each rank given its own
+    // addresses and sizes from them (10,000 ranks in minutes).
+    let mut steady = Vec::new();
+    Job::steady(steps as usize).run_dumping(&source, device, &mut |step, mut snap| {
+        for trace in &mut snap.traces {
+            let keep = trace.events.len().saturating_sub(events);
+            let kept: Vec<_> = trace.events.iter().skip(keep).collect();
+            trace.events = kept.into();
+        }
+        steady.push((step, snap));
+    });
     let written: Vec<(usize, u64)> = (0..ranks)
         .into_par_iter()
         .map(|rank| {
             let node = dir.join(format!("node{}", rank / 8));
             std::fs::create_dir_all(&node).expect("a node folder");
             let mut files = (0, 0);
-            job_of(rank).run_dumping(&source, device, &mut |step, snap| {
+            let mut write = |step: usize, snap: Snapshot| {
                 let path = node.join(format!("rank{rank}-step{step}.snap"));
                 let snap = as_rank(snap, rank, step as u32, events);
                 snapdiff_format::write_path(&path, &snap, Existing::Replace).expect("a snapshot");
                 files.0 += 1;
                 files.1 += std::fs::metadata(&path).map_or(0, |m| m.len());
-            });
+            };
+            match job_of(rank) {
+                Some(job) => {
+                    job.run_dumping(&source, device, &mut write);
+                }
+                None => steady
+                    .iter()
+                    .for_each(|(step, snap)| write(*step, snap.clone())),
+            }
             files
         })
         .collect();

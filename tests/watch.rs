@@ -357,6 +357,27 @@ fn watch_of_eight_gloo_ranks_raises_one_alert_naming_the_leaking_rank() {
         stdout.contains("8 ranks read from ") && stdout.contains(": 7 steady, 1 leaking"),
         "{stdout}"
     );
+    // Watching the ended job again, as JSON lines: its changes, then the verdict.
+    let run = crate::util::snapdiff([
+        "watch".as_ref(),
+        out.as_os_str(),
+        "--json".as_ref(),
+        "--no-status".as_ref(),
+    ] as [&std::ffi::OsStr; 4]);
+    run.expect_code(0);
+    let lines: Vec<Value> = run
+        .stdout()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (verdict, changes) = lines.split_last().unwrap();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0]["event"], "leaks");
+    assert_eq!(changes[0]["process"], "rank5");
+    assert_eq!(
+        (verdict["processes"].as_u64(), verdict["leaking"].as_u64()),
+        (Some(8), Some(1))
+    );
 }
 
 #[test]

@@ -30,6 +30,13 @@ pub fn write<T: Serialize>(out: &mut dyn Write, report: &T, top: usize) -> io::R
     writeln!(out)
 }
 
+/// [`write`] on one line: for a stream of JSON lines (`watch --json`).
+pub fn write_line<T: Serialize>(out: &mut dyn Write, report: &T, top: usize) -> io::Result<()> {
+    let value = tabled(serde_json::to_value(report).map_err(io::Error::other)?, top);
+    serde_json::to_writer(&mut *out, &value)?;
+    writeln!(out)
+}
+
 /// `report` in schema 2: `schema`, then its own fields with site lists cut
 /// and stacks replaced by indices, then the `frames` and `stacks` tables.
 fn tabled(report: Value, top: usize) -> Value {

@@ -50,7 +50,8 @@ pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
     let failed_fast = watcher.follow(&args.live, &stop, || false)?;
     let (fleet, verdicts) = watcher.finish();
     if args.report.json {
-        crate::output::print_json(&fleet, args.report.top)?;
+        // One line, after the changes' lines: a stream of JSON lines.
+        snapdiff_render::json::write_line(&mut std::io::stdout().lock(), &fleet, args.report.top)?;
     } else {
         let mut out = crate::output::text_out();
         writeln!(out)?;
