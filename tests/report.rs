@@ -29,7 +29,12 @@ fn chromium() -> Option<&'static str> {
 /// Opens `page` in headless chromium: its DOM after the script ran, and
 /// every console message. Saves a screenshot as `shot`.
 fn open(browser: &str, page: &Path, shot: &str) -> (String, Vec<String>) {
-    let url = format!("file://{}", page.display());
+    open_url(browser, &format!("file://{}", page.display()), shot)
+}
+
+/// [`open`] of a page's address, which may carry a fragment (`#rank=7`).
+fn open_url(browser: &str, url: &str, shot: &str) -> (String, Vec<String>) {
+    let url = url.to_owned();
     let flags = [
         "--headless",
         "--no-sandbox",
@@ -315,5 +320,92 @@ fn pinned_host_growth_is_said_in_the_page_not_an_all_clear() {
          after warm-up, rising at 9 of 9 checkpoints; in use 12.0 MiB → 12.0 MiB; cache \
          155 MiB in 25 free blocks of 5 sizes. The growth is free blocks the cache keeps, not \
          memory in use."
+    );
+}
+
+#[test]
+fn a_fleet_page_of_1024_ranks_shows_the_verdict_a_heat_map_and_each_ranks_report() {
+    let Some(source) = crate::util::shared_torch("cs336-medium-128-inference.pickle") else {
+        return;
+    };
+    let dir = tempdir();
+    let job = dir.path().join("job");
+    let truth = crate::fleet_job::make_fleet(&source, 1024, 10, &job);
+    let page = dir.path().join("fleet.html");
+    let run = snapdiff([
+        "report".as_ref(),
+        "--fleet".as_ref(),
+        job.as_os_str(),
+        "-o".as_ref(),
+        page.as_os_str(),
+    ] as [&std::ffi::OsStr; 5]);
+    run.expect_code(0);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.len() < 1 << 20,
+        "a page of {} bytes for 1,024 ranks",
+        html.len()
+    );
+    assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
+    let Some(browser) = chromium() else { return };
+    // Opened at a leaking rank's own report.
+    let leaking: Vec<u32> = truth
+        .leaks
+        .iter()
+        .flat_map(|l| l.ranks.iter().map(|(r, _)| *r))
+        .collect();
+    let shown = leaking[0];
+    let url = format!("file://{}#rank={shown}", page.display());
+    let (dom, console) = open_url(browser, &url, "fleet.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    assert!(
+        dom.contains(&format!("1024 ranks read from {} snapshots", truth.files))
+            && dom.contains(&format!("{} leaking", leaking.len())),
+        "{}",
+        &dom[..dom.len().min(3000)]
+    );
+    for leak in &truth.leaks {
+        let ranks: Vec<String> = leak.ranks.iter().map(|(r, _)| r.to_string()).collect();
+        assert!(
+            dom.contains(&format!(
+                "class=\"fleet-leak\" data-ranks=\"{}\"",
+                ranks.join(",")
+            )),
+            "leaking ranks {ranks:?} at {}",
+            leak.culprit.display()
+        );
+    }
+    assert_eq!(
+        attribute(&dom, "fleet-imbalance", "data-ranks").as_deref(),
+        Some("0"),
+        "rank 0's imbalance"
+    );
+    assert_eq!(
+        attribute(&dom, "heatmap", "data-rows").as_deref(),
+        Some("1024")
+    );
+    assert_eq!(
+        attribute(&dom, "heatmap", "data-columns").as_deref(),
+        Some("10")
+    );
+    let panel = dom
+        .split("id=\"rank-panel\"")
+        .nth(1)
+        .expect("the rank's report");
+    assert!(
+        panel.starts_with(&format!(" data-process=\"rank{shown}\"")),
+        "{}",
+        &panel[..panel.len().min(500)]
+    );
+    let culprit = &truth
+        .leaks
+        .iter()
+        .find(|l| l.ranks.iter().any(|(r, _)| *r == shown))
+        .unwrap()
+        .culprit;
+    assert!(
+        panel.contains("class=\"suspect\"") && panel.contains(&culprit.name),
+        "rank {shown}'s report names its leak, {}",
+        culprit.display()
     );
 }

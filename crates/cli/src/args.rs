@@ -187,8 +187,9 @@ pub(crate) struct StepsArgs {
 ///
 /// One file with a trace: its trend, timeline of live memory (top sites
 /// stacked, growing ones in red), peak and flame graph. Several snapshots:
-/// their trend. Two: their comparison. The page holds its data, script and
-/// styles: it opens from disk, offline.
+/// their trend. Two: their comparison. With --fleet, a job of many ranks:
+/// its verdict, a heat map of every rank and each rank's own report. The
+/// page holds its data, script and styles: it opens from disk, offline.
 #[derive(Debug, Args)]
 pub(crate) struct ReportPageArgs {
     /// Snapshot files (a trace, several snapshots, or BEFORE AFTER), or a
@@ -204,6 +205,10 @@ pub(crate) struct ReportPageArgs {
     /// Checkpoints at the start that are warm-up, as for trend.
     #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
     pub(crate) warmup: usize,
+    /// The page of a whole job, as `fleet` judges it: FILEs are its
+    /// snapshots, folders of ranks or site-table folders.
+    #[arg(long)]
+    pub(crate) fleet: bool,
 }
 
 /// Draw live memory by stack as a flame graph (SVG), or write folded stacks.

@@ -21,6 +21,9 @@ const TABLE_ROWS: usize = 25;
 
 /// The top-level entry point for `snapdiff report`.
 pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
+    if args.fleet {
+        return fleet_page(&args);
+    }
     // A folder stands for the snapshots in it, as for `trend`.
     let files = &crate::cmd::trend::snapshots_in(&args.files)?;
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -109,6 +112,25 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
     };
     crate::output::write_output(&args.output, args.force, |out| write_page(&page, out))?;
     Ok(Exit::Clean)
+}
+
+/// `report --fleet`: the job judged as `fleet` judges it, drawn as one page.
+fn fleet_page(args: &ReportPageArgs) -> anyhow::Result<Exit> {
+    let mut trend = TrendOptions::default();
+    trend.warmup = args.warmup;
+    let threads = crate::args::ThreadArgs { threads: None };
+    let judged = crate::cmd::fleet::judge_paths(&args.files, None, trend, &threads, false)?;
+    let exit = if judged.unreadable.is_empty() {
+        Exit::Clean
+    } else {
+        Exit::Error
+    };
+    let fleet = judged.into_fleet();
+    let names: Vec<String> = args.files.iter().map(|f| f.display().to_string()).collect();
+    crate::output::write_output(&args.output, args.force, |out| {
+        snapdiff_render::html::write_fleet_page(&fleet, &names, out)
+    })?;
+    Ok(exit)
 }
 
 /// Live memory over the trace of the peak's device, for the largest sites

@@ -127,6 +127,63 @@ pub fn write_page(page: &Page<'_>, out: &mut dyn Write) -> io::Result<()> {
     out.write_all(html.as_bytes())
 }
 
+/// Writes the page of a whole job (`snapdiff report --fleet`): the
+/// verdict, the leaking lines and imbalanced ranks, a heat map of every
+/// rank's live memory over its checkpoints, and each rank's own report a
+/// click away (or at `#rank=N`). `files`: the paths it was read from.
+#[cfg(feature = "fleet")]
+pub fn write_fleet_page(
+    fleet: &snapdiff_fleet::Fleet,
+    files: &[String],
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let ranks: Vec<Value> = fleet
+        .members
+        .iter()
+        .map(|m| {
+            json!({
+                "process": m.member.process,
+                "rank": m.member.rank,
+                "device": m.member.device,
+                "verdict": m.verdict,
+                "steps": m.checkpoints.iter().map(|c| c.step).collect::<Vec<_>>(),
+                "allocated": m.checkpoints.iter().map(|c| c.allocated_bytes).collect::<Vec<_>>(),
+                "suspected_bytes": m.suspected_bytes,
+                "suspects": m.suspects,
+                "notes": m.notes,
+            })
+        })
+        .collect();
+    let data = json!({
+        "files": files,
+        "fleet": {
+            "processes": fleet.processes,
+            "steady": fleet.steady,
+            "leaking": fleet.leaking,
+            "too_few_checkpoints": fleet.too_few_checkpoints,
+            "files": fleet.files,
+            "bytes": fleet.bytes,
+            "unreadable": fleet.unreadable,
+            "leaks": fleet.leaks,
+            "imbalance": fleet.imbalance,
+            "notes": fleet.notes,
+            "ranks": ranks,
+        },
+    });
+    let data = script_json(&serde_json::to_string(&data).map_err(io::Error::other)?);
+    let files = escape(&files.join(", "));
+    let html = fill(PAGE, |name| match name {
+        "TITLE" => "snapdiff fleet report",
+        "STYLE" => STYLE,
+        "FILES" => files.as_str(),
+        "FLAMEGRAPH" => "",
+        "SCRIPT" => SCRIPT,
+        "DATA" => data.as_str(),
+        _ => unreachable!("page.html has no placeholder {name}"),
+    });
+    out.write_all(html.as_bytes())
+}
+
 /// `template` with each `{{NAME}}` replaced by `value(NAME)`, in one pass:
 /// a value is never searched for placeholders, so text from a file (a file
 /// name holding `{{DATA}}`) stays text. Each value must already be escaped

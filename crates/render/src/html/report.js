@@ -235,10 +235,166 @@ function comparison(section) {
   })));
 }
 
+// A whole job (report --fleet): the verdict, the leaking lines and the
+// imbalanced ranks, a heat map of every rank's live memory over its
+// checkpoints, and one rank's own report, opened by a click (or #rank=N).
+function rankName(r) { return r.rank != null ? `rank ${r.rank}` : r.process; }
+
+function rankLinks(names) {
+  const shown = names.slice(0, 12);
+  const span = el("span", { class: "ranks" });
+  shown.forEach((n, i) => {
+    if (i) span.append(", ");
+    span.append(el("a", { href: `#rank=${encodeURIComponent(n.key)}` }, n.label));
+  });
+  if (names.length > shown.length) span.append(` and ${names.length - shown.length} more`);
+  return span;
+}
+
+function memberKey(m) { return m.rank != null ? String(m.rank) : m.process; }
+
+function fleet(section) {
+  const f = data.fleet;
+  if (!f) return;
+  const unjudged = f.too_few_checkpoints ? `, ${f.too_few_checkpoints} with too few checkpoints to judge` : "";
+  const box = el("p", { class: "verdict" + (f.leaking ? " leak" : f.too_few_checkpoints === f.processes ? " none" : ""), id: "fleet-text" });
+  box.textContent = `${f.processes} rank${f.processes === 1 ? "" : "s"} read from ${f.files} snapshot${f.files === 1 ? "" : "s"} (${size(f.bytes)}): ${f.steady} steady, ${f.leaking} leaking${unjudged}.`;
+  section.append(box);
+  for (const u of f.unreadable.slice(0, 10)) section.append(el("p", { class: "note unreadable" }, "Could not be read: " + u.error));
+  if (f.unreadable.length > 10) section.append(el("p", { class: "note" }, `and ${f.unreadable.length - 10} more files could not be read`));
+  if (f.leaks.length) {
+    section.append(el("h2", {}, "Leaking lines (memory that keeps growing)"));
+    section.append(table([["culprit", false], ["ranks", false], ["growth a step", true], ["held by", false]], f.leaks.map(l => {
+      const name = cell(culprit(l.site), { class: "culprit" });
+      hover(name, () => stackText(l.site));
+      const rates = l.members.map(m => m.growth_per_step != null ? m.growth_per_step : m.growth_per_checkpoint);
+      const [lo, hi] = [Math.min(...rates), Math.max(...rates)];
+      const rate = size(Math.round(lo)) === size(Math.round(hi)) ? size(Math.round(lo)) : `${size(Math.round(lo))} to ${size(Math.round(hi))}`;
+      const ranks = el("td");
+      ranks.append(rankLinks(l.members.map(m => ({ key: memberKey(m), label: rankName(m) }))));
+      const held = l.held_by && l.held_by.length ? l.held_by[0].owner : "";
+      return el("tr", { class: "fleet-leak", "data-ranks": l.members.map(memberKey).join(",") }, name, ranks, cell(rate, { class: "num grow" }), cell(held, { class: "culprit" }));
+    })));
+  } else if (f.too_few_checkpoints < f.processes) {
+    section.append(el("p", { class: "note" }, "No rank's memory keeps growing at any line."));
+  }
+  if (f.imbalance.length) {
+    section.append(el("h2", {}, "Imbalance (ranks holding far more than the median rank; not growth)"));
+    section.append(table([["culprit", false], ["ranks", false], ["median", true], ["most over it", true]], f.imbalance.map(i => {
+      const name = cell(culprit(i.site), { class: "culprit" });
+      hover(name, () => stackText(i.site));
+      const ranks = el("td");
+      ranks.append(rankLinks(i.members.map(m => ({ key: memberKey(m), label: rankName(m) }))));
+      return el("tr", { class: "fleet-imbalance", "data-ranks": i.members.map(memberKey).join(",") }, name, ranks,
+        cell(size(i.median_bytes), { class: "num" }), cell(size(Math.max(...i.members.map(m => m.excess_bytes))), { class: "num" }));
+    })));
+  }
+  heatmap(section, f);
+  section.append(el("div", { id: "rank-panel" }));
+  for (const n of f.notes) section.append(el("p", { class: "note" }, "Note: " + n));
+  const open = () => {
+    const m = /^#rank=(.+)$/.exec(location.hash);
+    if (m) rankReport(f, decodeURIComponent(m[1]));
+  };
+  window.addEventListener("hashchange", open);
+  open();
+}
+
+// Rows: ranks in order; columns: their checkpoints. Each cell is the
+// rank's live memory against the median rank's at that checkpoint: red
+// above it, blue below, deeper the farther (on a log scale, from 1 MiB
+// to the largest difference). A leak reddens toward the right; an
+// imbalanced rank is red throughout. A red mark before a leaking rank,
+// amber before an imbalanced one.
+function heatmap(section, f) {
+  const ranks = f.ranks;
+  if (!ranks.length) return;
+  const columns = Math.max(...ranks.map(r => r.allocated.length), 1);
+  const medians = [];
+  for (let c = 0; c < columns; c++) {
+    const values = ranks.map(r => r.allocated[c]).filter(v => v != null).sort((a, b) => a - b);
+    medians.push(values.length ? values[Math.floor(values.length / 2)] : 0);
+  }
+  const MiB = 1048576;
+  let most = MiB;
+  for (const r of ranks) r.allocated.forEach((v, c) => { most = Math.max(most, Math.abs(v - medians[c])); });
+  const depth = d => Math.min(1, Math.log1p(Math.abs(d) / MiB) / Math.log1p(most / MiB));
+  const rowH = Math.max(1, Math.min(14, Math.floor(700 / ranks.length)));
+  const gutter = 8, width = 960, cellW = (width - gutter) / columns;
+  section.append(el("h2", {}, `Every rank's live memory over its checkpoints, against the median rank (${ranks.length} rows; click one for its report)`));
+  section.append(el("p", { class: "note" }, `Red: more than the median rank at that checkpoint, blue: less, deeper the farther (up to ${size(most)}). A leak reddens toward the right; an imbalanced rank is red throughout.`));
+  const canvas = el("canvas", { id: "heatmap", class: "heatmap", width: String(width), height: String(ranks.length * rowH), "data-rows": String(ranks.length), "data-columns": String(columns) });
+  const g = canvas.getContext("2d");
+  const imbalanced = new Set(f.imbalance.flatMap(i => i.members.map(memberKey)));
+  ranks.forEach((r, row) => {
+    const y = row * rowH;
+    g.fillStyle = r.verdict === "leaking" ? "#d62728" : imbalanced.has(memberKey(r)) ? "#f0a30a" : "#ffffff";
+    g.fillRect(0, y, gutter - 2, rowH);
+    r.allocated.forEach((v, c) => {
+      const d = v - medians[c], t = depth(d);
+      g.fillStyle = d >= 0
+        ? `rgb(255,${Math.round(255 - 215 * t)},${Math.round(255 - 215 * t)})`
+        : `rgb(${Math.round(255 - 215 * t)},${Math.round(255 - 150 * t)},255)`;
+      g.fillRect(gutter + c * cellW, y, Math.ceil(cellW), rowH);
+    });
+  });
+  const at = ev => {
+    const box = canvas.getBoundingClientRect();
+    const row = Math.floor(((ev.clientY - box.top) / box.height) * ranks.length);
+    const col = Math.floor((((ev.clientX - box.left) / box.width) * width - gutter) / cellW);
+    return [ranks[Math.min(Math.max(row, 0), ranks.length - 1)], col];
+  };
+  canvas.addEventListener("mousemove", ev => {
+    const [r, col] = at(ev);
+    const v = r.allocated[col];
+    const step = r.steps[col] != null ? `step ${r.steps[col]}` : `checkpoint ${col + 1}`;
+    const against = v != null ? v - medians[col] : 0;
+    tooltip.textContent = `${rankName(r)} (${r.verdict.replaceAll("_", " ")})` + (v != null ? `\n${step}: ${size(v)} allocated, ${against >= 0 ? "+" : ""}${size(against)} against the median rank` : "");
+    tooltip.style.whiteSpace = "pre";
+    tooltip.style.display = "block";
+    tooltip.style.left = Math.min(ev.clientX + 14, window.innerWidth - 620) + "px";
+    tooltip.style.top = ev.clientY + 14 + "px";
+  });
+  canvas.addEventListener("mouseleave", () => { tooltip.style.display = "none"; });
+  canvas.addEventListener("click", ev => { location.hash = `rank=${encodeURIComponent(memberKey(at(ev)[0]))}`; });
+  section.append(canvas);
+}
+
+// One rank's own report: its verdict, its suspects with their evidence,
+// its live memory over its checkpoints, its notes.
+function rankReport(f, key) {
+  const panel = document.getElementById("rank-panel");
+  panel.replaceChildren();
+  const members = f.ranks.filter(r => memberKey(r) === key);
+  if (!members.length) { panel.append(el("p", { class: "note" }, `No rank ${key} in this job.`)); return; }
+  panel.setAttribute("data-process", members[0].process);
+  for (const r of members) {
+    panel.append(el("h2", {}, `${rankName(r)}${members.length > 1 ? `, device ${r.device}` : ""}: ${r.verdict.replaceAll("_", " ")}`));
+    const live = el("p", { class: "note" }, `Live memory over ${r.allocated.length} checkpoints: `);
+    live.append(sparkline(r.allocated));
+    hover(live, () => r.allocated.map((v, i) => `${r.steps[i] != null ? "step " + r.steps[i] : "checkpoint " + (i + 1)}: ${size(v)}`).join("\n"));
+    panel.append(live);
+    if (r.suspects.length) {
+      panel.append(table([["culprit", false], ["growth", true], ["per step", true], ["live bytes", false]], r.suspects.map(s => {
+        const name = cell(culprit(s), { class: "culprit" });
+        hover(name, () => stackText(s));
+        const evidence = el("td");
+        evidence.append(sparkline(s.series));
+        const perStep = s.growth_per_step != null ? size(Math.round(s.growth_per_step)) : size(s.growth_per_checkpoint) + " a checkpoint";
+        return el("tr", { class: "suspect" }, name, cell(size(s.growth_bytes), { class: "num grow" }), cell(perStep, { class: "num" }), evidence);
+      })));
+    }
+    for (const n of r.notes) panel.append(el("p", { class: "note" }, "Note: " + n));
+  }
+  panel.scrollIntoView();
+}
+
 const main = document.getElementById("report");
+fleet(main);
 processes(main);
 verdict(main);
 comparison(main);
 timeline(main);
 peak(main);
+document.body.setAttribute("data-render-ms", String(Math.round(performance.now())));
 document.body.setAttribute("data-ready", "yes");

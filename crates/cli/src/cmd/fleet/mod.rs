@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use snapdiff_analyze::TrendOptions;
 use snapdiff_fleet::{
-    FleetOptions, ProcessRows, ProcessVerdict, StackStore, Unreadable, fleet_verdict, judge,
+    Fleet, FleetOptions, ProcessRows, ProcessVerdict, StackStore, Unreadable, fleet_verdict, judge,
     read_tables,
 };
 use snapdiff_render::text::size;
@@ -25,16 +25,79 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
     trend.rules = args.report.rules()?;
     trend.warmup = args.warmup;
     trend.device_memory = args.device_memory;
-    let mut options = FleetOptions::default();
-    options.trend = trend;
     let paths = inputs::with_paths_from(&args.paths, args.paths_from.as_deref())?;
-    let inputs = find(&paths)?;
-    let stacks = StackStore::new();
-    let verdicts = Mutex::new(Vec::new());
     // The text verdict of the job needs less of each rank than its JSON
     // row or its own report: what it does not need is dropped as each rank
     // is judged, so that memory barely grows with the number of ranks.
     let slim = !args.report.json && args.rank.is_none();
+    let judged = judge_paths(&paths, args.rank.as_deref(), trend, &args.threads, slim)?;
+    let exit = exit_code(&judged.verdicts, &judged.unreadable, args.max_growth);
+    if args.rank.is_some() {
+        if let Some(note) = &judged.runs_note {
+            eprintln!("snapdiff: note: {note}");
+        }
+        print_rank(&judged.verdicts, &args)?;
+        return Ok(exit);
+    }
+    let fleet = judged.into_fleet();
+    if args.report.json {
+        crate::output::print_json(&fleet, args.report.top)?;
+    } else {
+        snapdiff_render::fleet::write_text(
+            &fleet,
+            &args.report.text(),
+            &mut crate::output::text_out(),
+        )?;
+    }
+    Ok(exit)
+}
+
+/// Every rank of a job judged, and what reading it came to.
+pub(crate) struct Judged {
+    /// Each rank's verdict.
+    pub(crate) verdicts: Vec<ProcessVerdict>,
+    /// Files and folders that could not be read, in path order.
+    pub(crate) unreadable: Vec<Unreadable>,
+    files: usize,
+    bytes: u64,
+    runs_note: Option<String>,
+    stacks: StackStore,
+    options: FleetOptions,
+}
+
+impl Judged {
+    /// The job's verdict (see `fleet_verdict`).
+    pub(crate) fn into_fleet(self) -> Fleet {
+        let stacks = self.stacks.into_inner();
+        let mut fleet = fleet_verdict(
+            self.verdicts,
+            &stacks,
+            &self.options,
+            self.unreadable,
+            self.files,
+            self.bytes,
+        );
+        fleet.notes.extend(self.runs_note);
+        fleet
+    }
+}
+
+/// Reads the snapshots and site tables `paths` name (`only`: one rank's)
+/// on the pool `threads` asks for, and judges each rank as it is read;
+/// `slim` keeps of each only what the text verdict needs. Unreadable
+/// files are said on stderr here, and kept.
+pub(crate) fn judge_paths(
+    paths: &[std::path::PathBuf],
+    only: Option<&str>,
+    trend: TrendOptions,
+    threads: &ThreadArgs,
+    slim: bool,
+) -> anyhow::Result<Judged> {
+    let mut options = FleetOptions::default();
+    options.trend = trend;
+    let inputs = find(paths)?;
+    let stacks = StackStore::new();
+    let verdicts = Mutex::new(Vec::new());
     let keep = |rows| {
         let mut verdict = judge(rows, &stacks.read(), &options.trend);
         if slim {
@@ -45,10 +108,9 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
             .unwrap_or_else(|e| e.into_inner())
             .push(verdict);
     };
-    let (mut unreadable, files, bytes, runs_note) = in_pool(&args.threads, || {
-        let unreadable =
-            read_table_folders(&inputs.table_folders, args.rank.as_deref(), &stacks, keep);
-        let outcome = read_processes(&inputs.snapshots, args.rank.as_deref(), &stacks, keep);
+    let (mut unreadable, files, bytes, runs_note) = in_pool(threads, || {
+        let unreadable = read_table_folders(&inputs.table_folders, only, &stacks, keep);
+        let outcome = read_processes(&inputs.snapshots, only, &stacks, keep);
         let note = outcome.earlier_runs_note();
         let mut all = unreadable;
         all.extend(outcome.unreadable);
@@ -61,32 +123,20 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
         eprintln!("snapdiff: {}", u.error);
     }
     if verdicts.is_empty() {
-        anyhow::bail!(match &args.rank {
+        anyhow::bail!(match only {
             Some(r) => format!("no snapshot of rank {r} could be read"),
             None => "no snapshot could be read".to_owned(),
         });
     }
-    let exit = exit_code(&verdicts, &unreadable, args.max_growth);
-    if args.rank.is_some() {
-        if let Some(note) = &runs_note {
-            eprintln!("snapdiff: note: {note}");
-        }
-        print_rank(&verdicts, &args)?;
-        return Ok(exit);
-    }
-    let stacks = stacks.into_inner();
-    let mut fleet = fleet_verdict(verdicts, &stacks, &options, unreadable, files, bytes);
-    fleet.notes.extend(runs_note);
-    if args.report.json {
-        crate::output::print_json(&fleet, args.report.top)?;
-    } else {
-        snapdiff_render::fleet::write_text(
-            &fleet,
-            &args.report.text(),
-            &mut crate::output::text_out(),
-        )?;
-    }
-    Ok(exit)
+    Ok(Judged {
+        verdicts,
+        unreadable,
+        files,
+        bytes,
+        runs_note,
+        stacks,
+        options,
+    })
 }
 
 /// Runs `work` on a rayon pool of `threads` threads (all cores by default).
