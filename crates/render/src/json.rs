@@ -30,7 +30,7 @@ pub fn write<T: Serialize>(out: &mut dyn Write, report: &T, top: usize) -> io::R
     writeln!(out)
 }
 
-/// [`write`] on one line: for a stream of JSON lines (`watch --json`).
+/// [`write()`] on one line: for a stream of JSON lines (`watch --json`).
 pub fn write_line<T: Serialize>(out: &mut dyn Write, report: &T, top: usize) -> io::Result<()> {
     let value = tabled(serde_json::to_value(report).map_err(io::Error::other)?, top);
     serde_json::to_writer(&mut *out, &value)?;
