@@ -112,7 +112,7 @@ def main():
     watch.send_signal(signal.SIGINT)
     out, _ = watch.communicate(timeout=600)
     print(next((l for l in out.splitlines() if " read from " in l), "(no verdict)"))
-    leaking = sorted(r for leak in truth["leaks"] for r, _ in leak["ranks"])
+    leaking = sorted({r for leak in truth["leaks"] for r, _ in leak["ranks"]})
     right = f"{ranks - len(leaking)} steady, {len(leaking)} leaking" in out and all(
         f"rank{r}" in out for r in leaking
     )
