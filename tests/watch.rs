@@ -118,6 +118,36 @@ fn samples<'a>(scraped: &'a Value, name: &str, line: Option<&str>) -> Vec<&'a Va
         .collect()
 }
 
+/// A job under `capture --watch --metrics --exec EXEC` (a dump every 2
+/// steps, polled every 200 ms), writing its step to `dir/progress` and,
+/// after its last step, waiting for `dir/go`; `job` adds the training
+/// script's own flags.
+fn watched_job(dir: &Path, exec: &str, job: &[&str]) -> Running {
+    let (progress, go) = (dir.join("progress"), dir.join("go"));
+    let (progress, go) = (progress.display().to_string(), go.display().to_string());
+    let mut script = vec![
+        "--device",
+        "cpu",
+        "--progress",
+        &progress,
+        "--wait-for",
+        &go,
+    ];
+    script.extend_from_slice(job);
+    let flags = [
+        "--every",
+        "2",
+        "--watch",
+        "--poll",
+        "200ms",
+        "--metrics",
+        "127.0.0.1:0",
+        "--exec",
+        exec,
+    ];
+    Running::start(capture_args(&dir.join("out"), &flags, &script))
+}
+
 fn quoted(path: &Path) -> String {
     format!("'{}'", path.display())
 }
@@ -128,11 +158,7 @@ fn capture_watch_alerts_before_the_last_step_names_the_line_and_serves_it_as_met
         return;
     }
     let dir = tempdir();
-    let (out, progress, go) = (
-        dir.path().join("out"),
-        dir.path().join("progress"),
-        dir.path().join("go"),
-    );
+    let (progress, go) = (dir.path().join("progress"), dir.path().join("go"));
     let (alert, alert_step) = (dir.path().join("alert.json"), dir.path().join("alert-step"));
     // The alert records the job's step when it came, and its JSON.
     let exec = format!(
@@ -141,35 +167,11 @@ fn capture_watch_alerts_before_the_last_step_names_the_line_and_serves_it_as_met
         s = quoted(&alert_step),
         a = quoted(&alert)
     );
-    let (progress_arg, go_arg) = (progress.display().to_string(), go.display().to_string());
-    let job = Running::start(capture_args(
-        &out,
-        &[
-            "--every",
-            "2",
-            "--watch",
-            "--poll",
-            "200ms",
-            "--metrics",
-            "127.0.0.1:0",
-            "--exec",
-            &exec,
-        ],
-        &[
-            "--steps",
-            "60",
-            "--leak",
-            "cache-dict",
-            "--leak-from",
-            "20",
-            "--device",
-            "cpu",
-            "--progress",
-            &progress_arg,
-            "--wait-for",
-            &go_arg,
-        ],
-    ));
+    let job = watched_job(
+        dir.path(),
+        &exec,
+        &["--steps", "60", "--leak", "cache-dict", "--leak-from", "20"],
+    );
     let url = job.metrics_url();
     wait_until("alert", || alert.exists());
     let step: u64 = std::fs::read_to_string(&alert_step)
@@ -230,38 +232,10 @@ fn a_steady_job_raises_no_alert_and_its_metrics_say_no_suspect() {
         return;
     }
     let dir = tempdir();
-    let (out, progress, go) = (
-        dir.path().join("out"),
-        dir.path().join("progress"),
-        dir.path().join("go"),
-    );
+    let (progress, go) = (dir.path().join("progress"), dir.path().join("go"));
     let alert = dir.path().join("alert");
     let exec = format!("touch {}", quoted(&alert));
-    let (progress_arg, go_arg) = (progress.display().to_string(), go.display().to_string());
-    let job = Running::start(capture_args(
-        &out,
-        &[
-            "--every",
-            "2",
-            "--watch",
-            "--poll",
-            "200ms",
-            "--metrics",
-            "127.0.0.1:0",
-            "--exec",
-            &exec,
-        ],
-        &[
-            "--steps",
-            "40",
-            "--device",
-            "cpu",
-            "--progress",
-            &progress_arg,
-            "--wait-for",
-            &go_arg,
-        ],
-    ));
+    let job = watched_job(dir.path(), &exec, &["--steps", "40"]);
     let url = job.metrics_url();
     wait_until("last step", || {
         std::fs::read_to_string(&progress).is_ok_and(|s| s.trim() == "40")

@@ -434,15 +434,8 @@ pub(crate) struct FleetArgs {
     /// process as the verdict names it (rank7, pid812).
     #[arg(long, value_name = "R")]
     pub(crate) rank: Option<String>,
-    /// Exit with code 1 when a rank's suspected growth exceeds SIZE (e.g. 1GiB).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub(crate) max_growth: Option<u64>,
-    /// Checkpoints at the start of each rank's series that are warm-up.
-    #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
-    pub(crate) warmup: usize,
-    /// Total device memory, for the time-to-full estimate, when the files do not record it.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub(crate) device_memory: Option<u64>,
+    #[command(flatten)]
+    pub(crate) judge: JudgeArgs,
     #[command(flatten)]
     pub(crate) threads: ThreadArgs,
 }
@@ -467,6 +460,14 @@ pub(crate) struct WatchArgs {
     pub(crate) live: LiveArgs,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
+    #[command(flatten)]
+    pub(crate) judge: JudgeArgs,
+}
+
+/// How each rank of a job is judged, and when that fails the command
+/// (`fleet`, `watch`).
+#[derive(Debug, Args)]
+pub(crate) struct JudgeArgs {
     /// Exit with code 1 when a rank's suspected growth exceeds SIZE (e.g. 1GiB).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub(crate) max_growth: Option<u64>,
@@ -476,6 +477,20 @@ pub(crate) struct WatchArgs {
     /// Total device memory, for the time-to-full estimate, when the files do not record it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub(crate) device_memory: Option<u64>,
+}
+
+impl JudgeArgs {
+    /// The trend options these flags ask for, with `report`'s culprit rules.
+    pub(crate) fn trend(
+        &self,
+        report: &ReportArgs,
+    ) -> anyhow::Result<snapdiff_analyze::TrendOptions> {
+        let mut trend = snapdiff_analyze::TrendOptions::default();
+        trend.rules = report.rules()?;
+        trend.warmup = self.warmup;
+        trend.device_memory = self.device_memory;
+        Ok(trend)
+    }
 }
 
 /// How a job is followed while it runs (`watch`, `capture --watch`).

@@ -21,17 +21,14 @@ pub(crate) use read::read_processes;
 
 /// The top-level entry point for `snapdiff fleet`.
 pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
-    let mut trend = TrendOptions::default();
-    trend.rules = args.report.rules()?;
-    trend.warmup = args.warmup;
-    trend.device_memory = args.device_memory;
+    let trend = args.judge.trend(&args.report)?;
     let paths = inputs::with_paths_from(&args.paths, args.paths_from.as_deref())?;
     // The text verdict of the job needs less of each rank than its JSON
     // row or its own report: what it does not need is dropped as each rank
     // is judged, so that memory barely grows with the number of ranks.
     let slim = !args.report.json && args.rank.is_none();
     let judged = judge_paths(&paths, args.rank.as_deref(), trend, &args.threads, slim)?;
-    let exit = exit_code(&judged.verdicts, &judged.unreadable, args.max_growth);
+    let exit = exit_code(&judged.verdicts, &judged.unreadable, args.judge.max_growth);
     if args.rank.is_some() {
         if let Some(note) = &judged.runs_note {
             eprintln!("snapdiff: note: {note}");

@@ -36,10 +36,7 @@ const ALERTS_GRACE: Duration = Duration::from_secs(10);
 
 /// The top-level entry point for `snapdiff watch`.
 pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
-    let mut trend = TrendOptions::default();
-    trend.rules = args.report.rules()?;
-    trend.warmup = args.warmup;
-    trend.device_memory = args.device_memory;
+    let trend = args.judge.trend(&args.report)?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // The first asks for the verdict so far; a second ends at once.
@@ -63,7 +60,7 @@ pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
     Ok(crate::cmd::fleet::exit_code(
         &verdicts,
         &fleet.unreadable,
-        args.max_growth,
+        args.judge.max_growth,
     ))
 }
 
