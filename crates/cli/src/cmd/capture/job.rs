@@ -135,7 +135,7 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
                 dir.clone(),
                 &args.live,
                 &args.report,
-                child.id(),
+                (child.id(), started),
                 std::sync::Arc::clone(&job_ended),
             )
         })

@@ -150,11 +150,20 @@ impl Follower {
         (ready, unreadable)
     }
 
-    /// Takes every dump waiting as read: those in the folders before the
-    /// job began are not its own.
-    pub(crate) fn pass_over_waiting(&mut self) {
-        let waiting: Vec<PathBuf> = self.waiting.keys().cloned().collect();
-        for path in waiting {
+    /// Takes the dumps waiting that were last written before `started` as
+    /// read: those in the folders before the job began are not its own.
+    pub(crate) fn pass_over_older_than(&mut self, started: SystemTime) {
+        let older: Vec<PathBuf> = self
+            .waiting
+            .keys()
+            .filter(|p| {
+                std::fs::metadata(p)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t < started)
+            })
+            .cloned()
+            .collect();
+        for path in older {
             self.read(&path);
         }
     }

@@ -65,13 +65,14 @@ pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
 }
 
 /// `capture --watch`: follows `dir` on a thread of its own while the job
-/// runs, until `ended` is set; with `--fail-fast`, the first suspect ends
-/// the job (SIGTERM to `job`) and the thread returns true.
+/// (process `job`, started at `started`) runs, until `ended` is set; with
+/// `--fail-fast`, the first suspect ends the job (SIGTERM) and the thread
+/// returns true.
 pub(crate) fn beside_capture(
     dir: PathBuf,
     live: &LiveArgs,
     report: &ReportArgs,
-    job: u32,
+    (job, started): (u32, std::time::SystemTime),
     ended: Arc<AtomicBool>,
 ) -> anyhow::Result<std::thread::JoinHandle<bool>> {
     let mut trend = TrendOptions::default();
@@ -79,7 +80,7 @@ pub(crate) fn beside_capture(
     let mut watcher = Watcher::new(std::slice::from_ref(&dir), live, report, trend, Say::Stderr)?;
     // Dumps of earlier runs in the folder are not this job's.
     watcher.follower.poll(false);
-    watcher.follower.pass_over_waiting();
+    watcher.follower.pass_over_older_than(started);
     let poll = live.poll;
     let fail_fast = live.fail_fast;
     Ok(std::thread::spawn(move || {
