@@ -459,3 +459,52 @@ fn dumps_that_arrive_in_pieces_are_read_once_each_when_whole() {
     assert!(stdout.lines().any(|l| l.contains(" leaks at ")), "{stdout}");
     assert!(!stderr.contains("cannot"), "{stderr}");
 }
+
+#[test]
+fn capture_watch_judges_only_its_own_jobs_dumps() {
+    // A Rust job (the built-in trainer, dumping at once from its first
+    // steps) captured with --watch into a folder holding an earlier,
+    // leaking run: only the new run is judged.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    leaking_training_job(&out, 40, 4);
+    let watched = |leak: &str| {
+        crate::util::snapdiff([
+            "capture",
+            "-o",
+            out.to_str().unwrap(),
+            "--every",
+            "4",
+            "--watch",
+            "--poll",
+            "100ms",
+            "--no-report",
+            "--",
+            SNAPDIFF,
+            "train",
+            "--steps",
+            "40",
+            "--leak",
+            leak,
+            "--log-every",
+            "0",
+        ])
+    };
+    let steady = watched("none");
+    steady.expect_code(0);
+    assert!(
+        !steady.stderr().contains(" leaks at "),
+        "{}",
+        steady.stderr()
+    );
+    let leaking = watched("keep-activations");
+    leaking.expect_code(0);
+    let said: Vec<String> = leaking
+        .stderr()
+        .lines()
+        .filter(|l| l.contains(" leaks at "))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(said.len(), 1, "{}", leaking.stderr());
+    assert!(said[0].contains("model.rs:"), "{said:?}");
+}
