@@ -32,17 +32,14 @@ pub(crate) fn process_of_snapshot(path: &Path, snap: &Snapshot, writer: Option<&
 }
 
 /// Items grouped by the name paired with each, groups sorted by name, items
-/// kept in their order.
+/// kept in their order. (A map, not a search of the groups so far: a job
+/// of 10,000 ranks has 100,000 files.)
 pub(crate) fn group<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
-    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+    let mut groups: std::collections::BTreeMap<String, Vec<T>> = Default::default();
     for (name, item) in items {
-        match groups.iter_mut().find(|(g, _)| *g == name) {
-            Some((_, members)) => members.push(item),
-            None => groups.push((name, vec![item])),
-        }
+        groups.entry(name).or_default().push(item);
     }
-    groups.sort_by(|a, b| a.0.cmp(&b.0));
-    groups
+    groups.into_iter().collect()
 }
 
 #[cfg(test)]
