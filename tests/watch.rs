@@ -508,3 +508,59 @@ fn capture_watch_judges_only_its_own_jobs_dumps() {
     assert_eq!(said.len(), 1, "{}", leaking.stderr());
     assert!(said[0].contains("model.rs:"), "{said:?}");
 }
+
+#[test]
+fn what_holds_no_dumps_is_refused_or_says_no_verdict_never_an_all_clear() {
+    let dir = tempdir();
+    let job = dir.path().join("job");
+    leaking_training_job(&job, 12, 4);
+    let tables = dir.path().join("tables");
+    crate::util::snapdiff([
+        "export".as_ref(),
+        job.as_os_str(),
+        "-o".as_ref(),
+        tables.as_os_str(),
+    ] as [&std::ffi::OsStr; 4])
+    .expect_code(0);
+    // Site tables would be waited on forever: refused with one line.
+    let run =
+        crate::util::snapdiff(["watch".as_ref(), tables.as_os_str()] as [&std::ffi::OsStr; 2]);
+    run.expect_code(2);
+    assert!(
+        run.stderr().contains("holds site tables"),
+        "{}",
+        run.stderr()
+    );
+    // A folder nothing was written into, interrupted: no verdict, exit 3.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let watch = Running::start(
+        [
+            "watch".as_ref(),
+            empty.as_os_str(),
+            "--poll".as_ref(),
+            "100ms".as_ref(),
+        ]
+        .map(std::ffi::OsStr::to_owned)
+        .to_vec(),
+    );
+    // SIGINT is sent once the watch catches it (its bit in SigCgt).
+    wait_until("the watch's SIGINT handler", || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", watch.child.id()));
+        status.is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & (1 << (libc::SIGINT - 1)) != 0)
+        })
+    });
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(watch.child.id() as i32, libc::SIGINT) };
+    let (code, stdout, stderr) = watch.finish();
+    assert_eq!(code, 3, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("no dump was read while watching"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("steady"), "{stdout}");
+}

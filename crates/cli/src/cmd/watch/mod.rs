@@ -43,9 +43,14 @@ pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
         signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&stop))?;
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
+    refuse_what_is_not_dumps(&args.paths)?;
     let mut watcher = Watcher::new(&args.paths, &args.live, &args.report, trend, Say::Stdout)?;
     let failed_fast = watcher.follow(&args.live, &stop, || false)?;
     let (fleet, verdicts) = watcher.finish();
+    if fleet.files == 0 && fleet.unreadable.is_empty() {
+        eprintln!("snapdiff: no dump was read while watching, so no verdict");
+        return Ok(Exit::NoVerdict);
+    }
     if args.report.json {
         // One line, after the changes' lines: a stream of JSON lines.
         snapdiff_render::json::write_line(&mut std::io::stdout().lock(), &fleet, args.report.top)?;
@@ -62,6 +67,23 @@ pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
         &fleet.unreadable,
         args.judge.max_growth,
     ))
+}
+
+/// Site tables and capture's own files are no job's dumps: watching them
+/// would wait forever, so they are refused with one line.
+fn refuse_what_is_not_dumps(paths: &[PathBuf]) -> anyhow::Result<()> {
+    for path in paths {
+        let shown = crate::output::shown(path);
+        if path.is_dir() && snapdiff_fleet::is_table_folder(path) {
+            anyhow::bail!(
+                "{shown}: holds site tables, not a running job's dumps: judge them with `snapdiff fleet`"
+            );
+        }
+        if path.is_file() && snapdiff_format::names::is_capture_file(path) {
+            anyhow::bail!("{shown}: is capture's own file, not a dump: give its folder");
+        }
+    }
+    Ok(())
 }
 
 /// `capture --watch`: follows `dir` on a thread of its own while the job
