@@ -307,3 +307,113 @@ fn a_private_pool_left_behind_is_said_and_a_working_graphs_is_not() {
     assert_eq!(pools[0]["snapshots"], 4);
     assert_eq!(trend["suspects"], serde_json::json!([]));
 }
+
+#[test]
+fn a_backward_allocation_is_named_by_the_forward_line_that_caused_it() {
+    let step = |n: u32| arg(&format!("backward/step{n}.pickle"));
+    let model = "/home/user/train/model.py";
+    let cmp = json(&["compare", "--json", &step(0), &step(9)]);
+    let grown: Vec<_> = cmp["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["delta_bytes"].as_i64() != Some(0))
+        .collect();
+    assert_eq!(grown.len(), 1, "{cmp:#}");
+    let culprit = &grown[0]["culprit"];
+    assert_eq!(
+        (
+            &culprit["kind"],
+            &culprit["file"],
+            &culprit["line"],
+            &culprit["name"]
+        ),
+        (
+            &serde_json::json!("forward"),
+            &serde_json::json!(model),
+            &serde_json::json!(31),
+            &serde_json::json!("forward")
+        ),
+        "{cmp:#}"
+    );
+    assert_eq!(grown[0]["delta_bytes"], 36 * MIB, "{cmp:#}");
+    // fc1's gradient, from line 30, is a site of its own, not merged with
+    // fc2's: without the forward frames both had no stack at all.
+    let text = snapdiff(["summary", &step(9)]).expect_code(0).stdout();
+    for (line, bytes) in [(31, "52.0 MiB"), (30, "16.0 MiB")] {
+        assert!(
+            text.lines().any(
+                |l| l.contains(&format!("backward of forward  model.py:{line}"))
+                    && l.contains(bytes)
+            ),
+            "{text}"
+        );
+    }
+    assert!(!text.contains("no stack recorded"), "{text}");
+    // What the memory is for: anomaly mode's frames say backward.
+    let peak = snapdiff(["peak", &step(9)]).expect_code(0).stdout();
+    assert!(
+        peak.lines()
+            .any(|l| l.contains("gradients and backward") && l.contains("68.0 MiB")),
+        "{peak}"
+    );
+
+    let folder = newest("backward");
+    let trend = json(&["trend", "--json", folder.to_str().unwrap()]);
+    let suspects = trend["suspects"].as_array().unwrap();
+    assert_eq!(suspects.len(), 1, "{trend:#}");
+    let culprit = &suspects[0]["culprit"];
+    assert_eq!(
+        (&culprit["kind"], &culprit["line"]),
+        (&serde_json::json!("forward"), &serde_json::json!(31))
+    );
+    // The forward frames follow the allocation's own (none here) in the
+    // site's stack, innermost first.
+    let stack = suspects[0]["stack"].as_u64().unwrap() as usize;
+    let frames: Vec<_> = trend["stacks"][stack]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| &trend["frames"][f.as_u64().unwrap() as usize])
+        .map(|f| (f["file"].as_str().unwrap(), f["line"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(frames, [(model, 31), ("/home/user/train/train.py", 40)]);
+}
+
+#[test]
+fn forward_frames_survive_conversion_as_they_were_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = newest("backward/step3.pickle");
+    let snap_file = dir.path().join("step3.snap");
+    let pickle_file = dir.path().join("step3.pickle");
+    for (from, to) in [(&original, &snap_file), (&snap_file, &pickle_file)] {
+        snapdiff(["convert", from.to_str().unwrap(), to.to_str().unwrap()]).expect_code(0);
+    }
+    // Read back by CPython: each block's own frames and forward frames are
+    // those of the original file.
+    let blocks = |path: &std::path::Path| {
+        let script = "import pickle, sys, json\n\
+            s = pickle.load(open(sys.argv[1], 'rb'))\n\
+            print(json.dumps([[b['frames'], b.get('forward_frames')] for b in s['segments'][0]['blocks']]\n\
+                + [[e['frames'], e.get('forward_frames')] for e in s['device_traces'][0]]))";
+        let out = std::process::Command::new("python3")
+            .args(["-c", script, path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let (before, after) = (blocks(&original), blocks(&pickle_file));
+    assert_eq!(before, after);
+    assert!(before.to_string().contains("self.fc2(h)"), "{before}");
+    // And the joined stacks read the same from each.
+    let culprits = |path: &std::path::Path| {
+        json(&["summary", "--json", path.to_str().unwrap()])["top_sites"].clone()
+    };
+    assert_eq!(culprits(&original), culprits(&snap_file));
+    assert_eq!(culprits(&original), culprits(&pickle_file));
+}

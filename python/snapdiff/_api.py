@@ -14,7 +14,11 @@ from snapdiff._limits import size_text
 
 @dataclass
 class Culprit:
-    """The frame to look at first: the innermost line of your own code."""
+    """The frame to look at first: the innermost line of your own code.
+
+    `kind` says how it was chosen: "user", "focus", "forward" (a backward
+    allocation, named by the forward line that caused it), "fallback" or
+    "no_stack"."""
 
     name: str
     file: str
@@ -22,7 +26,8 @@ class Culprit:
     kind: str
 
     def __str__(self):
-        return f"{self.name}  {self.file}:{self.line}"
+        prefix = "backward of " if self.kind == "forward" else ""
+        return f"{prefix}{self.name}  {self.file}:{self.line}"
 
 
 @dataclass

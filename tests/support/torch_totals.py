@@ -8,6 +8,7 @@ Reads pickles and torch.save zips of plain objects (no torch needed).
 import collections
 import json
 import pickle
+import re
 import sys
 import zipfile
 
@@ -21,8 +22,21 @@ def load(path):
         return pickle.load(f)
 
 
+# Anomaly mode's forward frames follow a backward allocation's own frames,
+# behind a marker frame, innermost first (docs/format.md, `forward_frames`).
+FORWARD_MARKER = {"name": "(backward)", "filename": "<autograd>", "line": 0}
+TRACEBACK_ENTRY = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+
+
+def with_forward(frames, record):
+    entries = [TRACEBACK_ENTRY.match(line) for text in record.get("forward_frames") or [] for line in text.splitlines()]
+    forward = [{"name": m[3], "filename": m[1], "line": int(m[2])} for m in entries if m]
+    return list(frames) + [FORWARD_MARKER] + forward[::-1] if forward else frames
+
+
 def block_frames(b):
-    return b.get("frames") or (b.get("history") or [{}])[0].get("frames", [])
+    own = b.get("frames") or (b.get("history") or [{}])[0].get("frames", [])
+    return with_forward(own, b)
 
 
 def stacks(frame_lists):
@@ -82,7 +96,7 @@ def main(path):
         "actions": dict(collections.Counter(e["action"] for e in events)),
         "frames_per_block": [len(block_frames(b)) for b in blocks],
         "block_stacks": stacks(block_frames(b) for b in blocks),
-        "event_stacks": stacks(e.get("frames") or [] for e in events),
+        "event_stacks": stacks(with_forward(e.get("frames") or [], e) for e in events),
     }))
 
 

@@ -3,7 +3,8 @@
 //!
 //! PyTorch records no purpose with an allocation, but its stacks say where
 //! it came from: an optimizer's `step` (in `torch/optim/`), the autograd
-//! engine running a backward function, a module being moved or loaded
+//! engine running a backward function (or anomaly mode's forward frames
+//! after a backward allocation's own), a module being moved or loaded
 //! (`Module._apply`, `load_state_dict`), a module's forward
 //! (`Module._call_impl`). A stack that shows none of these is `Unknown`:
 //! nothing is guessed.
@@ -194,7 +195,9 @@ fn frame_category(frame: &Frame) -> Option<Category> {
     if in_torch("optim/") || name.starts_with("Optimizer.step") {
         return Some(Category::OptimizerState);
     }
-    if name.contains("torch::autograd::Engine::")
+    // Anomaly mode's forward frames follow a backward allocation's own.
+    if frame.is_forward_marker()
+        || name.contains("torch::autograd::Engine::")
         || name.contains("torch::autograd::generated::")
         || name.contains("AccumulateGrad")
         || (in_torch("autograd/") && (name == "backward" || name == "_engine_run_backward"))

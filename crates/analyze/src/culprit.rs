@@ -22,6 +22,10 @@ pub enum CulpritKind {
     User,
     /// The innermost frame matching `--focus`.
     Focus,
+    /// A backward allocation's: the innermost frame of the program's own
+    /// code in the forward pass that caused it (anomaly mode's
+    /// `forward_frames`).
+    Forward,
     /// No frame of the program's own code: the first frame past the allocator
     /// and tensor-allocation plumbing (e.g. the operator that allocated).
     Fallback,
@@ -72,7 +76,10 @@ impl Culprit {
                 // Names and paths come from the file: escaped, so that a
                 // newline or a bidi control cannot forge or reverse a line.
                 let name = short_name(&self.name);
-                let text = format!("{name}{location}");
+                let text = match self.kind {
+                    CulpritKind::Forward => format!("backward of {name}{location}"),
+                    _ => format!("{name}{location}"),
+                };
                 match snapdiff_format::visible::escaped(&text) {
                     std::borrow::Cow::Borrowed(_) => text,
                     std::borrow::Cow::Owned(escaped) => escaped,
@@ -232,9 +239,14 @@ impl CulpritRules {
     /// per frame and pass it to [`CulpritRules::culprit_of`].
     pub fn role(&self, f: &Frame) -> FrameRole {
         let ignored = self.ignored(f);
+        let forward_marker = f.is_forward_marker();
         FrameRole {
+            forward_marker,
             noise: is_noise(f),
-            user: classify(f).is_program() && !ignored && !Self::matches(&self.library, f),
+            user: !forward_marker
+                && classify(f).is_program()
+                && !ignored
+                && !Self::matches(&self.library, f),
             ignored,
             focus: Self::matches(&self.focus, f),
             plumbing: PLUMBING.iter().any(|p| f.name.contains(p)),
@@ -260,6 +272,13 @@ impl CulpritRules {
         };
         if let Some((f, _)) = frames.clone().find(|(_, r)| r.focus) {
             return pick(f, CulpritKind::Focus);
+        }
+        let forward = frames
+            .clone()
+            .skip_while(|(_, r)| !r.forward_marker)
+            .find(|(_, r)| r.user);
+        if let Some((f, _)) = forward {
+            return pick(f, CulpritKind::Forward);
         }
         if let Some((f, _)) = frames.clone().find(|(_, r)| r.user) {
             return pick(f, CulpritKind::User);
@@ -293,6 +312,9 @@ pub struct FrameRole {
     pub focus: bool,
     /// Allocation plumbing, passed over by the fallback.
     pub plumbing: bool,
+    /// The frame after which a backward allocation's stack goes on with the
+    /// forward pass that caused it ([`Frame::forward_marker`]).
+    pub forward_marker: bool,
 }
 
 #[cfg(test)]

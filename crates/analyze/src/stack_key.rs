@@ -123,6 +123,7 @@ pub(crate) fn is_noise(frame: &Frame) -> bool {
     let interpreter =
         (name.starts_with("Py") || name.starts_with("_Py")) && (file.is_empty() || file == "??");
     interpreter
+        || frame.is_forward_marker()
         || (NOISE_EXACT_NAMES.contains(&name) && !file.ends_with(".py"))
         || NOISE_NAMES.iter().any(|n| name.contains(n))
         || NOISE_FILES.iter().any(|f| file.contains(f))

@@ -242,6 +242,24 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
         has(&self.present, i).then(|| self.values.get(i))
     }
 
+    /// Puts `value` in place of event `i`'s.
+    fn set(&mut self, i: usize, value: Option<T>) {
+        match value {
+            Some(_) => self.present[i / 64] |= 1 << (i % 64),
+            None => self.present[i / 64] &= !(1 << (i % 64)),
+        }
+        let value = value.unwrap_or_default();
+        match &mut self.values {
+            Column::Each(values) => values[i] = value,
+            Column::Same { value: same, .. } if *same == value => {}
+            Column::Same { value: same, len } => {
+                let mut values = vec![*same; *len];
+                values[i] = value;
+                self.values = Column::Each(values);
+            }
+        }
+    }
+
     fn truncate(&mut self, len: usize) {
         self.values.truncate(len);
         self.present.truncate(len.div_ceil(64));
@@ -452,6 +470,28 @@ impl Events {
     fn other_action(&self, i: usize) -> Action {
         let k = side_start(&self.other_actions, i);
         Action::Other(self.other_actions[k].1.clone())
+    }
+
+    /// Whether an event has extra key `key`.
+    pub(crate) fn any_extra_key(&self, key: &str) -> bool {
+        self.details
+            .iter()
+            .any(|(_, d)| d.extra.iter().any(|(k, _)| k == key))
+    }
+
+    /// Puts `restack(stack, value)` in place of the stack of each event
+    /// with extra key `key`, whose value is `value`.
+    pub(crate) fn restack_by_extra_key(
+        &mut self,
+        key: &str,
+        mut restack: impl FnMut(Option<StackId>, &crate::Value) -> Option<StackId>,
+    ) {
+        for (i, details) in &self.details {
+            if let Some((_, value)) = details.extra.iter().find(|(k, _)| k == key) {
+                let stack = restack(self.stack.get(*i), value);
+                self.stack.set(*i, stack);
+            }
+        }
     }
 
     /// Keeps the first `len` events and drops the rest.

@@ -29,6 +29,7 @@ mod columns;
 mod compressed;
 mod error;
 mod events;
+mod forward;
 mod intern;
 mod model;
 pub mod names;
@@ -137,6 +138,7 @@ fn read_bytes_parts_with(
         Some(FileKind::Snap) => return snap::read_snap_parts(data, parts, progress),
         _ => read_bytes_whole(data, threads, progress)?,
     };
+    forward::join(&mut snap);
     if parts == Parts::WithoutEvents {
         for trace in &mut snap.traces {
             trace.events = Events::new();

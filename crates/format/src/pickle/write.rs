@@ -229,8 +229,14 @@ impl<'a, W: Write> Writer<'a, W> {
         }
         let slot = self.memo;
         let snap = self.snap;
+        // A backward allocation's own frames end at the forward marker; the
+        // forward frames after it are in its `forward_frames`, written as read.
         let ids = &snap.stacks[stack as usize];
-        self.list(ids.len(), |w, i| w.frame(ids[i]))?;
+        let own = ids
+            .iter()
+            .position(|&f| snap.frames[f as usize].is_forward_marker())
+            .unwrap_or(ids.len());
+        self.list(own, |w, i| w.frame(ids[i]))?;
         self.stacks[stack as usize] = Some(slot);
         Ok(())
     }

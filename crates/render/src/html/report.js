@@ -41,7 +41,8 @@ function culprit(site) {
   const r = site.recorded || {};
   const recorded = [["label", r.labels], ["compiled region", r.compiled_regions], ["metadata", r.metadata]]
     .flatMap(([what, values]) => (values || []).map(v => `${what} ${JSON.stringify(v)}`));
-  return `${c.name}${where}${recorded.length ? "  (" + recorded.join(", ") + ")" : ""}`;
+  const name = c.kind === "forward" ? `backward of ${c.name}` : c.name;
+  return `${name}${where}${recorded.length ? "  (" + recorded.join(", ") + ")" : ""}`;
 }
 
 function stackText(site) {
