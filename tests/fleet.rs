@@ -432,3 +432,58 @@ fn export_into_a_folder_inside_its_input_never_reads_its_own_tables() {
         run.stderr()
     );
 }
+
+#[test]
+fn ranks_dumping_plain_pytorch_names_into_folders_of_their_own_are_never_one_series() {
+    // `_dump_snapshot(f"{out}/rank{r}/step{n}.pickle")`: every rank's files
+    // have the same names, which say nothing of the rank; the folder does.
+    let job = tempdir();
+    let series = [
+        ("rank0", "backward"),
+        ("rank1", "graph-pool"),
+        ("rank_2", "pinned-cache"),
+        ("node-a", "backward"),
+    ];
+    for (folder, source) in series {
+        let to = job.path().join(folder);
+        std::fs::create_dir(&to).unwrap();
+        for file in std::fs::read_dir(crate::util::fixture("torch-format").join(source)).unwrap() {
+            let file = file.unwrap().path();
+            let name = file.file_name().unwrap().to_str().unwrap();
+            std::fs::copy(&file, to.join(name)).unwrap();
+        }
+    }
+    let report = snapdiff(["fleet".as_ref(), "--json".as_ref(), job.path().as_os_str()])
+        .expect_code(0)
+        .json();
+    assert_eq!(
+        (&report["processes"], &report["leaking"]),
+        (&serde_json::json!(4), &serde_json::json!(2)),
+        "{report:#}"
+    );
+    let leaks = report["leaks"].as_array().unwrap();
+    assert_eq!(leaks.len(), 1, "{report:#}");
+    let members: Vec<_> = leaks[0]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["rank"].clone(), m["process"].as_str().unwrap().to_owned()))
+        .collect();
+    let node_a = job.path().join("node-a").to_str().unwrap().to_owned();
+    assert_eq!(
+        members,
+        [
+            (Value::Null, node_a),
+            (serde_json::json!(0), "rank0".to_owned())
+        ],
+        "{report:#}"
+    );
+    assert_eq!(leaks[0]["site"]["culprit"]["line"], 31);
+    let text = snapdiff(["fleet".as_ref(), job.path().as_os_str()])
+        .expect_code(0)
+        .stdout();
+    assert!(
+        text.contains("4 ranks read from 36 snapshots (93.4 KiB): 2 steady, 2 leaking"),
+        "{text}"
+    );
+}

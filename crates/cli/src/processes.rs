@@ -31,6 +31,29 @@ pub(crate) fn process_of_snapshot(path: &Path, snap: &Snapshot, writer: Option<&
         .unwrap_or_default()
 }
 
+/// [`process_of_snapshot`] where many processes' files are read together
+/// (`fleet`, `export`, `watch`): a file nothing names is its folder's
+/// process, as the folder's name says (`rank3/step40.pickle` is rank3's),
+/// else named by the folder itself. Ranks that each dump plain PyTorch
+/// snapshots into a folder of their own are then never one series.
+pub(crate) fn process_of_fleet_file(path: &Path, snap: &Snapshot, writer: Option<&str>) -> String {
+    let named = process_of_snapshot(path, snap, writer);
+    match path.parent() {
+        Some(folder) if named.is_empty() && !folder.as_os_str().is_empty() => folder
+            .file_name()
+            .and_then(|n| rank_folder(&n.to_string_lossy()))
+            .unwrap_or_else(|| folder.to_string_lossy().into_owned()),
+        _ => named,
+    }
+}
+
+/// `rankN` for a folder named `rankN`, `rank_N` or `rank-N`.
+fn rank_folder(name: &str) -> Option<String> {
+    let digits = name.strip_prefix("rank")?.trim_start_matches(['_', '-']);
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| format!("rank{digits}"))
+}
+
 /// Items grouped by the name paired with each, groups sorted by name, items
 /// kept in their order. (A map, not a search of the groups so far: a job
 /// of 10,000 ranks has 100,000 files.)
@@ -45,6 +68,22 @@ pub(crate) fn group<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_nothing_names_is_its_folders_process_in_a_fleet() {
+        let snap = Snapshot::default();
+        let of = |path: &str| process_of_fleet_file(Path::new(path), &snap, None);
+        assert_eq!(of("job/rank3/step40.pickle"), "rank3");
+        assert_eq!(of("job/rank_12/step40.pickle"), "rank12");
+        assert_eq!(of("job/node-a/step40.pickle"), "job/node-a");
+        assert_eq!(of("job/rank1-step40.pickle"), "rank1");
+        assert_eq!(of("job/x/step40.pickle"), "job/x");
+        assert_eq!(of("step40.pickle"), "");
+        assert_eq!(
+            process_of_snapshot(Path::new("job/rank3/step40.pickle"), &snap, None),
+            ""
+        );
+    }
 
     #[test]
     fn files_are_grouped_by_the_process_their_names_say() {

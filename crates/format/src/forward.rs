@@ -24,23 +24,27 @@ use crate::value::Value;
 
 /// The key PyTorch writes the forward stack under.
 pub(crate) const KEY: &str = "forward_frames";
+/// The name and file of the [`Frame::forward_marker`].
+const MARKER_NAME: &str = "(backward)";
+const MARKER_FILE: &str = "<autograd>";
 
 impl Frame {
     /// The frame that stands between a backward allocation's own frames and
     /// those of the forward pass that caused it (see the `forward` module).
-    /// Its extra key sets it apart from any frame a file holds.
+    /// Told apart by its name and file alone, which no recorder writes, so
+    /// that it stays one in tables that keep only those (the fleet's).
     pub fn forward_marker() -> Frame {
         Frame {
-            name: "(backward)".into(),
-            file: "<autograd>".into(),
+            name: MARKER_NAME.into(),
+            file: MARKER_FILE.into(),
             line: 0,
-            extra: vec![("snapdiff".to_owned(), KEY.to_owned())],
+            extra: Vec::new(),
         }
     }
 
     /// Whether this is the [`Frame::forward_marker`].
     pub fn is_forward_marker(&self) -> bool {
-        self.extra.len() == 1 && self.extra[0].0 == "snapdiff" && self.extra[0].1 == KEY
+        self.name == MARKER_NAME && self.file == MARKER_FILE
     }
 }
 

@@ -18,7 +18,12 @@ pub fn paths_base<'a>(sites: impl IntoIterator<Item = &'a Site>, full_paths: boo
     let cwd = std::env::current_dir().ok();
     let files = sites
         .into_iter()
-        .filter(|s| matches!(s.culprit.kind, CulpritKind::User | CulpritKind::Focus))
+        .filter(|s| {
+            matches!(
+                s.culprit.kind,
+                CulpritKind::User | CulpritKind::Focus | CulpritKind::Forward
+            )
+        })
         .map(|s| s.culprit.file.as_str())
         .filter(|f| f.starts_with('/') || f.starts_with('\\') || f.get(1..3) == Some(":\\"));
     snapdiff_analyze::common_base(files, cwd.as_deref().and_then(|p| p.to_str()))

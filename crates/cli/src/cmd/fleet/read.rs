@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use snapdiff_fleet::{ProcessRows, StackStore, Unreadable};
 
 use crate::manifest::Manifests;
-use crate::processes::{by_process, process_of_snapshot};
+use crate::processes::{by_process, process_of_fleet_file};
 
 /// What reading the files came to, besides the processes' rows.
 #[derive(Debug, Default)]
@@ -183,7 +183,7 @@ impl FileReader<'_> {
         };
         let writer = self.manifests.describe(path, &mut snap);
         let process = process.map_or_else(
-            || process_of_snapshot(path, &snap, writer.as_deref()),
+            || process_of_fleet_file(path, &snap, writer.as_deref()),
             str::to_owned,
         );
         if wanted(&process, only) {

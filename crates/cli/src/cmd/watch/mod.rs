@@ -370,7 +370,7 @@ fn read_dump(ready: &Ready, stacks: &snapdiff_fleet::StackStore) -> DumpRead {
         .entry
         .as_ref()
         .and_then(|e| crate::manifest::apply(e, &mut snap));
-    let process = crate::processes::process_of_snapshot(&ready.path, &snap, writer.as_deref());
+    let process = crate::processes::process_of_fleet_file(&ready.path, &snap, writer.as_deref());
     let mut rows = ProcessRows::new(process);
     let owners = crate::owners::by_site(&ready.path, &snap);
     rows.add_snapshot(
