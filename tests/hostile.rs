@@ -709,3 +709,43 @@ fn text_that_is_not_utf8_is_read_and_said() {
         run.stdout()
     );
 }
+
+#[test]
+fn a_compressed_pickle_takes_the_memory_of_the_plain_one_plus_a_buffer() {
+    // 2,000,000 trace events, about 110 MB as a pickle and 18 MB gzipped:
+    // the content was once decompressed whole into memory before parsing,
+    // and the parse's own peak came on top of it.
+    let dir = tempdir();
+    let plain = dir.path().join("large.pickle");
+    let gz = dir.path().join("large.pickle.gz");
+    let made = Command::new("python3")
+        .arg(fixture("make_torch_format.py"))
+        .args(["--large", "2000000", "--out"])
+        .arg(&plain)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    python_script(
+        "import gzip, shutil, sys\n\
+         with open(sys.argv[1], 'rb') as f, gzip.open(sys.argv[2], 'wb', compresslevel=1) as g:\n\
+         \x20   shutil.copyfileobj(f, g, 1 << 20)\n",
+        &[&plain, &gz],
+    );
+    let summary = |path: &Path| {
+        let (run, peak) =
+            snapdiff_with_peak(&["summary".as_ref(), "--json".as_ref(), path.as_os_str()]);
+        let mut json = run.expect_code(0).json();
+        json.as_object_mut().unwrap().remove("source");
+        (json, peak)
+    };
+    let (plain_summary, plain_peak) = summary(&plain);
+    let (gz_summary, gz_peak) = summary(&gz);
+    assert_eq!(gz_summary["trace_events"], plain_summary["trace_events"]);
+    assert_eq!(gz_summary["top_sites"], plain_summary["top_sites"]);
+    assert!(
+        gz_peak <= plain_peak + 40 * MIB,
+        "gzipped: {} MiB, plain: {} MiB",
+        gz_peak >> 20,
+        plain_peak >> 20
+    );
+}

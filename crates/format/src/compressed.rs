@@ -5,8 +5,15 @@
 //! A snapshot pickle of 500 MB shrinks several times; users keep them as
 //! `.pickle.gz` or `.zst`. The decompressed bytes are read as any file is,
 //! so every kind inside (pickle, `.snap`, JSON, `torch.save` zip) works.
+//!
+//! Small content is decompressed into memory. Past [`SPILL_FROM`] it is
+//! streamed into an unnamed temporary file (in `TMPDIR`), which is then
+//! mapped and read as a large plain file is, its pages handed back behind
+//! the parser: the content is never held whole in memory beside what is
+//! built from it. (The parsers read a byte slice and look back at earlier
+//! bytes, so they cannot take the decoder's stream itself.)
 
-use std::io::Read;
+use std::io::{Read, Write};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::read::{PROGRESS_EVERY, Progress};
@@ -56,6 +63,64 @@ const ALWAYS_ALLOWED: u64 = 64 << 20;
 /// Bytes decompressed before the content is checked to be a snapshot: a
 /// compressed file of something else stops there.
 const SNIFF_BYTES: usize = 64;
+/// Content past this size goes to a temporary file, not memory.
+const SPILL_FROM: usize = 16 << 20;
+
+/// Decompressed content: in memory, or in a mapped temporary file (which
+/// is gone from the file system already, and from the disk once unmapped).
+pub(crate) enum Decompressed {
+    InMemory(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for Decompressed {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Decompressed::InMemory(bytes) => bytes,
+            Decompressed::Mapped(map) => map,
+        }
+    }
+}
+
+/// Where decompressed bytes go: memory until [`SPILL_FROM`], then a
+/// temporary file.
+struct Sink {
+    head: Vec<u8>,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    len: u64,
+}
+
+impl Sink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.len += bytes.len() as u64;
+        if self.file.is_none() && self.head.len() + bytes.len() > SPILL_FROM {
+            let mut file = std::io::BufWriter::with_capacity(1 << 20, tempfile::tempfile()?);
+            file.write_all(&self.head)?;
+            self.head = Vec::new();
+            self.file = Some(file);
+        }
+        match &mut self.file {
+            Some(file) => file.write_all(bytes),
+            None => {
+                self.head.extend_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
+    fn finish(self) -> std::io::Result<Decompressed> {
+        let Some(file) = self.file else {
+            return Ok(Decompressed::InMemory(self.head));
+        };
+        let file = file.into_inner().map_err(|e| e.into_error())?;
+        // SAFETY: the file is this process's own and unnamed: nothing else
+        // can open it, let alone change it, while it is mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        Ok(Decompressed::Mapped(map))
+    }
+}
 
 /// The compressed bytes, counting how many the decoder has read, for
 /// progress.
@@ -83,7 +148,7 @@ pub(crate) fn decompress(
     how: Compression,
     is_snapshot: impl Fn(&[u8]) -> bool,
     mut progress: Option<Progress>,
-) -> Result<Vec<u8>> {
+) -> Result<Decompressed> {
     let limit = (data.len() as u64)
         .saturating_mul(MAX_EXPANSION)
         .max(ALWAYS_ALLOWED);
@@ -104,7 +169,17 @@ pub(crate) fn decompress(
         Compression::Xz => Box::new(liblzma::read::XzDecoder::new_multi_decoder(input)),
         Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(input)),
     };
-    let mut out: Vec<u8> = Vec::with_capacity(data.len().saturating_mul(4).min(1 << 30));
+    let mut out = Sink {
+        head: Vec::with_capacity(data.len().saturating_mul(4).min(SPILL_FROM)),
+        file: None,
+        len: 0,
+    };
+    let spill_failed = |e: std::io::Error| {
+        Error::io(
+            "cannot hold the decompressed content in a temporary file (TMPDIR)",
+            e,
+        )
+    };
     let mut chunk = vec![0u8; 1 << 20];
     let mut told = 0usize;
     let mut sniffed = false;
@@ -113,7 +188,7 @@ pub(crate) fn decompress(
         if n == 0 {
             break;
         }
-        if out.len() as u64 + n as u64 > limit {
+        if out.len + n as u64 > limit {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(
@@ -123,10 +198,12 @@ pub(crate) fn decompress(
                 ),
             ));
         }
-        out.extend_from_slice(&chunk[..n]);
-        if !sniffed && out.len() >= SNIFF_BYTES.min(n) {
+        if !sniffed {
+            // A decoder's first read gives at least the bytes looked at,
+            // unless the whole content is shorter.
             sniffed = true;
-            if Compression::detect(&out).is_some() {
+            let head = &chunk[..n.min(SNIFF_BYTES)];
+            if Compression::detect(head).is_some() {
                 return Err(Error::new(
                     ErrorKind::UnknownFormat,
                     format!(
@@ -135,7 +212,7 @@ pub(crate) fn decompress(
                     ),
                 ));
             }
-            if !is_snapshot(&out) {
+            if !is_snapshot(head) {
                 return Err(Error::new(
                     ErrorKind::UnknownFormat,
                     format!(
@@ -146,6 +223,7 @@ pub(crate) fn decompress(
                 ));
             }
         }
+        out.write(&chunk[..n]).map_err(spill_failed)?;
         if let Some(tell) = progress.as_mut() {
             let at = consumed.get();
             if at / PROGRESS_EVERY > told / PROGRESS_EVERY {
@@ -154,11 +232,11 @@ pub(crate) fn decompress(
             }
         }
     }
-    if out.is_empty() {
+    if out.len == 0 {
         return Err(Error::new(
             ErrorKind::UnknownFormat,
             format!("{} content is empty, not a snapshot", how.name()),
         ));
     }
-    Ok(out)
+    out.finish().map_err(spill_failed)
 }

@@ -131,7 +131,16 @@ fn read_bytes_parts_with(
     if let Some(how) = compressed::Compression::detect(data) {
         let inside =
             compressed::decompress(data, how, |head| FileKind::detect(head).is_some(), progress)?;
-        return read_bytes_parts_with(&inside, parts, threads, None)
+        // Content spilled to a mapped file is read as a large file is: its
+        // pages handed back behind the parser.
+        let pages = match &inside {
+            compressed::Decompressed::Mapped(map) => Some(read::Progress::with_pages(
+                |_| {},
+                Some(read::Pages::of(map)),
+            )),
+            compressed::Decompressed::InMemory(_) => None,
+        };
+        return read_bytes_parts_with(&inside, parts, threads, pages)
             .map_err(|e| e.inside(how.name()));
     }
     let mut snap = match FileKind::detect(data) {

@@ -192,7 +192,7 @@ pub(crate) struct Pages {
 }
 
 impl Pages {
-    fn of(map: &memmap2::Mmap) -> Pages {
+    pub(crate) fn of(map: &memmap2::Mmap) -> Pages {
         Pages {
             start: map.as_ptr() as usize,
             released: 0,
