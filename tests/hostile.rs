@@ -749,3 +749,56 @@ fn a_compressed_pickle_takes_the_memory_of_the_plain_one_plus_a_buffer() {
         plain_peak >> 20
     );
 }
+
+#[test]
+fn a_table_of_one_long_name_repeated_is_read_in_bounded_memory() {
+    // 300,000 site rows naming one process by a 3,000-character name: a few
+    // KB in the file (dictionary-encoded), 900 MB once each row's string
+    // was copied out of the dictionary, and every batch kept.
+    let job = tempdir();
+    let rank = job.path().join("rank0");
+    std::fs::create_dir(&rank).unwrap();
+    for file in std::fs::read_dir(fixture("torch-format").join("backward")).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, rank.join(file.file_name().unwrap())).unwrap();
+    }
+    let tables = job.path().join("tables");
+    crate::util::snapdiff([
+        "export".as_ref(),
+        rank.as_os_str(),
+        "-o".as_ref(),
+        tables.as_os_str(),
+    ])
+    .expect_code(0);
+    python_script(
+        "import os, sys\n\
+         import pyarrow as pa, pyarrow.parquet as pq\n\
+         d = sys.argv[1]\n\
+         name = 'rank0-' + 'x' * 3000\n\
+         def renamed(t, n):\n\
+         \x20   return t.set_column(t.schema.get_field_index('process'), 'process', pa.array([name] * n))\n\
+         c = pq.read_table(os.path.join(d, 'checkpoints.parquet'))\n\
+         pq.write_table(renamed(c, c.num_rows), os.path.join(d, 'checkpoints.parquet'))\n\
+         s = pq.read_table(os.path.join(d, 'sites.parquet'))\n\
+         n = 300_000\n\
+         s = renamed(s.take([i % s.num_rows for i in range(n)]), n)\n\
+         pq.write_table(s, os.path.join(d, 'sites.parquet'), use_dictionary=True)\n\
+         if os.path.exists(os.path.join(d, 'owners.parquet')):\n\
+         \x20   os.remove(os.path.join(d, 'owners.parquet'))\n",
+        &[&tables],
+    );
+    let size = std::fs::metadata(tables.join("sites.parquet"))
+        .unwrap()
+        .len();
+    assert!(size < 4 * MIB, "{size} B");
+    let (run, peak) =
+        snapdiff_with_peak(&["fleet".as_ref(), "--json".as_ref(), tables.as_os_str()]);
+    let report = run.expect_code(0).json();
+    assert_eq!(report["processes"], 1, "{report:#}");
+    assert!(
+        peak <= 200 * MIB,
+        "{} MiB for {} KiB of tables",
+        peak >> 20,
+        size >> 10
+    );
+}

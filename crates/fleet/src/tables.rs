@@ -14,12 +14,16 @@ use std::sync::Arc;
 use arrow_array::builder::{
     BooleanBuilder, Int64Builder, StringBuilder, UInt32Builder, UInt64Builder,
 };
+use arrow_array::types::Int32Type;
 use arrow_array::{
-    Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+    Array, ArrayRef, BooleanArray, DictionaryArray, Int32Array, Int64Array, RecordBatch,
+    StringArray, UInt32Array, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -449,19 +453,41 @@ fn category_name(category: snapdiff_analyze::Category) -> String {
     .to_owned()
 }
 
-/// The record batches of one table file, checked against its schema.
-fn read_batches(
+/// Hands each record batch of one table file, checked against its schema,
+/// to `each`, one at a time.
+///
+/// Memory stays bounded by a batch, whatever the file: batches are not
+/// collected, and string columns are read as dictionaries, as Parquet
+/// stores them. Read as plain strings, a column of one long value repeated
+/// (a few bytes in the file) would be that value copied into every row:
+/// 877 KiB of `sites.parquet` once took 3 GiB.
+fn for_each_batch(
     dir: &Path,
     name: &str,
     schema: &SchemaRef,
-) -> Result<Vec<RecordBatch>, TableError> {
+    mut each: impl FnMut(&RecordBatch) -> Result<(), TableError>,
+) -> Result<(), TableError> {
     let path = dir.join(name);
     let file = File::open(&path).map_err(|e| file_error(&path, e))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| file_error(&path, format!("not a Parquet file snapdiff can read: {e}")))?
+    let not_parquet = |e| file_error(&path, format!("not a Parquet file snapdiff can read: {e}"));
+    let plain = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(not_parquet)?;
+    let fields: Vec<Field> = plain
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+                f.as_ref().clone().with_data_type(text_type())
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    let options = ArrowReaderOptions::new().with_schema(Arc::new(Schema::new(fields)));
+    let metadata =
+        ArrowReaderMetadata::try_new(plain.metadata().clone(), options).map_err(not_parquet)?;
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata)
         .build()
         .map_err(|e| file_error(&path, e))?;
-    let mut batches = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| file_error(&path, e))?;
         for field in schema.fields() {
@@ -473,7 +499,11 @@ fn read_batches(
                     return Err(file_error(&path, missing));
                 }
             };
-            if column.data_type() != field.data_type() {
+            let expected = match field.data_type() {
+                DataType::Utf8 => text_type(),
+                other => other.clone(),
+            };
+            if column.data_type() != &expected {
                 return Err(file_error(
                     &path,
                     format!(
@@ -484,19 +514,52 @@ fn read_batches(
                     ),
                 ));
             }
-            if !field.is_nullable() && column.null_count() > 0 {
+            if !field.is_nullable() && column.logical_null_count() > 0 {
                 return Err(file_error(
                     &path,
                     format!("column `{}` has empty values", field.name()),
                 ));
             }
         }
-        batches.push(batch);
+        each(&batch)?;
     }
-    Ok(batches)
+    Ok(())
 }
 
-/// A column of a batch already checked by [`read_batches`].
+/// How string columns are read: see [`for_each_batch`].
+fn text_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
+
+/// A string column of a batch checked by [`for_each_batch`].
+struct Texts<'b> {
+    keys: &'b Int32Array,
+    values: &'b StringArray,
+}
+
+impl<'b> Texts<'b> {
+    fn of(batch: &'b RecordBatch, name: &str) -> Texts<'b> {
+        let dictionary = column::<DictionaryArray<Int32Type>>(batch, name);
+        Texts {
+            keys: dictionary.keys(),
+            values: dictionary
+                .values()
+                .as_any()
+                .downcast_ref()
+                .expect("a dictionary of strings, checked"),
+        }
+    }
+
+    fn value(&self, i: usize) -> &'b str {
+        self.values.value(self.keys.value(i) as usize)
+    }
+
+    fn is_valid(&self, i: usize) -> bool {
+        self.keys.is_valid(i)
+    }
+}
+
+/// A column of a batch already checked by [`for_each_batch`].
 fn column<'b, T: Array + 'static>(batch: &'b RecordBatch, name: &str) -> &'b T {
     batch
         .column_by_name(name)
@@ -529,12 +592,12 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
     // machine) repeat the stacks they share: each frame is taken once.
     let mut frames: FxHashMap<StackKey, Vec<(u32, Frame)>> = FxHashMap::default();
     let mut seen: FxHashSet<(StackKey, u32)> = FxHashSet::default();
-    for batch in read_batches(dir, TABLE_FILES[2], &stacks_schema())? {
-        let keys = column::<StringArray>(&batch, "stack_key");
-        let index = column::<UInt32Array>(&batch, "frame");
-        let functions = column::<StringArray>(&batch, "function");
-        let files = column::<StringArray>(&batch, "file");
-        let lines = column::<UInt32Array>(&batch, "line");
+    for_each_batch(dir, TABLE_FILES[2], &stacks_schema(), |batch| {
+        let keys = Texts::of(batch, "stack_key");
+        let index = column::<UInt32Array>(batch, "frame");
+        let functions = Texts::of(batch, "function");
+        let files = Texts::of(batch, "file");
+        let lines = column::<UInt32Array>(batch, "line");
         for i in 0..batch.num_rows() {
             let key = parse_key(&stacks_path, keys.value(i))?;
             if !seen.insert((key, index.value(i))) {
@@ -550,7 +613,8 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
                 },
             ));
         }
-    }
+        Ok(())
+    })?;
     for (key, mut frames) in frames {
         frames.sort_by_key(|(i, _)| *i);
         stacks.insert(key, Some(frames.iter().map(|(_, f)| f)), None);
@@ -561,20 +625,20 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
     let mut processes: Vec<ProcessRows> = Vec::new();
     let mut index_of: FxHashMap<String, usize> = FxHashMap::default();
     let mut placed: Vec<FxHashMap<(u32, u32), usize>> = Vec::new();
-    for batch in read_batches(dir, TABLE_FILES[1], &checkpoints_schema())? {
-        let names = column::<StringArray>(&batch, "process");
-        let devices = column::<UInt32Array>(&batch, "device");
-        let indices = column::<UInt32Array>(&batch, "checkpoint");
-        let steps = column::<UInt64Array>(&batch, "step");
-        let times = column::<Int64Array>(&batch, "time_us");
-        let sources = column::<StringArray>(&batch, "source");
-        let reserved = column::<UInt64Array>(&batch, "reserved_bytes");
-        let allocated = column::<UInt64Array>(&batch, "allocated_bytes");
-        let active = column::<UInt64Array>(&batch, "active_bytes");
-        let memory = column::<UInt64Array>(&batch, "device_memory");
-        let rss = added_column::<UInt64Array>(&batch, "rss_bytes");
-        let used = added_column::<UInt64Array>(&batch, "device_used_bytes");
-        let on_cpu = added_column::<BooleanArray>(&batch, "recorded_on_cpu");
+    for_each_batch(dir, TABLE_FILES[1], &checkpoints_schema(), |batch| {
+        let names = Texts::of(batch, "process");
+        let devices = column::<UInt32Array>(batch, "device");
+        let indices = column::<UInt32Array>(batch, "checkpoint");
+        let steps = column::<UInt64Array>(batch, "step");
+        let times = column::<Int64Array>(batch, "time_us");
+        let sources = Texts::of(batch, "source");
+        let reserved = column::<UInt64Array>(batch, "reserved_bytes");
+        let allocated = column::<UInt64Array>(batch, "allocated_bytes");
+        let active = column::<UInt64Array>(batch, "active_bytes");
+        let memory = column::<UInt64Array>(batch, "device_memory");
+        let rss = added_column::<UInt64Array>(batch, "rss_bytes");
+        let used = added_column::<UInt64Array>(batch, "device_used_bytes");
+        let on_cpu = added_column::<BooleanArray>(batch, "recorded_on_cpu");
         for i in 0..batch.num_rows() {
             let name = names.value(i);
             let p = *index_of.entry(name.to_owned()).or_insert_with(|| {
@@ -609,17 +673,18 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
             device.sites.push(Vec::new());
             device.owners.push(None);
         }
-    }
+        Ok(())
+    })?;
 
     let sites_path = dir.join(TABLE_FILES[0]);
-    for batch in read_batches(dir, TABLE_FILES[0], &sites_schema())? {
-        let names = column::<StringArray>(&batch, "process");
-        let devices = column::<UInt32Array>(&batch, "device");
-        let indices = column::<UInt32Array>(&batch, "checkpoint");
-        let keys = column::<StringArray>(&batch, "stack_key");
-        let blocks = column::<UInt64Array>(&batch, "blocks");
-        let live = column::<UInt64Array>(&batch, "live_bytes");
-        let requested = column::<UInt64Array>(&batch, "requested_bytes");
+    for_each_batch(dir, TABLE_FILES[0], &sites_schema(), |batch| {
+        let names = Texts::of(batch, "process");
+        let devices = column::<UInt32Array>(batch, "device");
+        let indices = column::<UInt32Array>(batch, "checkpoint");
+        let keys = Texts::of(batch, "stack_key");
+        let blocks = column::<UInt64Array>(batch, "blocks");
+        let live = column::<UInt64Array>(batch, "live_bytes");
+        let requested = column::<UInt64Array>(batch, "requested_bytes");
         for i in 0..batch.num_rows() {
             let name = names.value(i);
             let key = (devices.value(i), indices.value(i));
@@ -639,7 +704,8 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
                 },
             });
         }
-    }
+        Ok(())
+    })?;
     if dir.join(TABLE_FILES[3]).exists() {
         read_owners(dir, &mut processes, &index_of, &placed)?;
     }
@@ -679,17 +745,17 @@ fn read_owners(
     placed: &[FxHashMap<(u32, u32), usize>],
 ) -> Result<(), TableError> {
     let path = dir.join(TABLE_FILES[3]);
-    for batch in read_batches(dir, TABLE_FILES[3], &owners_schema())? {
-        let names = column::<StringArray>(&batch, "process");
-        let devices = column::<UInt32Array>(&batch, "device");
-        let indices = column::<UInt32Array>(&batch, "checkpoint");
-        let keys = column::<StringArray>(&batch, "stack_key");
-        let owners = column::<StringArray>(&batch, "owner");
-        let kinds = column::<StringArray>(&batch, "kind");
-        let containers = column::<StringArray>(&batch, "container");
-        let examples = column::<StringArray>(&batch, "example");
-        let blocks = column::<UInt64Array>(&batch, "blocks");
-        let bytes = column::<UInt64Array>(&batch, "bytes");
+    for_each_batch(dir, TABLE_FILES[3], &owners_schema(), |batch| {
+        let names = Texts::of(batch, "process");
+        let devices = column::<UInt32Array>(batch, "device");
+        let indices = column::<UInt32Array>(batch, "checkpoint");
+        let keys = Texts::of(batch, "stack_key");
+        let owners = Texts::of(batch, "owner");
+        let kinds = Texts::of(batch, "kind");
+        let containers = Texts::of(batch, "container");
+        let examples = Texts::of(batch, "example");
+        let blocks = column::<UInt64Array>(batch, "blocks");
+        let bytes = column::<UInt64Array>(batch, "bytes");
         for i in 0..batch.num_rows() {
             let name = names.value(i);
             let key = (devices.value(i), indices.value(i));
@@ -710,6 +776,7 @@ fn read_owners(
                     blocks_per_step: None,
                 });
         }
-    }
+        Ok(())
+    })?;
     Ok(())
 }
