@@ -61,6 +61,12 @@ awk -v t=$tables -v s=$snapshots 'BEGIN {
          t / 1024 / 1024, 100 * t / s, s / 1024 / 1024 }'
 read -r wall rss < <(best $snapdiff fleet $dir/1024/tables -j 2)
 echo "fleet of the 1,024 ranks' tables: $wall s, peak RSS $((rss / 1024)) MiB"
+if [ -d $dir/10000/job ]; then
+  rm -rf $dir/10000/tables
+  $snapdiff export $dir/10000/job -o $dir/10000/tables 2>/dev/null || true
+  read -r wall rss < <(best $snapdiff fleet $dir/10000/tables -j 2)
+  echo "fleet of the 10,000 ranks' tables ($(du -sh $dir/10000/tables | cut -f1)): $wall s, peak RSS $((rss / 1024)) MiB"
+fi
 
 # trend, one thread: on one rank's ten dumps (the fleet's files), and on
 # one file with a trace (the training fixture, a PyTorch pickle).

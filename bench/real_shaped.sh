@@ -75,6 +75,13 @@ for f in $dir/real-a.pickle $dir/real-a.snap; do
   time_it $snapdiff flamegraph -f -o /tmp/snapdiff-bench.svg $f
   time_it $snapdiff pprof -f -o /tmp/snapdiff-bench.pb.gz $f
 done
+# The pickle compressed, as users keep them.
+[ -f $dir/real-a.pickle.gz ] || gzip -6 -k $dir/real-a.pickle
+[ -f $dir/real-a.pickle.zst ] || zstd -q -3 -k $dir/real-a.pickle
+ls -l $dir/real-a.pickle.gz $dir/real-a.pickle.zst
+time_it $snapdiff summary $dir/real-a.pickle.gz
+time_it $snapdiff summary $dir/real-a.pickle.zst
+time_it python3 -c 'import gzip, pickle, sys; pickle.load(gzip.open(sys.argv[1]))' $dir/real-a.pickle.gz
 $snapdiff compare --json $dir/real-a.snap $dir/real-b.snap > /tmp/snapdiff-bench-json || [ $? -eq 1 ]
 echo "compare --json: $(stat -c %s /tmp/snapdiff-bench-json) bytes"
 $snapdiff compare --json --top 0 $dir/real-a.snap $dir/real-b.snap > /tmp/snapdiff-bench-json || [ $? -eq 1 ]
