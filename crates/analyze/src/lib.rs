@@ -43,6 +43,7 @@ mod profile;
 mod recorded;
 mod replay;
 mod rising;
+mod series_order;
 mod stack_key;
 mod steps;
 mod summary;
@@ -77,6 +78,9 @@ pub use crate::profile::{LiveMoment, SiteBytes, live_by_site};
 pub use crate::recorded::Recorded;
 pub use crate::replay::{Replayed, replay};
 pub use crate::rising::{MIN_RISES, Rising};
+pub use crate::series_order::{
+    NamedSnapshot, OrderKey, SnapshotOrder, snapshot_order, without_exit_dumps,
+};
 pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::steps::{DeviceSteps, Retained, Step, StepDetail, Steps, StepsOptions, steps};
 pub use crate::summary::{
@@ -84,7 +88,6 @@ pub use crate::summary::{
 };
 pub use crate::timeline::{Timeline, timeline};
 pub use crate::trend::{
-    Checkpoint, CheckpointSource, DEFAULT_WARMUP, NamedSnapshot, OrderKey, SiteSeries,
-    SnapshotOrder, Suspect, Trend, TrendOptions, snapshot_order, trend_named, trend_of_series,
-    trend_of_snapshot_series, trend_snapshots, trend_trace, without_exit_dumps,
+    Checkpoint, CheckpointSource, DEFAULT_WARMUP, SiteSeries, Suspect, Trend, TrendOptions,
+    trend_named, trend_of_series, trend_of_snapshot_series, trend_snapshots, trend_trace,
 };
