@@ -19,7 +19,7 @@ use crate::manifest;
 
 /// The Python start-up hook, put on the command's PYTHONPATH: records
 /// PyTorch's memory history once torch is imported (see the files' own notes).
-const PYTHON_HOOK: [(&str, &str); 4] = [
+const PYTHON_HOOK: [(&str, &str); 7] = [
     (
         "sitecustomize.py",
         include_str!("../../../../../python/snapdiff/hook/sitecustomize.py"),
@@ -27,6 +27,18 @@ const PYTHON_HOOK: [(&str, &str); 4] = [
     (
         "snapdiff_capture.py",
         include_str!("../../../../../python/snapdiff/hook/snapdiff_capture.py"),
+    ),
+    (
+        "snapdiff_dumping.py",
+        include_str!("../../../../../python/snapdiff/hook/snapdiff_dumping.py"),
+    ),
+    (
+        "snapdiff_files.py",
+        include_str!("../../../../../python/snapdiff/hook/snapdiff_files.py"),
+    ),
+    (
+        "snapdiff_signals.py",
+        include_str!("../../../../../python/snapdiff/hook/snapdiff_signals.py"),
     ),
     (
         "snapdiff_cpu_recorder.py",

@@ -1,0 +1,305 @@
+"""Dumps of the capture hook: one snapshot written, its owners beside it,
+its line in the manifest, and the pace of dumps kept to a share of the
+job's time."""
+
+import json
+import os
+import pickle
+import secrets
+import socket
+import threading
+import time
+
+try:  # in the snapdiff package (snapdiff.recording)
+    from .snapdiff_files import append, append_byte, create_new, describe, place, publish, remove, warn
+except ImportError:  # capture's start-up hook: top-level modules
+    from snapdiff_files import append, append_byte, create_new, describe, place, publish, remove, warn
+
+
+
+
+MANIFEST = "manifest.jsonl"
+# The share of the job's time dumps may take before the interval widens.
+MAX_DUMP_SHARE = 0.10
+# The machine, in each manifest line: with the process id, what tells two
+# runs of one rank apart.
+try:
+    HOST = socket.gethostname()
+except OSError:
+    HOST = None
+# Bytes a page, for the resident size in /proc/self/statm.
+try:
+    PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):
+    PAGE_SIZE = 4096
+
+
+class Dumping:
+    """The capture's dumps (a mixin of `snapdiff_capture.Capture`)."""
+
+    def dump(self, reason):
+        """Writes one snapshot; a failure is counted and reported, never raised."""
+        if self.dumping_thread == threading.get_ident():
+            return  # out of memory inside a dump of this thread's
+        with self.dump_lock:
+            if self.stopping.is_set() and reason not in ("exit", "oom"):
+                return  # the process is ending: only its exit dump is taken
+            self.dump_locked(reason)
+
+    def dump_locked(self, reason):
+        """`dump`, holding the dump lock."""
+        if not self.recording or os.getpid() != self.pid:
+            return
+        if self.cpu is not None and self.cpu.storages_seen == 0:
+            return  # a launcher of ranks, say: it made no tensor
+        if reason == "signal" and self.settings.requests:
+            append_byte(self.settings.requests + ".served")
+        self.dumping = True
+        self.dumping_thread = threading.get_ident()
+        try:
+            self.write_dump(reason)
+        finally:
+            self.dumping = False
+            self.dumping_thread = None
+        if self.ending_by is not None:
+            self.end_now(reason)
+
+    def write_dump(self, reason):
+        started = time.perf_counter()
+        who, rank = self.who()
+        stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")
+        folder = self.settings.dir
+        # Unique, so that nobody can plant it; the pid last, for capture's
+        # cleanup of a killed process's half-written dump.
+        temporary = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.{self.pid}.tmp")
+        measured = self.measure()
+        try:
+            snapshot = self.write(temporary)
+            name = place(temporary, folder, stem)
+        except Exception as e:
+            remove(temporary)
+            self.failed(f"{stem}.pickle", e)
+            self.note({"file": None, "error": str(e)}, rank, reason)
+            return
+        self.dumps += 1
+        self.written.append(name)
+        entry = {"file": name, **measured}
+        if getattr(self.settings, "owners", False):
+            searched = time.perf_counter()
+            entry["owners"] = self.write_owners(snapshot, name)
+            entry["owners_seconds"] = round(time.perf_counter() - searched, 4)
+        # How long this dump held the process, owners included.
+        seconds = time.perf_counter() - started
+        entry["seconds"] = round(seconds, 4)
+        widened = self.pace(seconds, reason)
+        if widened:
+            entry["interval"] = round(widened, 3)
+        if self.skipped:
+            entry["skipped"] = self.skipped
+        self.note(entry, rank, reason)
+
+    def measure(self):
+        """What the process holds beside what the dump records: its
+        resident bytes and, on CUDA, the bytes in use on its device (by
+        every user of it), so that reports can tell growth outside the
+        allocator. A figure that cannot be read is left out."""
+        measured = {}
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                measured["rss_bytes"] = int(f.read().split()[1]) * PAGE_SIZE
+        except (OSError, ValueError, IndexError):
+            pass
+        if self.cpu is None:
+            try:
+                free, total = self.torch.cuda.mem_get_info()
+                measured["device_used_bytes"] = int(total - free)
+            except Exception:
+                pass
+        return measured
+
+    def pace(self, seconds, reason):
+        """Counts a dump's time; after an interval dump, when dumps took
+        more than MAX_DUMP_SHARE of the job's time so far, widens the
+        interval to keep this dump under that share, says so once and
+        returns the new interval (else None)."""
+        self.dump_seconds += seconds
+        self.last_seconds = seconds
+        if reason != "interval" or not self.interval:
+            return None
+        elapsed = time.monotonic() - self.started
+        wanted = seconds / MAX_DUMP_SHARE
+        if self.dump_seconds <= MAX_DUMP_SHARE * elapsed or wanted <= self.interval:
+            return None
+        first = self.interval == self.settings.interval
+        self.interval = wanted
+        if first:
+            warn(
+                f"dumps took {self.dump_seconds / elapsed:.0%} of the job's time; interval "
+                f"dumps now every {wanted:.1f} s instead of {self.settings.interval:g} s"
+            )
+        return wanted
+
+    def write_owners(self, snapshot, name):
+        """Writes the owners of the dump's live blocks beside it
+        (`NAME.owners.json`) and returns that file's name; None when it
+        could not be written (said once, as failed dumps are)."""
+        temporary = None
+        try:
+            try:  # in the snapdiff package
+                from . import snapdiff_owners
+            except ImportError:  # capture's start-up hook
+                import snapdiff_owners
+            blocks = [
+                (b["address"], b["size"])
+                for segment in snapshot.get("segments", ())
+                for b in segment.get("blocks", ())
+                if b.get("state") == "active_allocated"
+            ]
+            seconds = None
+            if self.exit_deadline is not None:
+                seconds = self.exit_deadline - time.monotonic()
+                if seconds <= 0:
+                    raise TimeoutError("no time left before the job ends")
+                seconds = min(seconds, snapdiff_owners.budget())
+            owners = snapdiff_owners.find(self.torch, blocks, seconds=seconds)
+            owners_name = name.rsplit(".", 1)[0] + ".owners.json"
+            folder = self.settings.dir
+            temporary = os.path.join(folder, f".{owners_name}.{secrets.token_hex(4)}.tmp")
+            with create_new(temporary, "w") as f:
+                json.dump(owners, f)
+            publish(temporary, os.path.join(folder, owners_name))
+            return owners_name
+        except Exception as e:
+            if temporary is not None:
+                remove(temporary)
+            self.failed(f"owners of {name}", e)
+            return None
+
+    def write(self, path):
+        """Writes the dump to `path`, a new file; returns the snapshot."""
+        if self.cpu is not None:
+            snapshot = self.cpu.snapshot()
+        else:
+            # What `torch.cuda.memory._dump_snapshot` pickles, into a file
+            # opened here (it would follow a link at `path`).
+            snapshot = self.torch.cuda.memory._snapshot()
+        root = self.settings.stack_root
+        if root is not None:
+            cut_stacks(snapshot, *root)
+        names = self.settings.file_names
+        if names is not None:
+            rename_files(snapshot, names())
+        with create_new(path, "wb") as f:
+            pickle.dump(snapshot, f, protocol=4)
+        return snapshot
+
+    def who(self):
+        """`rank{R}` under torchrun or a rank set in RANK, else `pid{PID}`.
+        A rank once known is kept: after `destroy_process_group()` the exit
+        dump is still the rank's."""
+        rank = os.environ.get("RANK")
+        if rank is None:
+            try:
+                dist = self.torch.distributed
+                if dist.is_available() and dist.is_initialized():
+                    rank = str(dist.get_rank())
+            except Exception:
+                rank = None
+        if rank is not None and rank.isdigit():
+            self.rank = int(rank)
+        if self.rank is not None:
+            return f"rank{self.rank}", self.rank
+        return f"pid{self.pid}", None
+
+    def note(self, entry, rank, reason):
+        """Appends the dump's line to the manifest (one write, so lines of
+        several processes never interleave; never through a link)."""
+        device = "cpu"
+        if self.cpu is None:
+            try:
+                device = f"cuda:{self.torch.cuda.current_device()}"
+            except Exception:
+                device = "cuda"
+        entry.update(
+            rank=rank, pid=self.pid, host=HOST, device=device, step=self.steps,
+            time=round(time.time(), 6), reason=reason,
+        )
+        line = (json.dumps(entry) + "\n").encode()
+        try:
+            append(os.path.join(self.settings.dir, MANIFEST), line)
+        except OSError as e:
+            if not self.manifest_refused:
+                self.manifest_refused = True
+                warn(f"cannot write {MANIFEST} ({describe(e)}); dumps go on without it")
+
+    def failed(self, name, error):
+        """Reports the first failure in full; later ones are counted."""
+        self.failures += 1
+        self.last_failure = f"{name}: {describe(error)}"
+        if self.failures == 1:
+            warn(f"cannot write {name} ({describe(error)}); training goes on")
+
+    def report_failures(self):
+        if self.failures > 1:
+            warn(f"{self.failures} snapshot writes failed; the last: {self.last_failure}")
+
+
+def each_record(snapshot):
+    """Every record of `snapshot` that has frames: segments, blocks, their
+    history, trace events."""
+    for segment in snapshot.get("segments", []):
+        yield segment
+        for block in segment.get("blocks", []):
+            yield block
+            yield from block.get("history", [])
+    for trace in snapshot.get("device_traces", []):
+        yield from trace
+
+
+def rename_files(snapshot, names):
+    """Gives the frames of `snapshot` whose file is a key of `names` that
+    name instead (a notebook's cells: see `snapdiff._notebook`). Frame lists
+    shared between records stay shared; the frames are new dicts."""
+    if not names:
+        return
+    renamed = {}  # id of a frame list -> (it, its renamed copy)
+
+    def rename(frames):
+        done = renamed.get(id(frames))
+        if done is None:
+            new = frames
+            if any(f.get("filename") in names for f in frames):
+                new = [dict(f, filename=names[f["filename"]]) if f.get("filename") in names
+                       else f for f in frames]
+            done = renamed[id(frames)] = (frames, new)
+        return done[1]
+
+    for record in each_record(snapshot):
+        frames = record.get("frames")
+        if isinstance(frames, list):
+            record["frames"] = rename(frames)
+
+
+def cut_stacks(snapshot, filename, name):
+    """Leaves out of every stack in `snapshot` the frames that called
+    function `name` of `filename` (a test's, whose callers are pytest's and
+    pluggy's). A stack without that function is kept whole. Frame lists
+    shared between records stay shared."""
+    cut = {}  # id of a frame list -> (it, its cut), keeping it alive
+
+    def cut_one(frames):
+        done = cut.get(id(frames))
+        if done is None:
+            end = next(
+                (i for i, f in enumerate(frames)
+                 if f.get("name") == name and f.get("filename") == filename),
+                None,
+            )
+            done = (frames, frames if end is None else frames[: end + 1])
+            cut[id(frames)] = done
+        return done[1]
+
+    for record in each_record(snapshot):
+        frames = record.get("frames")
+        if isinstance(frames, list):
+            record["frames"] = cut_one(frames)
