@@ -1430,7 +1430,7 @@ fn no_stacks_is_honoured_and_stacks_start_at_the_programs_frames() {
 }
 
 #[test]
-fn the_librarys_trend_files_leaves_the_exit_dump_out_as_the_command_does() {
+fn the_librarys_trend_files_judges_as_the_command_does() {
     if !torch_ready() {
         return;
     }
@@ -1438,7 +1438,7 @@ fn the_librarys_trend_files_leaves_the_exit_dump_out_as_the_command_does() {
     let out = dir.path().join("out");
     capture(
         &out,
-        &["--every", "2", "--no-report"],
+        &["--every", "2", "--no-report", "--owners"],
         &["--steps", "16", "--leak", "cache-dict", "--device", "cpu"],
     )
     .expect_code(0);
@@ -1475,6 +1475,32 @@ fn the_librarys_trend_files_leaves_the_exit_dump_out_as_the_command_does() {
         u64::from(trend.suspects[0].site.culprit.line),
         leak_line("cache-dict")
     );
+    // The same judge: the suspect's owners, from the owners files beside.
+    let owners: Vec<&str> = trend.suspects[0]
+        .held_by
+        .iter()
+        .map(|h| h.owner.as_str())
+        .collect();
+    let command_owners: Vec<&str> = command["suspects"][0]["held_by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["owner"].as_str().unwrap())
+        .collect();
+    assert!(!owners.is_empty(), "{:?}", trend.suspects[0]);
+    assert_eq!(owners, command_owners);
+    // One file: judged by its trace, as the command judges it.
+    let last = files
+        .iter()
+        .rfind(|f| !f.to_string_lossy().ends_with("-exit.pickle"))
+        .unwrap();
+    let alone = snapdiff::trend_files(&[last], &snapdiff::TrendOptions::default()).unwrap();
+    let command = trend_json(std::slice::from_ref(last));
+    assert_eq!(
+        alone.checkpoints as u64,
+        command["checkpoints"].as_u64().unwrap()
+    );
+    assert!(alone.checkpoints > 1, "{alone:?}");
     // Snapshots without their names: every one is judged.
     let snapshots: Vec<_> = files.iter().map(|f| snapdiff::read(f).unwrap()).collect();
     let all = snapdiff::trend(&snapshots, &snapdiff::TrendOptions::default());

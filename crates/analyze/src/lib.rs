@@ -33,6 +33,7 @@ mod frame_class;
 mod group;
 mod held_by;
 mod iterations;
+mod judge;
 mod kept;
 mod oom;
 mod outside;
@@ -63,6 +64,7 @@ pub use crate::held_by::{
     CulpritLine, HeldBy, SiteLines, SiteOwners, add_held_by, add_held_by_to_comparison,
     owners_by_site,
 };
+pub use crate::judge::{Judged, judge_dumps};
 pub use crate::kept::kept_since;
 pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
 pub use crate::outside::{

@@ -4,41 +4,13 @@
 
 use std::path::Path;
 
-use snapdiff_analyze::{
-    Comparison, CulpritRules, SiteLines, SiteOwners, Trend, TrendOptions, owners_by_site,
-};
+use snapdiff_analyze::{Comparison, CulpritRules, SiteLines, SiteOwners, owners_by_site};
 use snapdiff_format::{Snapshot, read_owners_beside};
 
 /// What kept each live site of `snap` alive, from the owners file beside
 /// `path`, when there is one.
 pub(crate) fn by_site(path: &Path, snap: &Snapshot) -> Option<SiteOwners> {
     Some(owners_by_site(snap, &read_owners_beside(path)?))
-}
-
-/// Fills in each suspect's `held_by` from the owners files beside the last
-/// snapshot and the one at the end of warm-up, when there are: `paths` and
-/// `snaps` are the trend's checkpoints, in its order.
-pub(crate) fn add_held_by(
-    trend: &mut Trend,
-    paths: &[&Path],
-    snaps: &[&Snapshot],
-    options: &TrendOptions,
-) {
-    let (Some(&last_path), Some(&last_snap)) = (paths.last(), snaps.last()) else {
-        return;
-    };
-    if trend.suspects.is_empty() {
-        return;
-    }
-    let Some(last) = by_site(last_path, last_snap) else {
-        return;
-    };
-    let warm = trend.warmup.min(paths.len() - 1);
-    let at_warmup = by_site(paths[warm], snaps[warm]);
-    let mut lines = SiteLines::new(&[last_snap, snaps[warm]], &options.rules);
-    snapdiff_analyze::add_held_by(trend, &last, at_warmup.as_ref(), &options.rules, |key| {
-        lines.line(key)
-    });
 }
 
 /// Fills in `held_by` of the comparison's sites that grew, from the owners

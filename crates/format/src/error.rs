@@ -28,6 +28,9 @@ pub enum ErrorKind {
     /// A compressed file whose stream is broken, or that expands past the
     /// bound (a decompression bomb).
     Corrupt,
+    /// One snapshot was given to be judged on its own, by its trace, and
+    /// its trace records no allocation.
+    NoTrace,
 }
 
 /// A failure to read or write a snapshot file.

@@ -95,13 +95,16 @@ pub fn trend(snapshots: &[Snapshot], options: &TrendOptions) -> Trend {
 }
 
 /// [`trend`] of the snapshot files at `paths`, judged as `snapdiff trend`
-/// judges one process's files: ordered by step, else time, else name, and
-/// exit dumps (`...-exit.pickle`, taken after the program freed its
-/// variables) left out among three or more others, with a note.
+/// judges one process's files, by the same judge: one file by its trace,
+/// several ordered by step, else time, else name, exit dumps
+/// (`...-exit.pickle`, taken after the program freed its variables) left
+/// out among three or more others with a note, and each suspect's owners
+/// from the owners files `capture --owners` wrote beside the files.
 ///
 /// # Errors
 ///
-/// When a file cannot be read; the message names it.
+/// When a file cannot be read (the message names it), or when one file
+/// is given and its trace records no allocation.
 ///
 /// ```no_run
 /// let trend = snapdiff::trend_files(
@@ -127,10 +130,19 @@ pub fn trend_files(
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
         })
         .collect();
-    let named: Vec<snapdiff_analyze::NamedSnapshot<'_>> = names
+    let dumps: Vec<snapdiff_analyze::NamedSnapshot<'_>> = names
         .iter()
         .zip(&snapshots)
         .map(|(name, snapshot)| snapdiff_analyze::NamedSnapshot { name, snapshot })
         .collect();
-    Ok(snapdiff_analyze::trend_named(&named, options))
+    if dumps.is_empty() {
+        return Ok(snapdiff_analyze::trend_named(&[], options));
+    }
+    let owners_of = |i: usize| snapdiff_format::read_owners_beside(paths[i].as_ref());
+    snapdiff_analyze::judge_dumps(&dumps, owners_of, options)
+        .map(|judged| judged.trend)
+        .map_err(|e| {
+            Error::new(snapdiff_format::ErrorKind::NoTrace, e.to_string())
+                .with_path(paths[0].as_ref())
+        })
 }

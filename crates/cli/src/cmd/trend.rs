@@ -1,12 +1,9 @@
 //! `snapdiff trend FILE...`.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use snapdiff_analyze::{
-    NamedSnapshot, OrderKey, Trend, TrendOptions, snapshot_order, trend_named, trend_trace,
-    without_exit_dumps,
-};
+use snapdiff_analyze::{NamedSnapshot, Trend, TrendOptions, judge_dumps};
 use snapdiff_format::Snapshot;
 use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
@@ -343,9 +340,10 @@ fn latest_run(reads: Vec<Read<'_>>) -> Vec<Read<'_>> {
 /// A run of a process: the process id and machine that wrote its files.
 type RunKey = (Option<u32>, Option<String>);
 
-/// Analyses the snapshots of one process: one by its trace, several as
-/// checkpoints; with its last snapshot in order (exit dumps left out).
-fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Trend, PathBuf)> {
+/// Analyses the snapshots of one process with the analyzer's judge, the
+/// owners files beside them read when it asks; with its last snapshot in
+/// order (exit dumps left out).
+fn judge(read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Trend, PathBuf)> {
     let names: Vec<String> = read
         .iter()
         .map(|r| {
@@ -355,56 +353,31 @@ fn judge(mut read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Tre
                 .unwrap_or_default()
         })
         .collect();
-    let (keep, exit_note) =
-        without_exit_dumps(&names.iter().map(String::as_str).collect::<Vec<_>>());
     let earlier_runs: usize = read.iter().map(|r| r.earlier_runs).sum();
-    let runs_note = (earlier_runs > 0).then(|| {
-        format!(
+    let dumps: Vec<NamedSnapshot<'_>> = names
+        .iter()
+        .zip(&read)
+        .map(|(name, r)| NamedSnapshot {
+            name,
+            snapshot: &r.snapshot,
+        })
+        .collect();
+    let judged = judge_dumps(
+        &dumps,
+        |i| snapdiff_format::read_owners_beside(read[i].path),
+        options,
+    );
+    let judged = judged.map_err(|e| anyhow::anyhow!("{}: {e}", read[0].path.display()))?;
+    let mut trend = judged.trend;
+    if earlier_runs > 0 {
+        trend.notes.push(format!(
             "files of {} earlier run{} of this process (another process id or machine) left out: \
              only its latest run is judged",
             earlier_runs,
             if earlier_runs == 1 { "" } else { "s" }
-        )
-    });
-    let mut kept = keep.iter();
-    read.retain(|_| *kept.next().unwrap_or(&true));
-    let mut kept = keep.iter();
-    let names: Vec<String> = names
-        .into_iter()
-        .filter(|_| *kept.next().unwrap_or(&true))
-        .collect();
-    let first = read[0].path.clone();
-    let paths: Vec<&Path> = read.iter().map(|r| r.path.as_path()).collect();
-    let snaps: Vec<_> = read.iter().map(|r| &r.snapshot).collect();
-    let mut last = first.clone();
-    let mut trend = if snaps.len() == 1 {
-        trend_trace(snaps[0], options).map_err(|e| anyhow::anyhow!("{}: {e}", first.display()))?
-    } else {
-        let named: Vec<NamedSnapshot<'_>> = names
-            .iter()
-            .zip(&snaps)
-            .map(|(name, snapshot)| NamedSnapshot { name, snapshot })
-            .collect();
-        let keys: Vec<OrderKey<'_>> = named
-            .iter()
-            .map(|n| OrderKey {
-                step: n.snapshot.meta.step,
-                time_us: n.snapshot.meta.created_us,
-                name: n.name,
-            })
-            .collect();
-        let mut trend = trend_named(&named, options);
-        let (order, _) = snapshot_order(&keys);
-        let in_order = |i: &usize| (paths[*i], snaps[*i]);
-        let (ordered_paths, ordered_snaps): (Vec<&Path>, Vec<&Snapshot>) =
-            order.iter().map(in_order).unzip();
-        last = ordered_paths.last().map_or(last, |p| p.to_path_buf());
-        crate::owners::add_held_by(&mut trend, &ordered_paths, &ordered_snaps, options);
-        trend
-    };
-    let snaps: Vec<Snapshot> = read.into_iter().map(|r| r.snapshot).collect();
-    trend.notes.extend(exit_note);
-    trend.notes.extend(runs_note);
-    crate::input::release(snaps);
+        ));
+    }
+    let last = read[judged.last].path.clone();
+    crate::input::release(read.into_iter().map(|r| r.snapshot).collect::<Vec<_>>());
     Ok((trend, last))
 }
