@@ -374,6 +374,25 @@ fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
             size,
             &format!("{} rank 1", src.name),
         );
+        assert_eq!(
+            report["notes"][0]
+                .as_str()
+                .map(|n| n.starts_with("rank1 shows growth")),
+            Some(true),
+            "{report:#}"
+        );
+        let text = snapdiff(["trend".as_ref(), steady.as_os_str(), leaking.as_os_str()])
+            .expect_code(0)
+            .stdout();
+        assert!(
+            text.starts_with("snapshots of 2 processes (rank0, rank1): each is judged on its own"),
+            "{text}"
+        );
+        assert!(text.contains("\nrank1:\n"), "{text}");
+        assert!(
+            text.contains("note: rank1 shows growth and the other processes do not"),
+            "{text}"
+        );
 
         // Files whose names say nothing of their process are told apart by
         // the process id they record.

@@ -157,6 +157,63 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
 }
 
 /// The note for processes of which only some grow.
+/// A process's name for people, escaped (names can come from a manifest):
+/// files that say nothing of theirs are "other files".
+pub fn process_name(process: &str) -> std::borrow::Cow<'_, str> {
+    if process.is_empty() {
+        "other files".into()
+    } else {
+        snapdiff_format::visible::escaped(process)
+    }
+}
+
+/// The note on processes' trends when some grow and others do not.
+fn per_process_note(trends: &[(String, Trend)]) -> Option<String> {
+    let growing: Vec<std::borrow::Cow<'_, str>> = trends
+        .iter()
+        .filter(|(_, t)| !t.suspects.is_empty())
+        .map(|(p, _)| process_name(p))
+        .collect();
+    let growing: Vec<&str> = growing.iter().map(|p| p.as_ref()).collect();
+    (!growing.is_empty() && growing.len() < trends.len()).then(|| one_rank_note(&growing))
+}
+
+/// The reports of several processes' (ranks') trends, each judged on its
+/// own, with a note when some grow and the others do not.
+pub fn write_per_process(
+    trends: &[(String, Trend)],
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let names: Vec<_> = trends.iter().map(|(p, _)| process_name(p)).collect();
+    writeln!(
+        out,
+        "snapshots of {} processes ({}): each is judged on its own",
+        names.len(),
+        names.join(", ")
+    )?;
+    for (name, (_, trend)) in names.iter().zip(trends) {
+        writeln!(out, "\n{name}:")?;
+        write_text(trend, options, out)?;
+    }
+    if let Some(note) = per_process_note(trends) {
+        writeln!(out, "\nnote: {note}")?;
+    }
+    Ok(())
+}
+
+/// [`write_per_process`] as JSON: `{"processes": [{"process", "trend"}],
+/// "notes": [...]}`.
+pub fn per_process_json(trends: &[(String, Trend)]) -> serde_json::Value {
+    let processes: Vec<serde_json::Value> = trends
+        .iter()
+        .map(|(p, t)| serde_json::json!({ "process": p, "trend": t }))
+        .collect();
+    let notes: Vec<String> = per_process_note(trends).into_iter().collect();
+    serde_json::json!({ "processes": processes, "notes": notes })
+}
+
+/// The note of a trend of several processes when only some grow.
 pub fn one_rank_note(growing: &[&str]) -> String {
     format!(
         "{} {} growth and the other processes do not: a leak in some ranks only (a code path \

@@ -10,7 +10,7 @@ use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_n
 use crate::args::{ReportArgs, TrendArgs};
 use crate::exit::Exit;
 use snapdiff_render::text::size;
-use snapdiff_render::trend::{one_rank_note, write_text};
+use snapdiff_render::trend::{per_process_json, process_name, write_per_process, write_text};
 
 /// The top-level entry point for `snapdiff trend`.
 pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
@@ -134,50 +134,12 @@ fn print_per_process(
     } else {
         Exit::Clean
     };
-    let growing: Vec<&str> = trends
-        .iter()
-        .filter(|(_, t)| !t.suspects.is_empty())
-        .map(|(p, _)| process_name(p))
-        .collect();
-    let disagree = !growing.is_empty() && growing.len() < trends.len();
-    let note = disagree.then(|| one_rank_note(&growing));
     if args.report.json {
-        let processes: Vec<serde_json::Value> = trends
-            .iter()
-            .map(|(p, t)| serde_json::json!({ "process": p, "trend": t }))
-            .collect();
-        crate::output::print_json(
-            &serde_json::json!({ "processes": processes, "notes": note.iter().collect::<Vec<_>>() }),
-            args.report.top,
-        )?;
-        return Ok(exit);
-    }
-    let mut out = crate::output::text_out();
-    let names: Vec<&str> = trends.iter().map(|(p, _)| process_name(p)).collect();
-    writeln!(
-        out,
-        "snapshots of {} processes ({}): each is judged on its own",
-        names.len(),
-        names.join(", ")
-    )?;
-    for (process, trend) in trends {
-        writeln!(out, "\n{}:", process_name(process))?;
-        write_text(trend, &args.report.text(), &mut out)?;
-    }
-    if let Some(note) = note {
-        writeln!(out, "\nnote: {note}")?;
+        crate::output::print_json(&per_process_json(trends), args.report.top)?;
+    } else {
+        write_per_process(trends, &args.report.text(), &mut crate::output::text_out())?;
     }
     Ok(exit)
-}
-
-/// A process's name for people: files that say nothing of theirs are
-/// "other files".
-fn process_name(process: &str) -> &str {
-    if process.is_empty() {
-        "other files"
-    } else {
-        process
-    }
 }
 
 /// The trend report of `files` with default options, as `capture` and `demo`
@@ -222,7 +184,7 @@ pub(crate) fn trends_of(files: &[PathBuf], options: &TrendOptions) -> Vec<Proces
         .into_iter()
         .filter_map(|(process, read)| {
             let (trend, last) = judge(read, options).ok()?;
-            let process = process_name(&process).to_owned();
+            let process = process_name(&process).into_owned();
             Some(ProcessTrend {
                 process,
                 trend,
