@@ -1,6 +1,10 @@
-//! Reading the files a command is given: progress on a terminal for large
-//! ones, and handing their memory back when done.
+//! The files a command is given: which are snapshots (folders opened,
+//! capture's own files passed over), and reading them, with progress on a
+//! terminal for large ones and their memory handed back when done.
 
+use std::path::PathBuf;
+
+use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 use snapdiff_format::{Parts, Reader};
 
 /// Files at least this large show their progress on stderr while they are
@@ -185,4 +189,43 @@ pub(crate) fn release(snapshots: impl IntoIterator<Item = snapdiff_format::Snaps
     for snap in snapshots {
         std::mem::forget(snap);
     }
+}
+
+/// `files`, with each folder among them replaced by the snapshot files in
+/// it (by their extension; `manifest.jsonl` and others are passed over),
+/// and capture's own files passed over.
+pub(crate) fn snapshot_files(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for path in files {
+        if !path.is_dir() {
+            if !is_capture_file(path) {
+                out.push(path.clone());
+            }
+            continue;
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| anyhow::anyhow!("{}: cannot read the folder: {e}", path.display()))?
+            .filter_map(|entry| Some(entry.ok()?.path()))
+            .filter(|p| p.is_file() && is_snapshot_name(p))
+            .collect();
+        if found.is_empty() {
+            anyhow::bail!(
+                "{}: no snapshot files in this folder (looked for .{})",
+                path.display(),
+                SNAPSHOT_EXTENSIONS.join(", .")
+            );
+        }
+        found.sort();
+        out.extend(found);
+    }
+    if out.is_empty()
+        && let Some(first) = files.first()
+    {
+        anyhow::bail!(
+            "{}: a file capture writes beside its dumps, not a snapshot (give the snapshots, \
+             or their folder)",
+            first.display()
+        );
+    }
+    Ok(out)
 }

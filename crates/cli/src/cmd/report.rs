@@ -25,7 +25,7 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
         return fleet_page(&args);
     }
     // A folder stands for the snapshots in it, as for `trend`.
-    let files = &crate::cmd::trend::snapshots_in(&args.files)?;
+    let files = &crate::input::snapshot_files(&args.files)?;
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     // Files of several processes: each is judged, and the page shows the
     // one whose memory grows most (leaking first, then those without a

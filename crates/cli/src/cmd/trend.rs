@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use snapdiff_analyze::{NamedSnapshot, Trend, TrendOptions, judge_dumps};
 use snapdiff_format::Snapshot;
-use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
 use crate::args::{ReportArgs, TrendArgs};
 use crate::exit::Exit;
@@ -24,7 +23,7 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     }
     options.cut = args.cut.map(crate::args::Cut::source);
     options.device_memory = args.device_memory;
-    let files = snapshots_in(&args.files)?;
+    let files = crate::input::snapshot_files(&args.files)?;
     // Files are read a process at a time as their names tell processes
     // apart; files whose names do not are told apart after reading, by
     // manifest or recorded process id.
@@ -42,45 +41,6 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
         1 => print_one(&trends[0].1, errored, &args),
         _ => print_per_process(&trends, errored, &args),
     }
-}
-
-/// `files`, with each folder among them replaced by the snapshot files in
-/// it (by their extension; `manifest.jsonl` and others are passed over),
-/// and capture's own files passed over.
-pub(crate) fn snapshots_in(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for path in files {
-        if !path.is_dir() {
-            if !is_capture_file(path) {
-                out.push(path.clone());
-            }
-            continue;
-        }
-        let mut found: Vec<PathBuf> = std::fs::read_dir(path)
-            .map_err(|e| anyhow::anyhow!("{}: cannot read the folder: {e}", path.display()))?
-            .filter_map(|entry| Some(entry.ok()?.path()))
-            .filter(|p| p.is_file() && is_snapshot_name(p))
-            .collect();
-        if found.is_empty() {
-            anyhow::bail!(
-                "{}: no snapshot files in this folder (looked for .{})",
-                path.display(),
-                SNAPSHOT_EXTENSIONS.join(", .")
-            );
-        }
-        found.sort();
-        out.extend(found);
-    }
-    if out.is_empty()
-        && let Some(first) = files.first()
-    {
-        anyhow::bail!(
-            "{}: a file capture writes beside its dumps, not a snapshot (give the snapshots, \
-             or their folder)",
-            first.display()
-        );
-    }
-    Ok(out)
 }
 
 /// The report of one series of snapshots (or one trace).
