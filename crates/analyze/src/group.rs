@@ -299,40 +299,6 @@ fn site_of_frames<'a>(
     }
 }
 
-/// The live blocks of `snap` at each of `sites` (suspects of a trend,
-/// say): those whose stack's culprit line is the site's (its stack key,
-/// when `rules` gives a row per stack), as (address, requested bytes).
-pub fn suspect_blocks(
-    snap: &Snapshot,
-    sites: &[&Site],
-    rules: &CulpritRules,
-) -> Vec<Vec<(u64, u64)>> {
-    let keys = StackKeys::of_live_blocks(snap);
-    let mut lines: FxHashMap<StackKey, Option<usize>> = FxHashMap::default();
-    let mut out = vec![Vec::new(); sites.len()];
-    for b in snap
-        .device_segments()
-        .flat_map(|s| &s.blocks)
-        .filter(|b| is_live(b))
-    {
-        let key = keys.key(b.stack);
-        let at = *lines.entry(key).or_insert_with(|| {
-            let site = describe_site(snap, key, b.stack, rules);
-            sites.iter().position(|s| {
-                if rules.rows_by_stack() {
-                    s.key == key
-                } else {
-                    culprit_line(s) == culprit_line(&site)
-                }
-            })
-        });
-        if let Some(i) = at {
-            out[i].push((b.address, requested(b)));
-        }
-    }
-    out
-}
-
 /// Describes the sites of one snapshot. Built once per snapshot: it works
 /// out what each distinct frame is (noise, the program's code, ...) once,
 /// however many stacks share the frame.

@@ -58,7 +58,6 @@ pub use crate::error::TraceError;
 pub use crate::frame_class::{FrameClass, classify, is_generated_file};
 pub use crate::group::{
     DeviceSites, Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
-    suspect_blocks,
 };
 pub use crate::held_by::{
     CulpritLine, HeldBy, SiteLines, SiteOwners, add_held_by, add_held_by_to_comparison,
@@ -79,7 +78,7 @@ pub use crate::private_pools::{IdlePool, idle_private_pools};
 pub use crate::profile::{LiveMoment, SiteBytes, live_by_site};
 pub use crate::recorded::Recorded;
 pub use crate::replay::{Replayed, replay};
-pub use crate::rising::{MIN_RISES, Rising};
+pub use crate::rising::Rising;
 pub use crate::series_order::{
     NamedSnapshot, OrderKey, SnapshotOrder, snapshot_order, without_exit_dumps,
 };

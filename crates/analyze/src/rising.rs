@@ -18,14 +18,14 @@ pub struct Rising {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub growth_per_step: Option<f64>,
     /// Whether it keeps growing: it grew by at least the least growth
-    /// asked for, rising at [`MIN_RISES`] checkpoints or more after warm-up,
+    /// asked for, rising at three checkpoints or more after warm-up,
     /// one of them in the second half of the run (what filled once, early,
     /// and then held does not keep growing).
     pub grows: bool,
 }
 
 /// The least number of rises after warm-up for a total to keep growing.
-pub const MIN_RISES: usize = 3;
+pub(crate) const MIN_RISES: usize = 3;
 
 impl Rising {
     /// Judges `series` (a total at each checkpoint, with its step), the
