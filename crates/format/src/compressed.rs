@@ -115,8 +115,9 @@ impl Sink {
             return Ok(Decompressed::InMemory(self.head));
         };
         let file = file.into_inner().map_err(|e| e.into_error())?;
-        // SAFETY: the file is this process's own and unnamed: nothing else
-        // can open it, let alone change it, while it is mapped.
+        // SAFETY: the file is this process's own, created new and gone from
+        // the file system (O_TMPFILE, or unlinked at once): no other program
+        // finds it by name to change it while it is mapped.
         let map = unsafe { memmap2::Mmap::map(&file) }?;
         Ok(Decompressed::Mapped(map))
     }
