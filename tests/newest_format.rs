@@ -368,7 +368,7 @@ fn a_backward_allocation_is_named_by_the_forward_line_that_caused_it() {
         (&serde_json::json!("forward"), &serde_json::json!(31))
     );
     // The forward frames follow the allocation's own (none here) in the
-    // site's stack, innermost first.
+    // site's stack, innermost first, after the marker that says so.
     let stack = suspects[0]["stack"].as_u64().unwrap() as usize;
     let frames: Vec<_> = trend["stacks"][stack]
         .as_array()
@@ -377,7 +377,22 @@ fn a_backward_allocation_is_named_by_the_forward_line_that_caused_it() {
         .map(|f| &trend["frames"][f.as_u64().unwrap() as usize])
         .map(|f| (f["file"].as_str().unwrap(), f["line"].as_u64().unwrap()))
         .collect();
-    assert_eq!(frames, [(model, 31), ("/home/user/train/train.py", 40)]);
+    assert_eq!(
+        frames,
+        [
+            ("<autograd>", 0),
+            (model, 31),
+            ("/home/user/train/train.py", 40)
+        ]
+    );
+    // A flame graph shows the memory under the forward line as backward's.
+    let folded = snapdiff(["flamegraph", "--folded", "-o", "-", &step(9)])
+        .expect_code(0)
+        .stdout();
+    assert!(
+        folded.contains("forward (train/model.py:31);(backward) (<autograd>) 54525952"),
+        "{folded}"
+    );
 }
 
 #[test]

@@ -277,7 +277,8 @@ pub fn describe_site(
 }
 
 /// The site `key` whose stack is `frames` (innermost first, each with its
-/// role): its culprit, and its frames without noise.
+/// role): its culprit, and its frames without noise (the forward marker
+/// kept).
 fn site_of_frames<'a>(
     key: StackKey,
     frames: impl Iterator<Item = (&'a snapdiff_format::Frame, FrameRole)> + Clone,
@@ -287,7 +288,9 @@ fn site_of_frames<'a>(
         key,
         culprit: rules.culprit_of(frames.clone()),
         frames: frames
-            .filter(|(_, role)| !role.noise)
+            // The forward marker is left out of keys and culprits, but
+            // shown: the frames after it are the forward pass's, not callers.
+            .filter(|(_, role)| !role.noise || role.forward_marker)
             .map(|(f, _)| SiteFrame {
                 name: f.name.to_string(),
                 file: f.file.to_string(),
