@@ -411,16 +411,8 @@ fn forward_frames_survive_conversion_as_they_were_read() {
             s = pickle.load(open(sys.argv[1], 'rb'))\n\
             print(json.dumps([[b['frames'], b.get('forward_frames')] for b in s['segments'][0]['blocks']]\n\
                 + [[e['frames'], e.get('forward_frames')] for e in s['device_traces'][0]]))";
-        let out = std::process::Command::new("python3")
-            .args(["-c", script, path.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+        serde_json::from_str::<serde_json::Value>(&crate::util::python_script(script, &[path]))
+            .unwrap()
     };
     let (before, after) = (blocks(&original), blocks(&pickle_file));
     assert_eq!(before, after);

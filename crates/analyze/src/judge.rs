@@ -10,7 +10,7 @@ use snapdiff_format::Owners;
 
 use crate::error::TraceError;
 use crate::held_by::{SiteLines, add_held_by, owners_by_site};
-use crate::series_order::{NamedSnapshot, OrderKey, snapshot_order, without_exit_dumps};
+use crate::series_order::{NamedSnapshot, named_order, without_exit_dumps};
 use crate::trend::{Trend, TrendOptions, trend_named, trend_trace};
 
 /// A process's verdict, and which dump was its last checkpoint.
@@ -52,15 +52,7 @@ pub fn judge_dumps(
     } else {
         let named: Vec<NamedSnapshot<'_>> = kept.iter().map(|&i| dumps[i]).collect();
         let mut trend = trend_named(&named, options);
-        let keys: Vec<OrderKey<'_>> = named
-            .iter()
-            .map(|n| OrderKey {
-                step: n.snapshot.meta.step,
-                time_us: n.snapshot.meta.created_us,
-                name: n.name,
-            })
-            .collect();
-        let (order, _) = snapshot_order(&keys);
+        let (order, _) = named_order(&named);
         let in_order: Vec<usize> = order.iter().map(|&i| kept[i]).collect();
         add_owners(&mut trend, dumps, &in_order, &mut owners_of, options);
         Judged {

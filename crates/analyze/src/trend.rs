@@ -38,9 +38,7 @@ use crate::outside::{Outside, OutsidePoint};
 use crate::pinned_host::{PinnedHost, PinnedHostTrend, pinned_host};
 use crate::private_pools::{IdlePool, idle_private_pools};
 use crate::replay::replay;
-use crate::series_order::{
-    NamedSnapshot, OrderKey, SnapshotOrder, snapshot_order, without_exit_dumps,
-};
+use crate::series_order::{NamedSnapshot, SnapshotOrder, named_order, without_exit_dumps};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Adds suspect `other` to `into`: two stacks whose culprit is the same
@@ -495,7 +493,7 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
 }
 
 /// Judges `series`, one snapshot per checkpoint put in order `by` (see
-/// [`snapshot_order`]), with a note when that order is not by step or time.
+/// [`snapshot_order`](crate::snapshot_order)), with a note when that order is not by step or time.
 pub fn trend_of_snapshot_series(
     series: SiteSeries<'_>,
     by: SnapshotOrder,
@@ -542,15 +540,7 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
         .filter(|_| *kept.next().unwrap_or(&true))
         .copied()
         .collect();
-    let keys: Vec<OrderKey<'_>> = snaps
-        .iter()
-        .map(|s| OrderKey {
-            step: s.snapshot.meta.step,
-            time_us: s.snapshot.meta.created_us,
-            name: s.name,
-        })
-        .collect();
-    let (order, by) = snapshot_order(&keys);
+    let (order, by) = named_order(&snaps);
     let snaps: Vec<&Snapshot> = snaps.iter().map(|s| s.snapshot).collect();
     let grouped: Vec<_> = order
         .par_iter()
