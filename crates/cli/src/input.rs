@@ -77,8 +77,12 @@ fn content_size_guess(path: &std::path::Path) -> u64 {
 }
 
 /// Files of at least this much content are read with freed memory going
-/// back to the operating system at once (see [`ReturnAtOnce`]).
-const RETURN_AT_ONCE_FROM_BYTES: u64 = 64 << 20;
+/// back to the operating system at once (see [`ReturnAtOnce`]). Below it,
+/// what the parse frees lingers for mimalloc's purge delay, so the peak
+/// would depend on how busy the machine is: a 36 MB trace peaked at 40 MiB
+/// or 48 MiB from run to run; at once it is 40 MiB every time, in the same
+/// time (six such files in `trend`: 0.45 s either way).
+const RETURN_AT_ONCE_FROM_BYTES: u64 = 16 << 20;
 
 /// mimalloc's `mi_option_purge_delay` (its place in `mi_option_e`, which
 /// libmimalloc-sys does not name): how long freed memory is kept before it
