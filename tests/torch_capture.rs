@@ -1501,6 +1501,28 @@ fn the_librarys_trend_files_judges_as_the_command_does() {
         command["checkpoints"].as_u64().unwrap()
     );
     assert!(alone.checkpoints > 1, "{alone:?}");
+    // `summary` of the last dump (what Python's `Recording.owners()` asks)
+    // names the leaking line's owner as the trend does.
+    let summary = crate::util::snapdiff([
+        "summary".as_ref(),
+        "--json".as_ref(),
+        "--top".as_ref(),
+        "0".as_ref(),
+        last.as_os_str(),
+    ])
+    .expect_code(0)
+    .json();
+    let leaking = summary["top_sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["culprit"]["line"].as_u64() == Some(leak_line("cache-dict")))
+        .expect("the leaking line holds live memory");
+    assert_eq!(
+        leaking["held_by"][0]["owner"].as_str(),
+        Some(owners[0]),
+        "{leaking}"
+    );
     // Snapshots without their names: every one is judged.
     let snapshots: Vec<_> = files.iter().map(|f| snapdiff::read(f).unwrap()).collect();
     let all = snapdiff::trend(&snapshots, &snapdiff::TrendOptions::default());

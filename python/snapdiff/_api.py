@@ -147,6 +147,44 @@ class Suspect:
 
 
 @dataclass
+class LiveSite:
+    """A site's live memory in one snapshot, and what kept it alive
+    (`Recording.owners()`)."""
+
+    site: Site
+    blocks: int
+    bytes: int
+    # Its owners, the owner of more blocks first: dicts of `owner`, `kind`,
+    # `container`, `example`, `blocks`, `bytes`, as `Suspect.held_by`.
+    held_by: List[dict] = field(default_factory=list)
+
+    @property
+    def culprit(self) -> Culprit:
+        """The site's culprit: the line to look at first."""
+        return self.site.culprit
+
+    def __str__(self):
+        held = self.held_by[0]["owner"] if self.held_by else "no owner found"
+        return f"{self.site.culprit}: {size_text(self.bytes)} live, held by {held}"
+
+    def __repr__(self):
+        return f"<LiveSite {self.site.culprit}: {size_text(self.bytes)}>"
+
+
+def live_sites(report) -> List[LiveSite]:
+    """The sites of `snapdiff summary --json`'s report, with their owners."""
+    return [
+        LiveSite(
+            site=_site(report, s),
+            blocks=s["blocks"],
+            bytes=s["bytes"],
+            held_by=s.get("held_by", []),
+        )
+        for s in report["top_sites"]
+    ]
+
+
+@dataclass
 class Trend(_AsReport):
     """`snapdiff trend`."""
 

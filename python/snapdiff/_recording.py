@@ -8,10 +8,13 @@ CPU recorder when torch sees no CUDA device. Steps are counted by
 `Recording.step()`, not by an optimizer.
 """
 
+import json
 import os
-from typing import Iterable, List, Optional, Tuple
+import tempfile
+from typing import List
 
-from snapdiff._api import PathArg
+from snapdiff._api import LiveSite, PathArg, live_sites
+from snapdiff._cli import run_json
 
 
 def _capture_module():
@@ -99,35 +102,27 @@ class Recording:
             except Exception:
                 pass
 
-    def owners(self, blocks: Optional[Iterable[Tuple[int, int]]] = None) -> List[dict]:
-        """What keeps the live tensors alive now, grouped: a list of dicts
-        `{"owner", "kind", "container", "blocks", "bytes", "example"}`,
-        the owner of most blocks first (see `snapdiff.hook.snapdiff_owners`). `blocks`:
-        (address, size) pairs to ask about; default every live block."""
+    def owners(self) -> List[LiveSite]:
+        """What keeps the live tensors alive now, site by site: the sites
+        holding live memory, most first, each with its owners (`held_by`,
+        the owner of more blocks first), attributed by `snapdiff summary`
+        as every report does (see `snapdiff.hook.snapdiff_owners`)."""
         from snapdiff.hook import snapdiff_owners
 
         capture = self._capture
-        if blocks is None:
-            snapshot = capture.cpu.snapshot() if capture.cpu is not None else (
-                capture.torch.cuda.memory._snapshot())
+        with tempfile.TemporaryDirectory(prefix="snapdiff-owners-") as folder:
+            path = os.path.join(folder, "now.pickle")
+            snapshot = capture.write(path)
             blocks = [
                 (b["address"], b["size"])
                 for segment in snapshot["segments"]
                 for b in segment["blocks"]
                 if b["state"] == "active_allocated"
             ]
-        sizes = dict(blocks)
-        found = snapdiff_owners.find(capture.torch, blocks)
-        groups = {}
-        for address, owner in found.get("blocks", {}).items():
-            g = groups.setdefault(owner["group"], {
-                "owner": owner["group"], "kind": owner["kind"],
-                "container": owner.get("container"), "blocks": 0, "bytes": 0,
-                "example": owner["owner"],
-            })
-            g["blocks"] += 1
-            g["bytes"] += sizes.get(int(address), 0)
-        return sorted(groups.values(), key=lambda g: (-g["blocks"], -g["bytes"], g["owner"]))
+            found = snapdiff_owners.find(capture.torch, blocks)
+            with open(os.path.join(folder, "now.owners.json"), "w") as f:
+                json.dump(found, f)
+            return live_sites(run_json("summary", [path]))
 
     def files(self) -> List[str]:
         """The snapshots this recording has written so far, in step order

@@ -335,7 +335,10 @@ def test_a_recording_with_owners_says_held_by_in_trend_and_its_report(tmp_path):
             history.append(model(batch).detach() * 1)
             rec.step()
         now = rec.owners()
-    assert now[0]["owner"].endswith(": history") and now[0]["blocks"] >= 6, now
+    # The site appending to `history` is held by it, as `summary` says.
+    [kept] = [s for s in now if s.held_by and s.held_by[0]["owner"].endswith(": history")]
+    assert kept.held_by[0]["blocks"] >= 6, now
+    assert kept.culprit.file.endswith("test_owners.py"), kept
     report = json.loads(subprocess.run(
         [binary(), "trend", tmp_path / "rec", "--json"], check=True, capture_output=True, text=True,
     ).stdout)
@@ -557,7 +560,7 @@ _HOSTILE = None
     ("an lru_cache", "a global list"),
 ])
 def test_of_two_owners_the_one_holding_more_blocks_comes_first(tmp_path, kinds):
-    """`Recording.owners()` groups blocks by owner, the owner of more
+    """`Recording.owners()` gives each site's owners, the owner of more
     blocks first, with exact blocks and bytes."""
     torch = pytest.importorskip("torch")
     import functools
@@ -592,9 +595,14 @@ def test_of_two_owners_the_one_holding_more_blocks_comes_first(tmp_path, kinds):
     with snapdiff.recording(tmp_path / "dumps", every=1000) as rec:
         small = holder(kinds[0], 3, 256)
         large = holder(kinds[1], 5, 128)
-        groups = [g for g in rec.owners() if g["kind"] in ("global", "local")]
-    assert [g["blocks"] for g in groups[:2]] == [5, 3], groups
-    assert [g["bytes"] for g in groups[:2]] == [large, small], groups
+        sites = rec.owners()
+    # Both holders' tensors come from one line of `holder`: one site, two
+    # owners, the one of more blocks first.
+    line = holder.__code__.co_firstlineno + 1
+    [site] = [s for s in sites if s.culprit.line == line]
+    groups = [g for g in site.held_by if g["kind"] in ("global", "local")]
+    assert [g["blocks"] for g in groups[:2]] == [5, 3], site
+    assert [g["bytes"] for g in groups[:2]] == [large, small], site
 
 
 TWO_OWNERS = """

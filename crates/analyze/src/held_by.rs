@@ -1,6 +1,7 @@
 //! "Held by": what kept a suspect's blocks alive, from the owners files
 //! `capture --owners` writes beside its dumps. One attribution for every
-//! report: `trend`, `compare`, `report` and `fleet` (from snapshots, its
+//! report: `trend`, `compare`, `summary` (and so Python's
+//! `Recording.owners()`), `report` and `fleet` (from snapshots, its
 //! Parquet tables or Ray) all group a dump's owners by site here and add
 //! up a suspect's sites here, so that they name the same owners in the
 //! same order.
@@ -250,6 +251,22 @@ pub fn add_held_by_to_comparison(
     for group in cmp.groups.iter_mut().filter(|g| g.delta_bytes > 0) {
         let mut of_row = of_row_matcher(&group.site, rules, &mut line_of);
         group.held_by = held_by(after, before, steps, &mut of_row);
+    }
+}
+
+impl crate::Summary {
+    /// Fills in each top site's `held_by` from the owners when the
+    /// snapshot was dumped. `line_of` gives the culprit line of a site key.
+    pub fn add_held_by(
+        &mut self,
+        owners: &SiteOwners,
+        rules: &CulpritRules,
+        mut line_of: impl FnMut(StackKey) -> Option<CulpritLine>,
+    ) {
+        for usage in &mut self.top_sites {
+            let mut of_row = of_row_matcher(&usage.site, rules, &mut line_of);
+            usage.held_by = held_by(owners, None, None, &mut of_row);
+        }
     }
 }
 

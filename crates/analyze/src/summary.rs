@@ -56,6 +56,10 @@ pub struct SiteUsage {
     pub bytes: u64,
     /// Share of all live bytes, from 0 to 1.
     pub share: f64,
+    /// What kept its blocks alive, when the process said (see
+    /// [`Summary::add_held_by`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<crate::HeldBy>,
 }
 
 /// The summary of one snapshot.
@@ -147,6 +151,7 @@ pub fn summarize(snap: &Snapshot, options: &SummaryOptions) -> Summary {
             } else {
                 t.bytes as f64 / live as f64
             },
+            held_by: Vec::new(),
         })
         .collect();
     Summary {

@@ -131,7 +131,7 @@ pub fn write_sites(
     )?;
     paths_note(out, &base)?;
     let owners: Vec<&[snapdiff_analyze::HeldBy]> = shown.iter().map(|g| &g.held_by[..]).collect();
-    crate::held_by::write_held_by(&owners, "a step", out)?;
+    crate::held_by::write_held_by(&owners, "a step", "the last snapshot", out)?;
     if groups.len() > shown.len() {
         writeln!(
             out,

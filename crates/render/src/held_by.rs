@@ -13,14 +13,20 @@ const OWNERS_SHOWN: usize = 3;
 /// What kept each row's blocks alive, when the process said (`capture
 /// --owners`, the pytest plugin): the owner, its blocks and bytes, how many
 /// more it held `per` ("a step", "since BEFORE"), and what an autograd
-/// graph or a cycle means. Rows are numbered as their table numbers them.
-pub(crate) fn write_held_by(rows: &[&[HeldBy]], per: &str, out: &mut dyn Write) -> io::Result<()> {
+/// graph or a cycle means. Rows are numbered as their table numbers them;
+/// `snapshot` says which snapshot's owners these are ("the last snapshot").
+pub(crate) fn write_held_by(
+    rows: &[&[HeldBy]],
+    per: &str,
+    snapshot: &str,
+    out: &mut dyn Write,
+) -> io::Result<()> {
     if rows.iter().all(|r| r.is_empty()) {
         return Ok(());
     }
     writeln!(
         out,
-        "\nheld by (what kept them alive when the last snapshot was taken):"
+        "\nheld by (what kept them alive when {snapshot} was taken):"
     )?;
     for (n, held_by) in rows.iter().enumerate() {
         for (k, h) in held_by.iter().take(OWNERS_SHOWN).enumerate() {

@@ -120,6 +120,9 @@ pub fn write_text(
         align_right(&mut sites, &[0, 2, 3, 4]);
         write_table(out, "largest sites by live bytes:", &sites)?;
         paths_note(out, &base)?;
+        let owners: Vec<&[snapdiff_analyze::HeldBy]> =
+            summary.top_sites.iter().map(|s| &s.held_by[..]).collect();
+        crate::held_by::write_held_by(&owners, "a step", "the snapshot", out)?;
     }
 
     write!(out, "{} trace events", summary.trace_events)?;

@@ -135,7 +135,7 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
         write_table(out, "sites that keep growing:", &t)?;
         paths_note(out, &base)?;
         let owners: Vec<&[HeldBy]> = shown.iter().map(|s| &s.held_by[..]).collect();
-        crate::held_by::write_held_by(&owners, "a step", out)?;
+        crate::held_by::write_held_by(&owners, "a step", "the last snapshot", out)?;
         write_evidence(trend, shown, out)?;
     }
     if let Some(host) = &trend.pinned_host

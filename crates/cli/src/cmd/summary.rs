@@ -11,7 +11,11 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
     options.rules = args.report.rules()?;
     options.top = args.report.text().top_limit();
     let snap = crate::input::read(&args.file)?;
-    let summary = summarize(&snap, &options);
+    let mut summary = summarize(&snap, &options);
+    if let Some(owners) = crate::owners::by_site(&args.file, &snap) {
+        let mut lines = snapdiff_analyze::SiteLines::new(&[&snap], &options.rules);
+        summary.add_held_by(&owners, &options.rules, |key| lines.line(key));
+    }
     let (source, producer) = (snap.meta.source.clone(), snap.meta.producer.clone());
     crate::input::release([snap]);
     if args.report.json {
