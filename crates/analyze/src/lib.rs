@@ -1,8 +1,10 @@
 //! Analyses over snapdiff [`Snapshot`](snapdiff_format::Snapshot)s: which
 //! code holds the memory that keeps growing.
 //!
-//! Every public item is named at the crate's root, once: the modules are
-//! private, and the list at the end of this file is the whole API.
+//! The root names each analysis, its options and its report; the parts of
+//! a report (a device's peak, one step, a pool's totals) and the building
+//! blocks other crates judge with (a site series, an order of dumps, the
+//! owners of a site) are in the public module of their analysis.
 //!
 //! - Sites: [`StackKeys`] gives each stack a stable 64-bit [`StackKey`];
 //!   [`classify`] tells the program's frames from libraries' and native
@@ -15,9 +17,9 @@
 //!   memory keeps growing over many checkpoints; [`kept_since`] what a run
 //!   of checkpoints kept, the rule of a leak check.
 //! - One snapshot: [`summarize`] (totals per device, pool and stream,
-//!   fragmentation, top sites), [`peak`] (the moment a device held the
-//!   most, by site and [`Category`]), [`oom`] (an out-of-memory error: the
-//!   request, the free pieces, what held the rest), [`steps`] (each step's
+//!   fragmentation, top sites), [`peak()`] (the moment a device held the
+//!   most, by site and [`Category`]), [`oom()`] (an out-of-memory error: the
+//!   request, the free pieces, what held the rest), [`steps()`] (each step's
 //!   start, peak and what it retained), [`live_by_site`] (live memory by
 //!   stack at one [`LiveMoment`], for flame graphs and pprof).
 
@@ -31,25 +33,25 @@ mod cuts;
 mod error;
 mod frame_class;
 mod group;
-mod held_by;
+pub mod held_by;
 mod iterations;
 mod judge;
 mod kept;
-mod oom;
-mod outside;
-mod peak;
-mod pinned_host;
+pub mod oom;
+pub mod outside;
+pub mod peak;
+pub mod pinned_host;
 mod private_pools;
 mod profile;
 mod recorded;
 mod replay;
 mod rising;
-mod series_order;
+pub mod series_order;
 mod stack_key;
-mod steps;
-mod summary;
+pub mod steps;
+pub mod summary;
 mod timeline;
-mod trend;
+pub mod trend;
 
 pub use crate::category::{Categories, Category};
 pub use crate::compare::{Change, CompareOptions, Comparison, GroupDiff, Matching, compare};
@@ -57,38 +59,25 @@ pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_b
 pub use crate::error::TraceError;
 pub use crate::frame_class::{FrameClass, classify, is_generated_file};
 pub use crate::group::{
-    DeviceSites, Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
+    Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
 };
-pub use crate::held_by::{
-    CulpritLine, HeldBy, SiteLines, SiteOwners, add_held_by, add_held_by_to_comparison,
-    owners_by_site,
-};
+pub use crate::held_by::HeldBy;
 pub use crate::judge::{Judged, judge_dumps};
 pub use crate::kept::kept_since;
-pub use crate::oom::{DeviceOom, FreePieces, Oom, OomOptions, oom};
-pub use crate::outside::{
-    CPU_KEY, DEVICE_KEY, DEVICE_USED_KEY, Outside, OutsideGrowth, OutsidePoint, RSS_KEY,
-};
-pub use crate::peak::{
-    CategoryTotal, DevicePeak, HighestReserved, Peak, PeakGrowth, PeakOptions, PeakSite, PoolBytes,
-    peak,
-};
-pub use crate::pinned_host::{PinnedHost, PinnedHostChange, PinnedHostTrend, pinned_host};
+pub use crate::oom::{Oom, OomOptions, oom};
+pub use crate::outside::Outside;
+pub use crate::peak::{Peak, PeakOptions, peak};
+pub use crate::pinned_host::{PinnedHost, pinned_host};
 pub use crate::private_pools::{IdlePool, idle_private_pools};
 pub use crate::profile::{LiveMoment, SiteBytes, live_by_site};
 pub use crate::recorded::Recorded;
 pub use crate::replay::{Replayed, replay};
 pub use crate::rising::Rising;
-pub use crate::series_order::{
-    NamedSnapshot, OrderKey, SnapshotOrder, snapshot_order, without_exit_dumps,
-};
+pub use crate::series_order::NamedSnapshot;
 pub use crate::stack_key::{StackKey, StackKeys};
-pub use crate::steps::{DeviceSteps, Retained, Step, StepDetail, Steps, StepsOptions, steps};
-pub use crate::summary::{
-    Fragmentation, PoolTotals, SiteUsage, Summary, SummaryOptions, summarize,
-};
+pub use crate::steps::{Steps, StepsOptions, steps};
+pub use crate::summary::{Summary, SummaryOptions, summarize};
 pub use crate::timeline::{Timeline, timeline};
 pub use crate::trend::{
-    Checkpoint, CheckpointSource, DEFAULT_WARMUP, SiteSeries, Suspect, Trend, TrendOptions,
-    trend_named, trend_of_series, trend_of_snapshot_series, trend_snapshots, trend_trace,
+    DEFAULT_WARMUP, Suspect, Trend, TrendOptions, trend_named, trend_snapshots, trend_trace,
 };

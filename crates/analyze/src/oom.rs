@@ -7,7 +7,7 @@
 //! the rest. From it: what was asked for; how much was free and in which
 //! pieces, so whether the request would have fit if the free memory had been
 //! one piece (fragmentation) or the device was simply full; what held the
-//! memory, by category and site, as [`peak`](crate::peak) shows it; and what
+//! memory, by category and site, as [`peak`](crate::peak()) shows it; and what
 //! kept growing before the error, when the trace shows a leak.
 
 use serde::Serialize;

@@ -493,7 +493,7 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
 }
 
 /// Judges `series`, one snapshot per checkpoint put in order `by` (see
-/// [`snapshot_order`](crate::snapshot_order)), with a note when that order is not by step or time.
+/// [`snapshot_order`](crate::series_order::snapshot_order)), with a note when that order is not by step or time.
 pub fn trend_of_snapshot_series(
     series: SiteSeries<'_>,
     by: SnapshotOrder,

@@ -600,8 +600,8 @@ pub(crate) enum Cut {
 
 impl Cut {
     /// The analysis's name for it.
-    pub(crate) fn source(self) -> snapdiff_analyze::CheckpointSource {
-        use snapdiff_analyze::CheckpointSource as S;
+    pub(crate) fn source(self) -> snapdiff_analyze::trend::CheckpointSource {
+        use snapdiff_analyze::trend::CheckpointSource as S;
         match self {
             Cut::Steps => S::StepMarks,
             Cut::Markers => S::SnapshotMarkers,

@@ -167,7 +167,7 @@ pub(crate) fn apply(entry: &Entry, snap: &mut Snapshot) -> Option<String> {
 /// What the dump measured outside the recorded memory, as the analyses
 /// read it from a snapshot's extra keys (see `snapdiff_analyze::Outside`).
 fn add_outside(entry: &Entry, extra: &mut Extra) {
-    use snapdiff_analyze::{CPU_KEY, DEVICE_KEY, DEVICE_USED_KEY, RSS_KEY};
+    use snapdiff_analyze::outside::{CPU_KEY, DEVICE_KEY, DEVICE_USED_KEY, RSS_KEY};
     let mut put = |key: &str, value: Value| {
         if !extra.iter().any(|(k, _)| k == key) {
             extra.push((key.to_owned(), value));

@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use snapdiff_analyze::{Comparison, CulpritRules, SiteLines, SiteOwners, owners_by_site};
+use snapdiff_analyze::held_by::{SiteLines, SiteOwners, owners_by_site};
+use snapdiff_analyze::{Comparison, CulpritRules};
 use snapdiff_format::{Snapshot, read_owners_beside};
 
 /// What kept each live site of `snap` alive, from the owners file beside
@@ -31,7 +32,7 @@ pub(crate) fn add_held_by_to_comparison(
         _ => None,
     };
     let mut lines = SiteLines::new(&[after.1, before.1], rules);
-    snapdiff_analyze::add_held_by_to_comparison(
+    snapdiff_analyze::held_by::add_held_by_to_comparison(
         cmp,
         &owners_after,
         owners_before.as_ref(),

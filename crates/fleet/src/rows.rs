@@ -1,10 +1,10 @@
 //! The site tables of one process: what its snapshots come to once read.
 
 use serde::Serialize;
-use snapdiff_analyze::{
-    Categories, OrderKey, OutsidePoint, SiteOwners, SiteTotals, SnapshotOrder, StackKey, StackKeys,
-    live_sites_by_device, snapshot_order,
-};
+use snapdiff_analyze::held_by::SiteOwners;
+use snapdiff_analyze::outside::OutsidePoint;
+use snapdiff_analyze::series_order::{OrderKey, SnapshotOrder, snapshot_order};
+use snapdiff_analyze::{Categories, SiteTotals, StackKey, StackKeys, live_sites_by_device};
 use snapdiff_format::Snapshot;
 
 use crate::stacks::StackStore;

@@ -2,9 +2,10 @@
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
+use snapdiff_analyze::series_order::without_exit_dumps;
+use snapdiff_analyze::trend::{Checkpoint, SiteSeries, trend_of_snapshot_series};
 use snapdiff_analyze::{
-    Checkpoint, CulpritRules, HeldBy, Outside, Site, SiteSeries, StackKey, Suspect, Trend,
-    TrendOptions, describe_site, trend_of_snapshot_series, without_exit_dumps,
+    CulpritRules, HeldBy, Outside, Site, StackKey, Suspect, Trend, TrendOptions, describe_site,
 };
 
 use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
@@ -146,7 +147,7 @@ fn add_held_by(trend: &mut Trend, rows: &DeviceRows, stacks: &Stacks, rules: &Cu
         });
         Some(line.clone())
     };
-    snapdiff_analyze::add_held_by(trend, last, at_warmup, rules, line_of);
+    snapdiff_analyze::held_by::add_held_by(trend, last, at_warmup, rules, line_of);
 }
 
 /// One device of one rank: what the fleet's findings name.
@@ -302,7 +303,7 @@ struct Compared {
 }
 
 /// A culprit line: what sites are merged by, across stacks and ranks.
-type Line = snapdiff_analyze::CulpritLine;
+type Line = snapdiff_analyze::held_by::CulpritLine;
 
 fn line_of(site: &Site) -> Line {
     let c = &site.culprit;

@@ -4,7 +4,8 @@
 use snapdiff_format::DeviceName;
 use std::io::{self, Write};
 
-use snapdiff_analyze::{DeviceOom, Oom};
+use snapdiff_analyze::Oom;
+use snapdiff_analyze::oom::DeviceOom;
 
 use crate::TextOptions;
 use crate::text::{paths_base, site_cell, size};

@@ -4,7 +4,8 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::{Outside, OutsideGrowth};
+use snapdiff_analyze::Outside;
+use snapdiff_analyze::outside::OutsideGrowth;
 
 use crate::text::{grew, size};
 

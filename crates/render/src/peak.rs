@@ -4,7 +4,8 @@
 use snapdiff_format::DeviceName;
 use std::io::{self, Write};
 
-use snapdiff_analyze::{Category, CategoryTotal, DevicePeak, Peak, PeakSite};
+use snapdiff_analyze::peak::{CategoryTotal, DevicePeak, PeakSite};
+use snapdiff_analyze::{Category, Peak};
 
 use crate::TextOptions;
 use crate::text::{add_rows, write_table};

@@ -3,7 +3,8 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::{PinnedHost, PinnedHostChange, PinnedHostTrend};
+use snapdiff_analyze::PinnedHost;
+use snapdiff_analyze::pinned_host::{PinnedHostChange, PinnedHostTrend};
 
 use crate::text::{delta_colored, grew, size};
 

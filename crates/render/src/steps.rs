@@ -3,7 +3,8 @@
 use snapdiff_format::DeviceName;
 use std::io::{self, Write};
 
-use snapdiff_analyze::{DeviceSteps, Step, Steps};
+use snapdiff_analyze::Steps;
+use snapdiff_analyze::steps::{DeviceSteps, Step};
 
 use crate::TextOptions;
 use crate::text::{align_right, delta, paths_base, paths_note, site_cell, size, table};

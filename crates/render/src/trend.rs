@@ -3,7 +3,8 @@
 
 use std::io::{self, Write};
 
-use snapdiff_analyze::{CheckpointSource, CulpritKind, HeldBy, Suspect, Trend};
+use snapdiff_analyze::trend::CheckpointSource;
+use snapdiff_analyze::{CulpritKind, HeldBy, Suspect, Trend};
 
 use crate::TextOptions;
 use crate::text::{add_rows, grew, write_table};

@@ -196,7 +196,7 @@ fn a_leak_made_on_purpose_is_found_at_its_line() {
     let trend = snapdiff_analyze::trend_trace(&snaps[7], &TrendOptions::default()).unwrap();
     assert_eq!(
         trend.checkpoint_source,
-        snapdiff_analyze::CheckpointSource::StepMarks
+        snapdiff_analyze::trend::CheckpointSource::StepMarks
     );
     assert_eq!(
         trend.checkpoints, 9,

@@ -1,9 +1,10 @@
 //! `snapdiff report FILE... -o report.html`: reads and analyses the files,
 //! and has `snapdiff_render::html` draw the page.
 
+use snapdiff_analyze::peak::DevicePeak;
 use snapdiff_analyze::{
-    CompareOptions, CulpritRules, DevicePeak, LiveMoment, PeakOptions, Site, StackKeys, Timeline,
-    Trend, TrendOptions, compare, live_by_site, peak, timeline, trend_trace,
+    CompareOptions, CulpritRules, LiveMoment, PeakOptions, Site, StackKeys, Timeline, Trend,
+    TrendOptions, compare, live_by_site, peak, timeline, trend_trace,
 };
 use snapdiff_format::{Action, Parts};
 use snapdiff_render::flamegraph::Drawn;

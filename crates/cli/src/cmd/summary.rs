@@ -13,7 +13,7 @@ pub(crate) fn run(args: SummaryArgs) -> anyhow::Result<Exit> {
     let snap = crate::input::read(&args.file)?;
     let mut summary = summarize(&snap, &options);
     if let Some(owners) = crate::owners::by_site(&args.file, &snap) {
-        let mut lines = snapdiff_analyze::SiteLines::new(&[&snap], &options.rules);
+        let mut lines = snapdiff_analyze::held_by::SiteLines::new(&[&snap], &options.rules);
         summary.add_held_by(&owners, &options.rules, |key| lines.line(key));
     }
     let (source, producer) = (snap.meta.source.clone(), snap.meta.producer.clone());

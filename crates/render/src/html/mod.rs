@@ -10,7 +10,8 @@
 use std::io::{self, Write};
 
 use serde_json::{Value, json};
-use snapdiff_analyze::{Comparison, DevicePeak, Site, Timeline, Trend};
+use snapdiff_analyze::peak::DevicePeak;
+use snapdiff_analyze::{Comparison, Site, Timeline, Trend};
 
 use snapdiff_format::visible::escaped;
 
