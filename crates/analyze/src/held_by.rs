@@ -216,7 +216,7 @@ fn of_row_matcher<'a>(
 /// checkpoint and, when known, at the end of warm-up (for how many blocks
 /// each owner gained a step). `line_of` gives the culprit line of a site
 /// key of either.
-pub fn add_held_by(
+pub(crate) fn add_held_by(
     trend: &mut Trend,
     last: &SiteOwners,
     at_warmup: Option<&SiteOwners>,
@@ -271,8 +271,9 @@ impl crate::Summary {
 }
 
 /// The culprit lines of the live sites of some snapshots, described once
-/// each: what [`add_held_by`] matches the sites of owners files by when
-/// the snapshots are at hand.
+/// each: what [`add_held_by_to_comparison`] and
+/// [`Summary::add_held_by`](crate::Summary::add_held_by) match the sites of
+/// owners files by.
 pub struct SiteLines<'a> {
     rules: &'a CulpritRules,
     stacks: FxHashMap<StackKey, (&'a Snapshot, Option<StackId>)>,

@@ -1,17 +1,24 @@
-//! The verdict on one process's dumps, as every caller gives it: `trend`,
-//! `report` and `capture` on files, and the Rust `snapdiff::trend_files`.
+//! The verdict on one process's checkpoints, as every caller gives it:
+//! `trend`, `report` and `capture` on files, the Rust
+//! `snapdiff::trend_files`, and the fleet on each rank's site tables.
 //!
-//! Exit dumps are left out among enough others (by their names); one dump
-//! is judged by its trace, several as checkpoints in order; the suspects'
-//! owners come from the owners files of the last checkpoint and the one at
-//! the end of warm-up, when the job wrote them.
+//! [`judge_series`] is the judge: checkpoints in order and the owners
+//! files' sites in, the trend with each suspect's "held by" out.
+//! [`judge_dumps`] brings a process's dumps to it: exit dumps are left out
+//! among enough others (by their names); one dump is judged by its trace,
+//! several as checkpoints in order. The fleet brings site tables to it.
 
+use rustc_hash::FxHashMap;
 use snapdiff_format::Owners;
 
 use crate::error::TraceError;
-use crate::held_by::{SiteLines, add_held_by, owners_by_site};
-use crate::series_order::{NamedSnapshot, named_order, without_exit_dumps};
-use crate::trend::{Trend, TrendOptions, trend_named, trend_trace};
+use crate::group::{culprit_line, describe_site};
+use crate::held_by::{CulpritLine, SiteOwners, add_held_by, owners_by_site};
+use crate::series_order::{NamedSnapshot, SnapshotOrder, without_exit_dumps};
+use crate::stack_key::StackKey;
+use crate::trend::{
+    SiteSeries, Trend, TrendOptions, judge_named, trend_of_snapshot_series, trend_trace,
+};
 
 /// A process's verdict, and which dump was its last checkpoint.
 #[derive(Debug)]
@@ -44,52 +51,57 @@ pub fn judge_dumps(
     let names: Vec<&str> = dumps.iter().map(|d| d.name).collect();
     let (keep, exit_note) = without_exit_dumps(&names);
     let kept: Vec<usize> = (0..dumps.len()).filter(|&i| keep[i]).collect();
-    let mut judged = if let [only] = kept[..] {
-        Judged {
-            trend: trend_trace(dumps[only].snapshot, options)?,
-            last: only,
-        }
-    } else {
-        let named: Vec<NamedSnapshot<'_>> = kept.iter().map(|&i| dumps[i]).collect();
-        let mut trend = trend_named(&named, options);
-        let (order, _) = named_order(&named);
-        let in_order: Vec<usize> = order.iter().map(|&i| kept[i]).collect();
-        add_owners(&mut trend, dumps, &in_order, &mut owners_of, options);
-        Judged {
-            trend,
-            last: *in_order.last().expect("two or more dumps"),
-        }
-    };
-    judged.trend.notes.extend(exit_note);
-    Ok(judged)
+    if let [only] = kept[..] {
+        let mut trend = trend_trace(dumps[only].snapshot, options)?;
+        trend.notes.extend(exit_note);
+        return Ok(Judged { trend, last: only });
+    }
+    let mut owners_at =
+        |i: usize| owners_of(i).map(|owners| owners_by_site(dumps[i].snapshot, &owners));
+    let (trend, last) = judge_named(dumps, &mut owners_at, options);
+    Ok(Judged {
+        trend,
+        last: last.expect("two or more dumps"),
+    })
 }
 
-/// Fills in each suspect's `held_by` from the owners of the last
-/// checkpoint and of the one at the end of warm-up; `in_order` are the
-/// checkpoints' dumps, in order.
-fn add_owners(
-    trend: &mut Trend,
-    dumps: &[NamedSnapshot<'_>],
-    in_order: &[usize],
-    owners_of: &mut impl FnMut(usize) -> Option<Owners>,
+/// Judges `series`, its checkpoints put in order `by` (see
+/// [`snapshot_order`](crate::series_order::snapshot_order)), and fills in
+/// each suspect's `held_by` from `owners_at(k)`, the owners by site at
+/// checkpoint `k` (asked for the last checkpoint and the one at the end of
+/// warm-up, and only when there are suspects).
+pub fn judge_series(
+    series: SiteSeries<'_>,
+    by: SnapshotOrder,
+    mut owners_at: impl FnMut(usize) -> Option<SiteOwners>,
     options: &TrendOptions,
-) {
-    let Some(&last) = in_order.last() else {
-        return;
-    };
-    if trend.suspects.is_empty() {
-        return;
+) -> Trend {
+    let sites = series.sites.clone();
+    let checkpoints = series.points.len();
+    let mut trend = trend_of_snapshot_series(series, by, options);
+    if trend.suspects.is_empty() || checkpoints == 0 {
+        return trend;
     }
-    let Some(owners) = owners_of(last) else {
-        return;
+    let Some(at_last) = owners_at(checkpoints - 1) else {
+        return trend;
     };
-    let last_snap = dumps[last].snapshot;
-    let at_last = owners_by_site(last_snap, &owners);
-    let warm = in_order[trend.warmup.min(in_order.len() - 1)];
-    let warm_snap = dumps[warm].snapshot;
-    let at_warmup = owners_of(warm).map(|o| owners_by_site(warm_snap, &o));
-    let mut lines = SiteLines::new(&[last_snap, warm_snap], &options.rules);
-    add_held_by(trend, &at_last, at_warmup.as_ref(), &options.rules, |key| {
-        lines.line(key)
-    });
+    let at_warmup = owners_at(trend.warmup.min(checkpoints - 1));
+    // Each site's culprit line, worked out once, from the snapshot that
+    // describes it.
+    let mut lines: FxHashMap<StackKey, CulpritLine> = FxHashMap::default();
+    let line_of = |key: StackKey| {
+        let &(snap, stack) = sites.get(&key)?;
+        let line = lines
+            .entry(key)
+            .or_insert_with(|| culprit_line(&describe_site(snap, key, stack, &options.rules)));
+        Some(line.clone())
+    };
+    add_held_by(
+        &mut trend,
+        &at_last,
+        at_warmup.as_ref(),
+        &options.rules,
+        line_of,
+    );
+    trend
 }

@@ -62,7 +62,7 @@ pub use crate::group::{
     Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
 };
 pub use crate::held_by::HeldBy;
-pub use crate::judge::{Judged, judge_dumps};
+pub use crate::judge::{Judged, judge_dumps, judge_series};
 pub use crate::kept::kept_since;
 pub use crate::oom::{Oom, OomOptions, oom};
 pub use crate::outside::Outside;

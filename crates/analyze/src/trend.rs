@@ -33,7 +33,8 @@ use crate::culprit::CulpritRules;
 use crate::cuts::{Cuts, cuts_for};
 use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, live_groups, merge_rows};
-use crate::held_by::HeldBy;
+use crate::held_by::{HeldBy, SiteOwners};
+use crate::judge::judge_series;
 use crate::outside::{Outside, OutsidePoint};
 use crate::pinned_host::{PinnedHost, PinnedHostTrend, pinned_host};
 use crate::private_pools::{IdlePool, idle_private_pools};
@@ -332,7 +333,7 @@ fn is_periodic(series: &[u64]) -> bool {
 
 /// Judges `series` by the floor rule: what [`trend_named`] and
 /// [`trend_trace`] give once their series is built.
-pub fn trend_of_series(
+pub(crate) fn trend_of_series(
     series: SiteSeries<'_>,
     source: CheckpointSource,
     options: &TrendOptions,
@@ -494,7 +495,7 @@ pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
 
 /// Judges `series`, one snapshot per checkpoint put in order `by` (see
 /// [`snapshot_order`](crate::series_order::snapshot_order)), with a note when that order is not by step or time.
-pub fn trend_of_snapshot_series(
+pub(crate) fn trend_of_snapshot_series(
     series: SiteSeries<'_>,
     by: SnapshotOrder,
     options: &TrendOptions,
@@ -530,38 +531,45 @@ pub(crate) fn device_memory_of(snap: &Snapshot) -> Option<u64> {
 /// numbers compared as numbers; [`Trend::order`] says which, with a note
 /// when it is not by step or time.
 pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend {
+    judge_named(snaps, &mut |_| None, options).0
+}
+
+/// [`trend_named`], its suspects' owners from `owners_at(i)`, the owners
+/// by site of `snaps[i]` (asked for at most two snapshots, and only when
+/// there are suspects). Returns the trend and the index in `snaps` of the
+/// last checkpoint's snapshot (None when there is none).
+pub(crate) fn judge_named(
+    snaps: &[NamedSnapshot<'_>],
+    owners_at: &mut dyn FnMut(usize) -> Option<SiteOwners>,
+    options: &TrendOptions,
+) -> (Trend, Option<usize>) {
     use rayon::prelude::*;
     // Exit dumps, told by their names, as everywhere (see `without_exit_dumps`).
     let names: Vec<&str> = snaps.iter().map(|s| s.name).collect();
     let (keep, exit_note) = without_exit_dumps(&names);
-    let mut kept = keep.iter();
-    let snaps: Vec<NamedSnapshot<'_>> = snaps
-        .iter()
-        .filter(|_| *kept.next().unwrap_or(&true))
-        .copied()
-        .collect();
-    let (order, by) = named_order(&snaps);
-    let snaps: Vec<&Snapshot> = snaps.iter().map(|s| s.snapshot).collect();
-    let grouped: Vec<_> = order
+    let kept: Vec<usize> = (0..snaps.len()).filter(|&i| keep[i]).collect();
+    let kept_snaps: Vec<NamedSnapshot<'_>> = kept.iter().map(|&i| snaps[i]).collect();
+    let (order, by) = named_order(&kept_snaps);
+    // Indices into `snaps`, in checkpoint order.
+    let order: Vec<usize> = order.iter().map(|&i| kept[i]).collect();
+    let in_order: Vec<&Snapshot> = order.iter().map(|&i| snaps[i].snapshot).collect();
+    let grouped: Vec<_> = in_order
         .par_iter()
-        .map(|&i| {
-            let keys = StackKeys::new(snaps[i]);
-            live_groups(snaps[i], &keys)
-        })
+        .map(|&snap| live_groups(snap, &StackKeys::new(snap)))
         .collect();
     let mut sites = FxHashMap::default();
-    for (&i, g) in order.iter().zip(&grouped) {
+    for (&snap, g) in in_order.iter().zip(&grouped) {
         for (&key, &stack) in &g.stacks {
-            sites.insert(key, (snaps[i], stack));
+            sites.insert(key, (snap, stack));
         }
     }
-    let last = order.last().map(|&i| snaps[i]);
+    let last = in_order.last().copied();
     let series = SiteSeries {
-        points: order
+        points: in_order
             .iter()
-            .map(|&i| Checkpoint {
-                time_us: snaps[i].meta.created_us,
-                step: snaps[i].meta.step,
+            .map(|snap| Checkpoint {
+                time_us: snap.meta.created_us,
+                step: snap.meta.step,
                 event_index: None,
             })
             .collect(),
@@ -570,14 +578,16 @@ pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend
         before_recording: Default::default(),
         allocated_bytes: last.map_or(0, |s| s.totals().allocated_bytes),
         device_memory: last.and_then(device_memory_of),
-        pinned_host: order.iter().map(|&i| pinned_host(snaps[i])).collect(),
-        outside: order.iter().map(|&i| OutsidePoint::of(snaps[i])).collect(),
+        pinned_host: in_order.iter().map(|&snap| pinned_host(snap)).collect(),
+        outside: in_order
+            .iter()
+            .map(|&snap| OutsidePoint::of(snap))
+            .collect(),
     };
-    let in_order: Vec<&Snapshot> = order.iter().map(|&i| snaps[i]).collect();
-    let mut trend = trend_of_snapshot_series(series, by, options);
+    let mut trend = judge_series(series, by, |k| owners_at(order[k]), options);
     trend.idle_private_pools = idle_private_pools(&in_order);
     trend.notes.extend(exit_note);
-    trend
+    (trend, order.last().copied())
 }
 
 /// The trend within one snapshot's trace, cut into checkpoints.

@@ -3,12 +3,13 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_analyze::series_order::without_exit_dumps;
-use snapdiff_analyze::trend::{Checkpoint, SiteSeries, trend_of_snapshot_series};
+use snapdiff_analyze::trend::{Checkpoint, SiteSeries};
 use snapdiff_analyze::{
     CulpritRules, HeldBy, Outside, Site, StackKey, Suspect, Trend, TrendOptions, describe_site,
+    judge_series,
 };
 
-use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
+use crate::rows::{CheckpointRow, ProcessRows, SiteRow, rank_of};
 use crate::stacks::Stacks;
 
 /// How a fleet is judged.
@@ -109,9 +110,9 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
                     .map(|c| c.outside(device.device))
                     .collect(),
             };
-            let mut trend = trend_of_snapshot_series(series, by, options);
+            let owners = &judged.owners;
+            let mut trend = judge_series(series, by, |k| owners.get(k).cloned().flatten(), options);
             trend.notes.extend(exit_note);
-            add_held_by(&mut trend, &judged, stacks, &options.rules);
             DeviceVerdict {
                 device: device.device,
                 trend,
@@ -124,30 +125,6 @@ pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> Proc
         process: rows.process,
         devices,
     }
-}
-
-/// Fills in each suspect's `held_by` from the owners at the last checkpoint
-/// of `rows` (and at the end of warm-up, for how many blocks each owner
-/// gained a step), as every report attributes them.
-fn add_held_by(trend: &mut Trend, rows: &DeviceRows, stacks: &Stacks, rules: &CulpritRules) {
-    let Some(Some(last)) = rows.owners.last() else {
-        return;
-    };
-    let warm = trend.warmup.min(rows.owners.len().saturating_sub(1));
-    let at_warmup = rows.owners.get(warm).and_then(Option::as_ref);
-    let mut lines: FxHashMap<StackKey, Line> = FxHashMap::default();
-    let line_of = |key: StackKey| {
-        let line = lines.entry(key).or_insert_with(|| {
-            line_of(&describe_site(
-                stacks.snapshot(),
-                key,
-                stacks.stack(key),
-                rules,
-            ))
-        });
-        Some(line.clone())
-    };
-    snapdiff_analyze::held_by::add_held_by(trend, last, at_warmup, rules, line_of);
 }
 
 /// One device of one rank: what the fleet's findings name.
