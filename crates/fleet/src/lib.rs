@@ -13,8 +13,8 @@
 //! - [`TableWriter`] and [`read_tables`]: the same rows as Parquet files,
 //!   for SQL tools and for judging later, or on another machine.
 //!
-//! [`judge`] judges one process with the analyzer's `judge_series`, as `trend` does (each device on its own,
-//! by the floor rule), and [`fleet_verdict`] brings the ranks' verdicts
+//! [`judge`] judges one process with the analyzer's `judge_series`, as
+//! `trend` does (each device on its own, by the floor rule), and [`fleet_verdict`] brings the ranks' verdicts
 //! together: the leaking ranks, the same line merged across them, and the
 //! ranks that hold far more than their peers at one site (imbalance).
 //! [`Watch`] does the same while the job runs, a dump at a time, and says
