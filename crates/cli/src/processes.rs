@@ -9,13 +9,13 @@ use snapdiff_format::names::process_of;
 /// `files` grouped by the process that wrote them, as their names say (see
 /// [`process_of`]); files whose names say nothing form one group, named "".
 /// Groups are sorted by name, files kept in their order.
-pub(crate) fn by_process(files: &[PathBuf]) -> Vec<(String, Vec<PathBuf>)> {
-    group(files.iter().map(|file| {
+pub(crate) fn by_process(files: impl IntoIterator<Item = PathBuf>) -> Vec<(String, Vec<PathBuf>)> {
+    group(files.into_iter().map(|file| {
         let process = file
             .file_name()
             .and_then(|n| process_of(&n.to_string_lossy()))
             .unwrap_or_default();
-        (process, file.clone())
+        (process, file)
     }))
 }
 
@@ -95,7 +95,7 @@ mod tests {
         .iter()
         .map(PathBuf::from)
         .collect();
-        let groups = by_process(&files);
+        let groups = by_process(files);
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[0].0, "rank0");
         assert_eq!(groups[1].1.len(), 2);

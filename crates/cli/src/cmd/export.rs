@@ -49,7 +49,7 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
         let unreadable = read_table_folders(&inputs.table_folders, None, &stacks, write);
         (
             unreadable,
-            read_processes(&inputs.snapshots, None, &stacks, write),
+            read_processes(std::mem::take(&mut inputs.snapshots), None, &stacks, write),
         )
     })?;
     if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {

@@ -29,7 +29,7 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     // manifest or recorded process id.
     let mut trends = Vec::new();
     let mut errored = false;
-    for (_, files) in crate::processes::by_process(&files) {
+    for (_, files) in crate::processes::by_process(files) {
         let (read, e) = read_all(&files);
         errored |= e;
         for (process, snapshots) in split_by_process(read) {

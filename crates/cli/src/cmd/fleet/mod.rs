@@ -92,7 +92,9 @@ pub(crate) fn judge_paths(
 ) -> anyhow::Result<Judged> {
     let mut options = FleetOptions::default();
     options.trend = trend;
-    let inputs = find(paths)?;
+    let mut inputs = find(paths)?;
+    // Handed on, not copied: 100,000 paths are megabytes.
+    let snapshots = std::mem::take(&mut inputs.snapshots);
     let stacks = StackStore::new();
     let verdicts = Mutex::new(Vec::new());
     let keep = |rows| {
@@ -107,7 +109,7 @@ pub(crate) fn judge_paths(
     };
     let (mut unreadable, files, bytes, runs_note) = in_pool(threads, || {
         let unreadable = read_table_folders(&inputs.table_folders, only, &stacks, keep);
-        let outcome = read_processes(&inputs.snapshots, only, &stacks, keep);
+        let outcome = read_processes(snapshots, only, &stacks, keep);
         let note = outcome.earlier_runs_note();
         let mut all = unreadable;
         all.extend(outcome.unreadable);

@@ -86,12 +86,12 @@ impl Runs {
 /// (manifest, recorded process id) and handed on at the end. `only` keeps
 /// one process's files (see [`wanted`]).
 pub(crate) fn read_processes(
-    files: &[PathBuf],
+    files: Vec<PathBuf>,
     only: Option<&str>,
     stacks: &StackStore,
     done: impl Fn(ProcessRows) + Sync,
 ) -> Outcome {
-    let progress = Progress::new(files);
+    let progress = Progress::new(&files);
     let reader = FileReader {
         manifests: Manifests::default(),
         outcome: Mutex::new(Outcome::default()),
