@@ -53,7 +53,22 @@ pub(crate) fn shown(path: &Path) -> String {
 
 /// Prints `report` as `--json` on stdout, its site lists cut to `top`.
 pub(crate) fn print_json<T: serde::Serialize>(report: &T, top: usize) -> std::io::Result<()> {
-    snapdiff_render::json::write(&mut std::io::stdout().lock(), report, top)
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    snapdiff_render::json::write(&mut out, report, top)?;
+    out.flush()
+}
+
+/// [`print_json`] for a report whose `list` is given apart, as `items`
+/// (see `snapdiff_render::json::write_with_list`).
+pub(crate) fn print_json_with_list<T: serde::Serialize, I: serde::Serialize>(
+    report: &T,
+    list: &str,
+    items: impl IntoIterator<Item = I>,
+    top: usize,
+) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    snapdiff_render::json::write_with_list(&mut out, report, list, items, top)?;
+    out.flush()
 }
 
 /// Writes `output` through `encode`, atomically, refusing to replace an
