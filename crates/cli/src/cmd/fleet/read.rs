@@ -111,7 +111,9 @@ pub(crate) fn read_processes(
             done(rows);
         }
     };
-    by_process(files).par_iter().for_each(|(name, files)| {
+    // Each process's paths are dropped once read, as its verdict is kept.
+    by_process(files).into_par_iter().for_each(|(name, files)| {
+        let name = name.as_str();
         if name.is_empty() {
             files.par_iter().for_each(|path| {
                 reader.read(path, None, only, |one, run| {
@@ -124,12 +126,12 @@ pub(crate) fn read_processes(
             });
         } else if wanted(name, only) {
             let mut runs = Runs::default();
-            for path in files {
+            for path in &files {
                 reader.read(path, Some(name), only, |one, run| runs.add(run, one));
             }
             hand_on(runs);
         } else {
-            progress.skip(files);
+            progress.skip(&files);
         }
     });
     for (_, runs) in unnamed.into_inner().unwrap_or_else(|e| e.into_inner()) {
