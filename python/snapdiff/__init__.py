@@ -11,7 +11,8 @@ it too) and gives Python:
   here or, with `engine="ray"`, by Ray tasks where the files are;
 - `recording(folder, every=10)`: PyTorch's memory history on, with dumps
   every N steps named as `snapdiff capture` names them (the CPU recorder
-  when there is no GPU);
+  when there is no GPU), and `Recording.owners()`: each site's live memory
+  now and what keeps it alive (`LiveSite`);
 - `snapdiff.integrations.transformers.SnapdiffCallback` and
   `snapdiff.integrations.lightning.SnapdiffCallback` for loops a framework
   runs;
