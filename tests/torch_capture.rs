@@ -1523,6 +1523,15 @@ fn the_librarys_trend_files_judges_as_the_command_does() {
         Some(owners[0]),
         "{leaking}"
     );
+    // And its text says so under the sites.
+    let run = crate::util::snapdiff(["summary".as_ref(), last.as_os_str()]);
+    let text = run.expect_code(0);
+    let held = text
+        .stdout()
+        .split_once("held by (what kept them alive when the snapshot was taken):")
+        .map(|(_, after)| after.to_owned())
+        .unwrap_or_default();
+    assert!(held.contains(owners[0]), "{}", text.stdout());
     // Snapshots without their names: every one is judged.
     let snapshots: Vec<_> = files.iter().map(|f| snapdiff::read(f).unwrap()).collect();
     let all = snapdiff::trend(&snapshots, &snapdiff::TrendOptions::default());
