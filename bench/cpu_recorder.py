@@ -1,9 +1,10 @@
 """What the CPU recorder costs a job, side by side in one run:
 
 - steps per second of the test model (`tests/support/torch_train.py`'s
-  Net, AdamW) without recording, under a dispatch mode that does nothing
-  (the floor: every operator through Python, as any recorder built on
-  `TorchDispatchMode` pays), and under the recorder;
+  Net, AdamW) without recording, under the allocator recorder (the one
+  used where a C++ compiler is at hand), under a dispatch mode that does
+  nothing (the floor of any recorder built on `TorchDispatchMode`: every
+  operator through Python), and under the dispatch recorder;
 - how long a dump of a process holding 100,000 live tensors takes: the
   snapshot and its pickle, the first dump and a later one.
 
@@ -34,7 +35,7 @@ class NothingMode(TorchDispatchMode):
 def steps_per_second(steps, mode):
     torch.manual_seed(0)
     if mode is not None:
-        mode.__enter__()
+        mode.start() if hasattr(mode, "start") else mode.__enter__()
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(32, 32), torch.randint(0, 8, (32,))
@@ -47,12 +48,13 @@ def steps_per_second(steps, mode):
         opt.step()
     took = time.perf_counter() - start
     if mode is not None:
-        mode.__exit__(None, None, None)
+        mode.stop() if hasattr(mode, "stop") else mode.__exit__(None, None, None)
     return steps / took
 
 
 def dump_seconds(tensors):
     recorder = snapdiff_cpu_recorder.CpuRecorder(100000)
+    assert isinstance(recorder, snapdiff_cpu_recorder.AllocatorRecorder)
     recorder.start()
     kept = [torch.zeros(4) for _ in range(tensors)]
     times = []
@@ -67,13 +69,26 @@ def dump_seconds(tensors):
     return times
 
 
-steps_per_second(200, snapdiff_cpu_recorder.CpuRecorder(100000))  # imports, warm-up
+def allocator_recorder():
+    recorder = snapdiff_cpu_recorder.CpuRecorder(100000)
+    assert isinstance(recorder, snapdiff_cpu_recorder.AllocatorRecorder)
+    return recorder
+
+
+def dispatch_recorder():
+    return snapdiff_cpu_recorder.DispatchRecorder(100000)
+
+
+steps_per_second(200, allocator_recorder())  # builds the library, imports, warm-up
+steps_per_second(200, dispatch_recorder())
 for _ in range(3):
     off = steps_per_second(2000, None)
+    allocator = steps_per_second(2000, allocator_recorder())
     floor = steps_per_second(2000, NothingMode())
-    on = steps_per_second(2000, snapdiff_cpu_recorder.CpuRecorder(100000))
-    print(f"off {off:.0f} steps/s   nothing-mode {floor:.0f} ({off / floor:.2f}x)   "
-          f"recorder {on:.0f} ({off / on:.2f}x)")
+    dispatch = steps_per_second(2000, dispatch_recorder())
+    print(f"off {off:.0f} steps/s   allocator recorder {allocator:.0f} ({off / allocator:.2f}x)   "
+          f"nothing-mode {floor:.0f} ({off / floor:.2f}x)   "
+          f"dispatch recorder {dispatch:.0f} ({off / dispatch:.2f}x)")
 (first_made, first_pickled), (later_made, later_pickled) = dump_seconds(100_000)
 print(f"dump of 100,000 tensors: first {first_made * 1000:.0f} ms + pickle "
       f"{first_pickled * 1000:.0f} ms; later {later_made * 1000:.0f} ms + pickle "

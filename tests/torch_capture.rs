@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::util::{
-    Run, leaking_training_job, python_script, root, shared_torch, snapdiff, tempdir,
+    Run, leaking_training_job, python_script, root, shared_torch, snapdiff, snapdiff_with_env,
+    tempdir,
 };
 
 const SNAPDIFF: &str = env!("CARGO_BIN_EXE_snapdiff");
@@ -396,9 +397,44 @@ fn cpu_recorder_follows_frees_moves_and_sparse_tensors_as_torch_accounts_them() 
     if !torch_ready() {
         return;
     }
-    // Temporaries freed at once, a tensor grown by `resize_` (the leak), a
-    // storage swapped by `set_`, and a sparse embedding's backward, which
-    // once crashed the job.
+    let run = cpu_recorder_follows_moves(&[], "live_bytes");
+    // Inside the allocator, a sparse tensor's parts are storages like any.
+    assert!(
+        !run.stderr().contains("skips tensors") && !run.stderr().contains("dispatch mode"),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn dispatch_recorder_follows_frees_moves_and_sparse_tensors_where_no_compiler_is() {
+    if !torch_ready() {
+        return;
+    }
+    // No compiler and nothing built before: the recorder falls back to a
+    // dispatch mode, saying so, and sees every storage but sparse parts.
+    let cache = tempdir();
+    let run = cpu_recorder_follows_moves(
+        &[
+            ("CXX", "/nonexistent/c++".as_ref()),
+            ("XDG_CACHE_HOME", cache.path().as_os_str()),
+        ],
+        "strided_bytes",
+    );
+    for said in [
+        "cannot build the CPU allocator hook",
+        "skips tensors without a plain storage",
+    ] {
+        assert!(run.stderr().contains(said), "{}", run.stderr());
+    }
+}
+
+/// Captures `torch_moves.py` under `env` and checks its dumps against
+/// PyTorch's own accounting (`live` names which of its figures the last
+/// dump's live bytes must equal): temporaries freed at once, a tensor
+/// grown by `resize_` (the leak), a storage swapped by `set_`, and a sparse
+/// embedding's backward, which once crashed the job.
+fn cpu_recorder_follows_moves(env: &[(&str, &std::ffi::OsStr)], live: &str) -> Run {
     let dir = tempdir();
     let out = dir.path().join("out");
     let accounting = dir.path().join("accounting.json");
@@ -415,14 +451,8 @@ fn cpu_recorder_follows_frees_moves_and_sparse_tensors_as_torch_accounts_them() 
         script.clone().into(),
         accounting.clone().into(),
     ]);
-    let run = snapdiff(&args);
+    let run = snapdiff_with_env(&args, env);
     run.expect_code(0);
-    assert!(
-        run.stderr()
-            .contains("skips tensors without a plain storage"),
-        "{}",
-        run.stderr()
-    );
     let torch: Value =
         serde_json::from_str(&std::fs::read_to_string(&accounting).unwrap()).unwrap();
     let last = out.join(
@@ -439,7 +469,7 @@ fn cpu_recorder_follows_frees_moves_and_sparse_tensors_as_torch_accounts_them() 
         "--json".into(),
     ])
     .json();
-    assert_eq!(summary["allocated_bytes"], torch["live_bytes"], "{summary}");
+    assert_eq!(summary["allocated_bytes"], torch[live], "{summary} {torch}");
     // The peak is what was live at once, not frees noticed late.
     let peak = snapdiff([OsString::from("peak"), last.clone().into(), "--json".into()]).json();
     let highest = peak["devices"][0]["allocated_bytes"].as_u64().unwrap();
@@ -479,6 +509,7 @@ fn cpu_recorder_follows_frees_moves_and_sparse_tensors_as_torch_accounts_them() 
         page.contains(&format!("torch_moves.py\",\"line\":{line}")),
         "the report names the line"
     );
+    run
 }
 
 /// Runs `capture` (a `snapdiff capture` command) with SIGUSR1 sent to it
@@ -1042,9 +1073,9 @@ fn dumps_that_cannot_be_written_are_counted_and_fail_over_withholds_a_verdict() 
     }
     let dir = tempdir();
     let out = dir.path().join("out");
-    // Files may grow to 100 kB, as on a disk that fills up: the first five
-    // dumps (23 to 94 kB) fit, the later ones fail with EFBIG (Python
-    // ignores SIGXFSZ, so the write fails instead of killing the job).
+    // Files may grow to 244 kB, as on a disk that fills up: the first five
+    // dumps (50 to 222 kB) fit, the later ones (266 kB on) fail with EFBIG
+    // (Python ignores SIGXFSZ, so the write fails instead of killing the job).
     let limited = |flags: &[&str]| {
         use std::os::unix::process::CommandExt;
         let mut cmd = Command::new(SNAPDIFF);
@@ -1057,8 +1088,8 @@ fn dumps_that_cannot_be_written_are_counted_and_fail_over_withholds_a_verdict() 
         unsafe {
             cmd.pre_exec(|| {
                 let limit = libc::rlimit {
-                    rlim_cur: 100_000,
-                    rlim_max: 100_000,
+                    rlim_cur: 244_000,
+                    rlim_max: 244_000,
                 };
                 if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -1267,7 +1298,7 @@ fn sigterm_is_served_before_a_backlog_of_slow_dumps() {
     if !torch_ready() {
         return;
     }
-    // A large process (30,000 tensors: each dump takes a good part of a
+    // A large process (300,000 tensors: each dump takes a good part of a
     // second) dumped every 0.1 s: the ticks come faster than the dumps.
     // SIGTERM must not wait behind them: at most one exit dump, within
     // 2 s, then SIGTERM's own end.
@@ -1282,7 +1313,7 @@ fn sigterm_is_served_before_a_backlog_of_slow_dumps() {
             "--step-seconds",
             "0.01",
             "--keep-tensors",
-            "30000",
+            "300000",
         ],
     );
     // Two dumps once training runs (its tensors all made).

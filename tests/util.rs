@@ -117,9 +117,19 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
+    snapdiff_with_env(args, &[])
+}
+
+/// Runs the built `snapdiff` with `args` and the variables `env` set.
+pub fn snapdiff_with_env<I, S>(args: I, env: &[(&str, &std::ffi::OsStr)]) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     let output = Command::new(env!("CARGO_BIN_EXE_snapdiff"))
         .args(&args)
+        .envs(env.iter().copied())
         .env_remove("NO_COLOR")
         // Piped output is never coloured, whatever the environment forces.
         .env_remove("CLICOLOR_FORCE")

@@ -112,13 +112,7 @@ class Recording:
         capture = self._capture
         with tempfile.TemporaryDirectory(prefix="snapdiff-owners-") as folder:
             path = os.path.join(folder, "now.pickle")
-            snapshot = capture.write(path)
-            blocks = [
-                (b["address"], b["size"])
-                for segment in snapshot["segments"]
-                for b in segment["blocks"]
-                if b["state"] == "active_allocated"
-            ]
+            blocks = capture.write(path, blocks=True)
             found = snapdiff_owners.find(capture.torch, blocks)
             with open(os.path.join(folder, "now.owners.json"), "w") as f:
                 json.dump(found, f)

@@ -30,9 +30,9 @@ def test_ticks_during_a_slow_dump_are_skipped_and_the_interval_widens(tmp_path):
     kept = [torch.zeros(64) for _ in range(10)]
     write = capture.write
 
-    def slow_write(path):  # a dump of a large process: 0.3 s, six ticks
+    def slow_write(path, **how):  # a dump of a large process: 0.3 s, six ticks
         time.sleep(0.3)
-        return write(path)
+        return write(path, **how)
 
     capture.write = slow_write
     # The job's time starts here: on a busy machine, starting the recorder
@@ -75,11 +75,11 @@ capture.install()
 write = capture.write
 seconds = float(sys.argv[3])
 
-def slow_write(path):  # a step dump of a large process, with owners
+def slow_write(path, **how):  # a step dump of a large process, with owners
     if "exit" not in path:
         print("dumping", flush=True)
         time.sleep(seconds)
-    return write(path)
+    return write(path, **how)
 
 capture.write = slow_write
 model = torch.nn.Linear(4, 4)
@@ -142,10 +142,10 @@ capture = snapdiff_capture.Capture(torch, Settings(sys.argv[1], None), deferred=
 capture.install()
 write = capture.write
 
-def slow_write(path):  # an exit dump of 1.5 s, in Python, where handlers run
+def slow_write(path, **how):  # an exit dump of 1.5 s, in Python, where handlers run
     for _ in range(150):
         time.sleep(0.01)
-    return write(path)
+    return write(path, **how)
 
 capture.write = slow_write
 kept = torch.zeros(64)

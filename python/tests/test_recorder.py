@@ -1,15 +1,42 @@
-"""The CPU recorder on real torch: what it holds stays bounded however long
-the job runs, and records kept from dump to dump still say what changed."""
+"""The CPU recorders on real torch: what they hold stays bounded however
+long the job runs, each dump says what changed, and the allocator
+recorder's own pickle is the snapshot's."""
 
+import os
+import pickle
+import threading
+
+import pytest
 import torch
 
-from snapdiff.hook.snapdiff_cpu_recorder import CpuRecorder
+from snapdiff.hook.snapdiff_cpu_recorder import (
+    AllocatorRecorder,
+    CpuRecorder,
+    DispatchRecorder,
+)
+
+
+def allocator_recorder(max_entries=100_000, stacks=True):
+    recorder = CpuRecorder(max_entries, stacks=stacks)
+    # CI installs a C++ compiler: the allocator hook must build there.
+    assert isinstance(recorder, AllocatorRecorder), type(recorder)
+    return recorder
+
+
+RECORDERS = {
+    "allocator": allocator_recorder,
+    "dispatch": lambda max_entries=100_000: DispatchRecorder(max_entries),
+}
+
+
+def sizes(snapshot):
+    return sorted(b["size"] for s in snapshot["segments"] for b in s["blocks"])
 
 
 def test_in_place_steps_on_a_long_lived_tensor_hold_nothing_more():
     # An optimizer's in-place updates, ten thousand times over: the
-    # recorder watches each tensor once, not once per operator.
-    recorder = CpuRecorder(1000)
+    # dispatch recorder watches each tensor once, not once per operator.
+    recorder = DispatchRecorder(1000)
     recorder.start()
     try:
         weight = torch.zeros(16)
@@ -21,8 +48,9 @@ def test_in_place_steps_on_a_long_lived_tensor_hold_nothing_more():
     assert watched < 50, watched
 
 
-def test_each_dump_says_what_changed_since_the_last():
-    recorder = CpuRecorder(100_000)
+@pytest.mark.parametrize("kind", sorted(RECORDERS))
+def test_each_dump_says_what_changed_since_the_last(kind):
+    recorder = RECORDERS[kind]()
     recorder.start()
     try:
         kept = [torch.zeros(256) for _ in range(100)]
@@ -33,9 +61,6 @@ def test_each_dump_says_what_changed_since_the_last():
     finally:
         recorder.stop()
 
-    def sizes(snapshot):
-        return sorted(b["size"] for s in snapshot["segments"] for b in s["blocks"])
-
     assert sizes(first) == [1024] * 100
     assert sizes(second) == [1024] * 50 + [4096]
     actions = [e["action"] for e in second["device_traces"][0]]
@@ -45,7 +70,113 @@ def test_each_dump_says_what_changed_since_the_last():
     later = actions[len(first["device_traces"][0]):]
     assert later[0] == "snapshot"
     assert later.count("segment_free") == 50 and later.count("segment_alloc") == 1
-    # The records of the storages alive at both dumps were kept, not made again.
-    before = {s["address"]: s for s in first["segments"]}
-    both = [s for s in second["segments"] if s["total_size"] == 1024]
-    assert len(both) == 50 and all(s is before[s["address"]] for s in both)
+    if kind == "dispatch":
+        # The records of the storages alive at both dumps were kept, not made again.
+        before = {s["address"]: s for s in first["segments"]}
+        both = [s for s in second["segments"] if s["total_size"] == 1024]
+        assert len(both) == 50 and all(s is before[s["address"]] for s in both)
+
+
+def test_the_allocator_recorders_pickle_is_the_snapshots(tmp_path):
+    recorder = allocator_recorder(max_entries=500)
+    recorder.start()
+    try:
+        kept = [torch.zeros(4) for _ in range(300)]
+        del kept[::3]
+        kept.append(torch.zeros(1 << 19))
+        with open(tmp_path / "now.pickle", "wb") as f:
+            blocks = recorder.write(f, blocks=True)
+        with open(tmp_path / "now.pickle", "rb") as f:
+            written = pickle.load(f)
+        snapshot = recorder.snapshot()
+    finally:
+        recorder.stop()
+    # The snapshot taken after ends its trace with the write's marker, the
+    # newest 500 of PyTorch's events (2 an allocation, 3 a free) as well.
+    (trace,) = snapshot.pop("device_traces")
+    (written_trace,) = written.pop("device_traces")
+    assert trace[-1]["action"] == "snapshot"
+    assert len(written_trace) == 500 and written_trace[1:] == trace[:-1]
+    assert written == snapshot
+    assert sorted(blocks) == [(s["address"], s["total_size"]) for s in snapshot["segments"]]
+    assert sizes(written) == [16] * 200 + [1 << 21]
+    assert {s["segment_type"] for s in written["segments"]} == {"small", "large"}
+
+
+def test_the_allocator_recorder_names_the_calling_line_or_nothing_without_stacks():
+    def allocate():
+        return torch.empty(1000)  # the line
+
+    line = allocate.__code__.co_firstlineno + 1
+    for stacks in (True, False):
+        recorder = allocator_recorder(stacks=stacks)
+        recorder.start()
+        try:
+            kept = allocate()
+            snapshot = recorder.snapshot()
+        finally:
+            recorder.stop()
+        (segment,) = [s for s in snapshot["segments"] if s["total_size"] == 4000]
+        if stacks:
+            top = segment["frames"][0]
+            assert (top["name"], top["line"]) == ("allocate", line), segment["frames"]
+            assert top["filename"] == __file__
+        else:
+            assert segment["frames"] == []
+        del kept
+
+
+def test_the_allocator_recorder_sees_other_threads_without_their_stacks():
+    recorder = allocator_recorder()
+    recorder.start()
+    kept = []
+    try:
+        worker = threading.Thread(target=lambda: kept.append(torch.empty(3000)))
+        worker.start()
+        worker.join()
+        snapshot = recorder.snapshot()
+    finally:
+        recorder.stop()
+    (segment,) = [s for s in snapshot["segments"] if s["total_size"] == 12000]
+    assert segment["frames"] == []
+
+
+def test_storages_outlive_the_recording_and_a_new_one_starts_afresh():
+    first = allocator_recorder()
+    first.start()
+    kept = torch.empty(5000)
+    first.stop()
+    after = torch.empty(6000)  # not recorded
+    second = allocator_recorder()
+    second.start()
+    try:
+        new = torch.empty(7000)
+        del kept  # made by the first recording: freed through its wrapper
+        snapshot = second.snapshot()
+    finally:
+        second.stop()
+    assert sizes(snapshot) == [28000]
+    assert [e["action"] for e in snapshot["device_traces"][0]] == ["segment_alloc", "alloc"]
+    del after, new
+
+
+def test_a_forked_child_allocates_and_frees_without_the_recorder():
+    recorder = allocator_recorder()
+    recorder.start()
+    try:
+        kept = [torch.empty(1000)]
+        pid = os.fork()
+        if pid == 0:  # the child: allocations pass through, frees too
+            status = 0
+            try:
+                kept.extend(torch.empty(100) for _ in range(1000))
+                kept.clear()
+            except BaseException:
+                status = 1
+            os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        snapshot = recorder.snapshot()
+    finally:
+        recorder.stop()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sizes(snapshot) == [4000]

@@ -74,7 +74,7 @@ class Dumping:
         temporary = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.{self.pid}.tmp")
         measured = self.measure()
         try:
-            snapshot = self.write(temporary)
+            blocks = self.write(temporary, blocks=getattr(self.settings, "owners", False))
             name = place(temporary, folder, stem)
         except Exception as e:
             remove(temporary)
@@ -86,7 +86,7 @@ class Dumping:
         entry = {"file": name, **measured}
         if getattr(self.settings, "owners", False):
             searched = time.perf_counter()
-            entry["owners"] = self.write_owners(snapshot, name)
+            entry["owners"] = self.write_owners(blocks, name)
             entry["owners_seconds"] = round(time.perf_counter() - searched, 4)
         # How long this dump held the process, owners included.
         seconds = time.perf_counter() - started
@@ -139,7 +139,7 @@ class Dumping:
             )
         return wanted
 
-    def write_owners(self, snapshot, name):
+    def write_owners(self, blocks, name):
         """Writes the owners of the dump's live blocks beside it
         (`NAME.owners.json`) and returns that file's name; None when it
         could not be written (said once, as failed dumps are)."""
@@ -149,12 +149,6 @@ class Dumping:
                 from . import snapdiff_owners
             except ImportError:  # capture's start-up hook
                 import snapdiff_owners
-            blocks = [
-                (b["address"], b["size"])
-                for segment in snapshot.get("segments", ())
-                for b in segment.get("blocks", ())
-                if b.get("state") == "active_allocated"
-            ]
             seconds = None
             if self.exit_deadline is not None:
                 seconds = self.exit_deadline - time.monotonic()
@@ -175,23 +169,40 @@ class Dumping:
             self.failed(f"owners of {name}", e)
             return None
 
-    def write(self, path):
-        """Writes the dump to `path`, a new file; returns the snapshot."""
+    def write(self, path, blocks=False):
+        """Writes the dump to `path`, a new file; returns its live blocks
+        [(address, size)] when `blocks` (for the owners search), else None."""
+        root = self.settings.stack_root
+        names = self.settings.file_names
+        names = names() if names is not None else None
+
+        def frames_of(frames):
+            if root is not None:
+                frames = cut_frames(frames, *root)
+            return renamed_frames(frames, names) if names else frames
+
+        if hasattr(self.cpu, "write"):
+            # The allocator recorder pickles the snapshot itself, faster.
+            with create_new(path, "wb") as f:
+                key = (root, dict(names) if names else None)
+                return self.cpu.write(f, frames_of, key=key, blocks=blocks)
         if self.cpu is not None:
             snapshot = self.cpu.snapshot()
         else:
             # What `torch.cuda.memory._dump_snapshot` pickles, into a file
             # opened here (it would follow a link at `path`).
             snapshot = self.torch.cuda.memory._snapshot()
-        root = self.settings.stack_root
-        if root is not None:
-            cut_stacks(snapshot, *root)
-        names = self.settings.file_names
-        if names is not None:
-            rename_files(snapshot, names())
+        for_each_stack(snapshot, frames_of)
         with create_new(path, "wb") as f:
             pickle.dump(snapshot, f, protocol=4)
-        return snapshot
+        if not blocks:
+            return None
+        return [
+            (b["address"], b["size"])
+            for segment in snapshot.get("segments", ())
+            for b in segment.get("blocks", ())
+            if b.get("state") == "active_allocated"
+        ]
 
     def who(self):
         """`rank{R}` under torchrun or a rank set in RANK, else `pid{PID}`.
@@ -256,50 +267,36 @@ def each_record(snapshot):
         yield from trace
 
 
-def rename_files(snapshot, names):
-    """Gives the frames of `snapshot` whose file is a key of `names` that
-    name instead (a notebook's cells: see `snapdiff._notebook`). Frame lists
-    shared between records stay shared; the frames are new dicts."""
-    if not names:
-        return
-    renamed = {}  # id of a frame list -> (it, its renamed copy)
-
-    def rename(frames):
-        done = renamed.get(id(frames))
-        if done is None:
-            new = frames
-            if any(f.get("filename") in names for f in frames):
-                new = [dict(f, filename=names[f["filename"]]) if f.get("filename") in names
-                       else f for f in frames]
-            done = renamed[id(frames)] = (frames, new)
-        return done[1]
-
+def for_each_stack(snapshot, frames_of):
+    """Gives every record of `snapshot` `frames_of` its frames instead.
+    Frame lists shared between records stay shared."""
+    done = {}  # id of a frame list -> (it, what it became), keeping it alive
     for record in each_record(snapshot):
         frames = record.get("frames")
         if isinstance(frames, list):
-            record["frames"] = rename(frames)
+            made = done.get(id(frames))
+            if made is None:
+                made = done[id(frames)] = (frames, frames_of(frames))
+            record["frames"] = made[1]
 
 
-def cut_stacks(snapshot, filename, name):
-    """Leaves out of every stack in `snapshot` the frames that called
-    function `name` of `filename` (a test's, whose callers are pytest's and
-    pluggy's). A stack without that function is kept whole. Frame lists
-    shared between records stay shared."""
-    cut = {}  # id of a frame list -> (it, its cut), keeping it alive
+def renamed_frames(frames, names):
+    """`frames` with each frame whose file is a key of `names` given that
+    name instead (a notebook's cells: see `snapdiff._notebook`): new dicts
+    for those frames, the list itself when none is."""
+    if not any(f.get("filename") in names for f in frames):
+        return frames
+    return [dict(f, filename=names[f["filename"]]) if f.get("filename") in names else f
+            for f in frames]
 
-    def cut_one(frames):
-        done = cut.get(id(frames))
-        if done is None:
-            end = next(
-                (i for i, f in enumerate(frames)
-                 if f.get("name") == name and f.get("filename") == filename),
-                None,
-            )
-            done = (frames, frames if end is None else frames[: end + 1])
-            cut[id(frames)] = done
-        return done[1]
 
-    for record in each_record(snapshot):
-        frames = record.get("frames")
-        if isinstance(frames, list):
-            record["frames"] = cut_one(frames)
+def cut_frames(frames, filename, name):
+    """`frames` without the frames that called function `name` of
+    `filename` (a test's, whose callers are pytest's and pluggy's); the list
+    itself when it has no such function."""
+    end = next(
+        (i for i, f in enumerate(frames)
+         if f.get("name") == name and f.get("filename") == filename),
+        None,
+    )
+    return frames if end is None else frames[: end + 1]

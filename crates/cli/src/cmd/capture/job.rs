@@ -19,7 +19,7 @@ use crate::manifest;
 
 /// The Python start-up hook, put on the command's PYTHONPATH: records
 /// PyTorch's memory history once torch is imported (see the files' own notes).
-const PYTHON_HOOK: [(&str, &str); 7] = [
+const PYTHON_HOOK: [(&str, &str); 8] = [
     (
         "sitecustomize.py",
         include_str!("../../../../../python/snapdiff/hook/sitecustomize.py"),
@@ -43,6 +43,10 @@ const PYTHON_HOOK: [(&str, &str); 7] = [
     (
         "snapdiff_cpu_recorder.py",
         include_str!("../../../../../python/snapdiff/hook/snapdiff_cpu_recorder.py"),
+    ),
+    (
+        "snapdiff_cpu_alloc.cpp",
+        include_str!("../../../../../python/snapdiff/hook/snapdiff_cpu_alloc.cpp"),
     ),
     (
         "snapdiff_owners.py",
