@@ -77,7 +77,7 @@ def test_each_dump_says_what_changed_since_the_last(kind):
         assert len(both) == 50 and all(s is before[s["address"]] for s in both)
 
 
-def test_the_allocator_recorders_pickle_is_the_snapshots(tmp_path):
+def test_the_allocator_recorders_pickle_holds_torchs_own_storages(tmp_path):
     recorder = allocator_recorder(max_entries=500)
     recorder.start()
     try:
@@ -86,21 +86,34 @@ def test_the_allocator_recorders_pickle_is_the_snapshots(tmp_path):
         kept.append(torch.zeros(1 << 19))
         with open(tmp_path / "now.pickle", "wb") as f:
             blocks = recorder.write(f, blocks=True)
-        with open(tmp_path / "now.pickle", "rb") as f:
-            written = pickle.load(f)
-        snapshot = recorder.snapshot()
     finally:
         recorder.stop()
-    # The snapshot taken after ends its trace with the write's marker, the
-    # newest 500 of PyTorch's events (2 an allocation, 3 a free) as well.
-    (trace,) = snapshot.pop("device_traces")
-    (written_trace,) = written.pop("device_traces")
-    assert trace[-1]["action"] == "snapshot"
-    assert len(written_trace) == 500 and written_trace[1:] == trace[:-1]
-    assert written == snapshot
-    assert sorted(blocks) == [(s["address"], s["total_size"]) for s in snapshot["segments"]]
-    assert sizes(written) == [16] * 200 + [1 << 21]
+    with open(tmp_path / "now.pickle", "rb") as f:
+        written = pickle.load(f)
+    # Each live tensor's storage, at PyTorch's address, of PyTorch's size.
+    storages = sorted((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in kept)
+    assert blocks == storages
+    assert [(s["address"], s["total_size"]) for s in written["segments"]] == storages
+    assert [(b["address"], b["size"], b["state"]) for s in written["segments"]
+            for b in s["blocks"]] == [(a, n, "active_allocated") for a, n in storages]
     assert {s["segment_type"] for s in written["segments"]} == {"small", "large"}
+    # The newest 500 of PyTorch's events: 2 an allocation, 3 a free; the
+    # last, the frees of `del kept[::3]` and the large allocation.
+    trace = written["device_traces"][0]
+    assert len(trace) == 500
+    assert [e["action"] for e in trace[-5:]] == [
+        "free_requested", "free_completed", "segment_free", "segment_alloc", "alloc"]
+    assert (trace[-1]["addr"], trace[-1]["size"]) == storages_of(kept[-1])
+    # Frame lists are shared, as pickle shares them, and name this file.
+    frames = [s["frames"] for s in written["segments"]]
+    assert frames[0][0]["filename"] == __file__
+    assert len({id(f) for f in frames}) == 2  # the small ones' line, the large one's
+    # The whole file is as `pickle` itself would write that dict.
+    assert pickle.loads(pickle.dumps(written, protocol=4)) == written
+
+
+def storages_of(tensor):
+    return tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()
 
 
 def test_the_allocator_recorder_names_the_calling_line_or_nothing_without_stacks():

@@ -829,52 +829,6 @@ PyObject* snapdiff_cpu_stacks(size_t from) {
   return list;
 }
 
-// The recording now, as (live, events): live [(address, size, stack)] in
-// address order, events [(action, address, size, time_us, stack)] oldest
-// first, expanded to PyTorch's action names and cut to the newest
-// `max_events`. The dump's marker joins the trace after. With the GIL held.
-PyObject* snapdiff_cpu_take() {
-  Copied c = copy_state();
-  size_t capacity;
-  {
-    std::lock_guard<std::mutex> lock(state->mu);
-    capacity = state->capacity;
-  }
-  mark_dump();
-  PyObject* live = PyList_New(static_cast<Py_ssize_t>(c.blocks.size()));
-  PyObject* events = PyList_New(0);
-  if (live == nullptr || events == nullptr) {
-    Py_XDECREF(live);
-    Py_XDECREF(events);
-    return nullptr;
-  }
-  std::sort(c.blocks.begin(), c.blocks.end(),
-            [](const Block& a, const Block& b) { return a.address < b.address; });
-  bool whole = true;
-  for (size_t i = 0; i < c.blocks.size(); i++) {
-    const Block& b = c.blocks[i];
-    PyObject* item = Py_BuildValue("(KKI)", static_cast<unsigned long long>(b.address),
-                                   static_cast<unsigned long long>(b.size), b.stack);
-    whole = whole && item != nullptr;
-    PyList_SET_ITEM(live, static_cast<Py_ssize_t>(i), item);
-  }
-  each_trace_event(c.events, capacity, [&](Word name, const Event& e) {
-    PyObject* item = whole ? Py_BuildValue("(sKKLI)", kWords[name],
-                                           static_cast<unsigned long long>(e.address),
-                                           static_cast<unsigned long long>(e.size),
-                                           static_cast<long long>(e.time_us), e.stack)
-                           : nullptr;
-    whole = whole && item != nullptr && PyList_Append(events, item) == 0;
-    Py_XDECREF(item);
-  });
-  if (!whole) {
-    Py_DECREF(live);
-    Py_DECREF(events);
-    return nullptr;
-  }
-  return Py_BuildValue("(NN)", live, events);
-}
-
 // Writes the recording now to `fd` as a pickled snapshot (see `Pickle`),
 // `stack_frames[i]` being stack i's frame list. Returns the live blocks
 // [(address, size)] when `want_blocks`, else None; -1 when a record names a

@@ -30,6 +30,7 @@ import collections
 import ctypes
 import hashlib
 import os
+import pickle
 import subprocess
 import sys
 import sysconfig
@@ -423,8 +424,8 @@ class AllocatorRecorder:
     """The recorder inside PyTorch's CPU allocator (`snapdiff_cpu_alloc.cpp`,
     which holds what it records). `start()` wraps the allocator (one
     recording a process: a later start forgets an earlier one), `stop()`
-    unwraps it; `snapshot()` returns the snapshot dict `_dump_snapshot`
-    would pickle, `write(f)` writes that pickle, several times faster."""
+    unwraps it; `write(f)` writes the pickle `_dump_snapshot` would write,
+    `snapshot()` returns the dict it holds."""
 
     def __init__(self, library, max_entries=100000, warn=None, stacks=True):
         self._library = library
@@ -477,20 +478,11 @@ class AllocatorRecorder:
 
     def snapshot(self):
         """The live storages and the trace, as `torch.cuda.memory._snapshot()`
-        lays them out. Any thread."""
-        with self._lock:
-            live, events = self._library.snapdiff_cpu_take()
-            self._learn_stacks()
-            frames = self._stack_frames
-            return {
-                "segments": [_segment(a, size, frames[stack]) for a, size, stack in live],
-                "device_traces": [[
-                    _trace_event(action, address, size, time_us, frames[stack])
-                    for action, address, size, time_us, stack in events
-                ]],
-                "snapdiff_recorder": "cpu",
-                "snapdiff_skipped_tensors": 0,
-            }
+        lays them out: what `write` writes, read back. Any thread."""
+        with tempfile.TemporaryFile() as f:
+            self.write(f)
+            f.seek(0)
+            return pickle.load(f)
 
     def write(self, f, frames_of=None, key=None, blocks=False):
         """Writes what `pickle.dump(self.snapshot(), f, protocol=4)` would
@@ -553,7 +545,6 @@ def _allocator_library():
     library.snapdiff_cpu_allocations.restype = ctypes.c_uint64
     library.snapdiff_cpu_stacks.argtypes = [ctypes.c_size_t]
     library.snapdiff_cpu_stacks.restype = ctypes.py_object
-    library.snapdiff_cpu_take.restype = ctypes.py_object
     library.snapdiff_cpu_write.argtypes = [ctypes.c_int, ctypes.py_object, ctypes.c_int]
     library.snapdiff_cpu_write.restype = ctypes.py_object
     return library
