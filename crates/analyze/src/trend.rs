@@ -220,13 +220,14 @@ pub struct Trend {
     pub no_verdict: Option<String>,
     /// Pinned host memory over the checkpoints, judged on its own (never
     /// part of the suspects or of the device's bytes), when the snapshots
-    /// recorded it.
+    /// recorded it. (Boxed, as `outside`: rarely there, and a fleet keeps
+    /// a trend for each of thousands of ranks.)
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pinned_host: Option<PinnedHostTrend>,
+    pub pinned_host: Option<Box<PinnedHostTrend>>,
     /// Memory outside what the snapshots record (device memory beyond the
     /// allocator, the process's resident memory), when capture measured it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub outside: Option<Outside>,
+    pub outside: Option<Box<Outside>>,
     /// Private pools with nothing in use at every checkpoint since they
     /// appeared (a CUDA graph left behind), largest first; snapshots only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -477,8 +478,8 @@ pub(crate) fn trend_of_series(
         seconds_to_full,
         notes,
         no_verdict,
-        pinned_host,
-        outside,
+        pinned_host: pinned_host.map(Box::new),
+        outside: outside.map(Box::new),
         idle_private_pools: Vec::new(),
     }
 }

@@ -56,13 +56,19 @@ fn rank_folder(name: &str) -> Option<String> {
 
 /// Items grouped by the name paired with each, groups sorted by name, items
 /// kept in their order. (A map, not a search of the groups so far: a job
-/// of 10,000 ranks has 100,000 files.)
+/// of 10,000 ranks has 100,000 files; each group no larger than it needs.)
 pub(crate) fn group<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
     let mut groups: std::collections::BTreeMap<String, Vec<T>> = Default::default();
     for (name, item) in items {
         groups.entry(name).or_default().push(item);
     }
-    groups.into_iter().collect()
+    groups
+        .into_iter()
+        .map(|(name, mut items)| {
+            items.shrink_to_fit();
+            (name, items)
+        })
+        .collect()
 }
 
 #[cfg(test)]

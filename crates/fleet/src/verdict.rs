@@ -54,6 +54,7 @@ impl ProcessVerdict {
             let last = d.trend.points.pop();
             d.trend.points = last.into_iter().collect();
             d.trend.notes = Vec::new();
+            d.last.shrink_to_fit();
         }
     }
 }
@@ -346,7 +347,7 @@ pub fn fleet_verdict(
                 suspects: d.trend.suspects,
                 checkpoints: d.checkpoints,
                 notes: d.trend.notes,
-                outside: d.trend.outside,
+                outside: d.trend.outside.map(|o| *o),
             });
         }
     }
