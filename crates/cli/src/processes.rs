@@ -8,15 +8,29 @@ use snapdiff_format::names::process_of;
 
 /// `files` grouped by the process that wrote them, as their names say (see
 /// [`process_of`]); files whose names say nothing form one group, named "".
-/// Groups are sorted by name, files kept in their order.
-pub(crate) fn by_process(files: impl IntoIterator<Item = PathBuf>) -> Vec<(String, Vec<PathBuf>)> {
-    group(files.into_iter().map(|file| {
-        let process = file
-            .file_name()
+/// Groups are sorted by name, files kept in their order. Each group is
+/// made at its size, the files counted first: for 100,000 files the
+/// groups' growing copies were a third of what a fleet held at its peak.
+pub(crate) fn by_process(files: Vec<PathBuf>) -> Vec<(String, Vec<PathBuf>)> {
+    let process = |file: &Path| {
+        file.file_name()
             .and_then(|n| process_of(&n.to_string_lossy()))
-            .unwrap_or_default();
-        (process, file)
-    }))
+            .unwrap_or_default()
+    };
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for file in &files {
+        *counts.entry(process(file)).or_default() += 1;
+    }
+    let mut groups: std::collections::BTreeMap<String, Vec<PathBuf>> = counts
+        .into_iter()
+        .map(|(name, n)| (name, Vec::with_capacity(n)))
+        .collect();
+    for file in files {
+        if let Some(group) = groups.get_mut(&process(&file)) {
+            group.push(file);
+        }
+    }
+    groups.into_iter().collect()
 }
 
 /// The process that wrote a snapshot already read: as its file name says
@@ -56,19 +70,13 @@ fn rank_folder(name: &str) -> Option<String> {
 
 /// Items grouped by the name paired with each, groups sorted by name, items
 /// kept in their order. (A map, not a search of the groups so far: a job
-/// of 10,000 ranks has 100,000 files; each group no larger than it needs.)
+/// of 10,000 ranks has 100,000 files.)
 pub(crate) fn group<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
     let mut groups: std::collections::BTreeMap<String, Vec<T>> = Default::default();
     for (name, item) in items {
         groups.entry(name).or_default().push(item);
     }
-    groups
-        .into_iter()
-        .map(|(name, mut items)| {
-            items.shrink_to_fit();
-            (name, items)
-        })
-        .collect()
+    groups.into_iter().collect()
 }
 
 #[cfg(test)]
