@@ -554,18 +554,26 @@ fn sigusr1_to_capture_never_kills_the_job() {
         return;
     }
     // A signal every 50 ms from capture's first moment to its end: through
-    // `import torch`, the training and interpreter shutdown.
+    // `import torch`, the training and interpreter shutdown. The job
+    // imports torch 2.5 s after it starts, past capture's 2 s wait for an
+    // answer, however fast the machine imports it.
     let dir = tempdir();
     let out = dir.path().join("out");
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
     let mut job = Command::new(SNAPDIFF);
-    job.args(capture_args(
-        &out,
-        &["--no-report"],
-        &["--steps", "20", "--step-seconds", "0.05"],
-    ))
-    .env("TMPDIR", &tmp);
+    job.args(["capture", "-o"])
+        .arg(&out)
+        .args(["--no-report", "--", "python3", "-c"])
+        .arg(
+            "import runpy, sys, time\n\
+             time.sleep(2.5)\n\
+             sys.argv = sys.argv[1:]\n\
+             runpy.run_path(sys.argv[0], run_name='__main__')",
+        )
+        .arg(script())
+        .args(["--steps", "20", "--step-seconds", "0.05"])
+        .env("TMPDIR", &tmp);
     let output = under_sigusr1_storm(job);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
