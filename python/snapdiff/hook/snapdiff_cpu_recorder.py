@@ -368,11 +368,7 @@ class DispatchRecorder(TorchDispatchMode):
         return stack
 
     def _frame(self, code, line):
-        frame = self._frames.get((code, line))
-        if frame is None:
-            frame = {"filename": code.co_filename, "line": line, "name": code.co_name}
-            self._frames[(code, line)] = frame
-        return frame
+        return _frame_of(self._frames, code, line)
 
     # -- dumping -----------------------------------------------------------
 
@@ -505,11 +501,7 @@ class AllocatorRecorder:
                     return done
 
     def _frame(self, code, line):
-        frame = self._frames.get((code, line))
-        if frame is None:
-            frame = {"filename": code.co_filename, "line": line, "name": code.co_name}
-            self._frames[(code, line)] = frame
-        return frame
+        return _frame_of(self._frames, code, line)
 
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "snapdiff_cpu_alloc.cpp")
@@ -591,6 +583,17 @@ def _compile(output, torch_dir):
 
 def _warn(message):
     print(f"snapdiff: {message}", file=sys.stderr)
+
+
+def _frame_of(frames, code, line):
+    """The frame dict of `code` at `line`: one a place, kept in `frames`
+    (by (code, line)), so that stacks through it share it."""
+    frame = frames.get((code, line))
+    if frame is None:
+        frame = frames[(code, line)] = {
+            "filename": code.co_filename, "line": line, "name": code.co_name,
+        }
+    return frame
 
 
 def _trace_event(action, address, size, time_us, frames):
