@@ -259,6 +259,65 @@ fn unreadable_files_are_named_and_the_rest_judged() {
 }
 
 #[test]
+fn a_ranks_files_spread_over_folders_links_and_hard_links_are_one_series_read_once() {
+    let Some((_, dir)) = fleet() else {
+        return crate::util::skip("fleet", "../shared/fixtures/torch is not here");
+    };
+    // Rank 7 leaks. Its first steps in folder a, its last in folder z, the
+    // other ranks' files in m between them: the fleet hands a rank on
+    // once all its files are found, so it must wait for z. m also holds a
+    // hard link to one of rank 7's files and a symbolic link to another,
+    // under their own names: reached twice, read once.
+    let plain = tempdir();
+    let spread = tempdir();
+    for name in ["a", "m", "z"] {
+        std::fs::create_dir(spread.path().join(name)).unwrap();
+    }
+    for rank in [1u32, 2, 3, 7] {
+        for step in 0..STEPS {
+            let name = format!("rank{rank}-step{step}.snap");
+            let from = dir.join("node0").join(&name);
+            std::fs::copy(&from, plain.path().join(&name)).unwrap();
+            let folder = match (rank, step) {
+                (7, s) if s < STEPS / 2 => "a",
+                (7, _) => "z",
+                _ => "m",
+            };
+            std::fs::copy(&from, spread.path().join(folder).join(&name)).unwrap();
+        }
+    }
+    std::fs::hard_link(
+        spread.path().join("a/rank7-step0.snap"),
+        spread.path().join("m/rank7-step0.snap"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        spread.path().join("z/rank7-step5.snap"),
+        spread.path().join("m/rank7-step5.snap"),
+    )
+    .unwrap();
+    let judge = |folder: &Path| {
+        snapdiff(["fleet".as_ref(), folder.as_os_str(), "--json".as_ref()])
+            .expect_code(0)
+            .json()
+    };
+    let (plain, spread) = (judge(plain.path()), judge(spread.path()));
+    assert_eq!(spread["files"], 4 * STEPS, "{spread:#}");
+    assert_eq!(spread["processes"], 4);
+    assert_eq!(spread["leaking"], 1);
+    assert_eq!(spread["leaks"], plain["leaks"]);
+    let rank7 = &spread["members"][3];
+    assert_eq!(rank7["rank"], 7);
+    let steps: Vec<u64> = rank7["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (0..u64::from(STEPS)).collect::<Vec<_>>());
+}
+
+#[test]
 fn quoted_globs_and_missing_paths() {
     let Some((_, dir)) = fleet() else {
         return crate::util::skip("fleet", "../shared/fixtures/torch is not here");

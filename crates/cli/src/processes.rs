@@ -12,25 +12,28 @@ use snapdiff_format::names::process_of;
 /// made at its size, the files counted first: for 100,000 files the
 /// groups' growing copies were a third of what a fleet held at its peak.
 pub(crate) fn by_process(files: Vec<PathBuf>) -> Vec<(String, Vec<PathBuf>)> {
-    let process = |file: &Path| {
-        file.file_name()
-            .and_then(|n| process_of(&n.to_string_lossy()))
-            .unwrap_or_default()
-    };
     let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
     for file in &files {
-        *counts.entry(process(file)).or_default() += 1;
+        *counts.entry(process_named(file)).or_default() += 1;
     }
     let mut groups: std::collections::BTreeMap<String, Vec<PathBuf>> = counts
         .into_iter()
         .map(|(name, n)| (name, Vec::with_capacity(n)))
         .collect();
     for file in files {
-        if let Some(group) = groups.get_mut(&process(&file)) {
+        if let Some(group) = groups.get_mut(&process_named(&file)) {
             group.push(file);
         }
     }
     groups.into_iter().collect()
+}
+
+/// The process a file's name says wrote it (see [`process_of`]), "" when
+/// it says nothing.
+pub(crate) fn process_named(file: &Path) -> String {
+    file.file_name()
+        .and_then(|n| process_of(&n.to_string_lossy()))
+        .unwrap_or_default()
 }
 
 /// The process that wrote a snapshot already read: as its file name says

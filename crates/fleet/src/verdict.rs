@@ -169,8 +169,10 @@ pub struct MemberRow {
     pub notes: Vec<String>,
     /// Memory outside what its snapshots record (its RSS, its device's use
     /// beyond the allocator), when capture measured it.
+    /// (Boxed: rarely set, and a fleet holds a row for each of thousands
+    /// of ranks.)
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub outside: Option<Outside>,
+    pub outside: Option<Box<Outside>>,
 }
 
 /// How much one member's site grew.
@@ -321,8 +323,11 @@ pub fn fleet_verdict(
             steady += 1;
         }
     }
-    let mut members = Vec::new();
-    let mut compared = Vec::new();
+    // Made at their size: 10,000 ranks' rows grown by doubling were
+    // the peak of a fleet's memory.
+    let rows = processes.iter().map(|p| p.devices.len()).sum();
+    let mut members = Vec::with_capacity(rows);
+    let mut compared = Vec::with_capacity(rows);
     for p in processes {
         for d in p.devices {
             let member = Member {
@@ -347,7 +352,7 @@ pub fn fleet_verdict(
                 suspects: d.trend.suspects,
                 checkpoints: d.checkpoints,
                 notes: d.trend.notes,
-                outside: d.trend.outside.map(|o| *o),
+                outside: d.trend.outside,
             });
         }
     }

@@ -6,21 +6,17 @@ use snapdiff_fleet::{StackStore, TABLE_FILES, TableWriter};
 use snapdiff_render::text::{count, size};
 
 use crate::args::ExportArgs;
-use crate::cmd::fleet::{find, in_pool, read_processes, read_table_folders, with_paths_from};
+use crate::cmd::fleet::{census, in_pool, read_processes, read_table_folders, with_paths_from};
 use crate::exit::Exit;
 
 /// The top-level entry point for `snapdiff export`.
 pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     let paths = with_paths_from(&args.paths, args.paths_from.as_deref())?;
-    let mut inputs = find(&paths)?;
     // Its own output is never its input: a folder inside the one given
     // would be read as tables and every rank written twice.
-    if let Ok(output) = std::fs::canonicalize(&args.output) {
-        let inside =
-            |p: &std::path::Path| std::fs::canonicalize(p).is_ok_and(|p| p.starts_with(&output));
-        inputs.snapshots.retain(|p| !inside(p));
-        inputs.table_folders.retain(|p| !inside(p));
-    }
+    let mut census = census(&paths, None, Some(&args.output))?;
+    let table_folders = std::mem::take(&mut census.table_folders);
+    let found_unreadable = std::mem::take(&mut census.unreadable);
     let existing: Vec<String> = TABLE_FILES
         .iter()
         .map(|name| args.output.join(name))
@@ -46,11 +42,8 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
         }
     };
     let (unreadable, outcome) = in_pool(&args.threads, || {
-        let unreadable = read_table_folders(&inputs.table_folders, None, &stacks, write);
-        (
-            unreadable,
-            read_processes(std::mem::take(&mut inputs.snapshots), None, &stacks, write),
-        )
+        let unreadable = read_table_folders(&table_folders, None, &stacks, write);
+        (unreadable, read_processes(census, &stacks, write))
     })?;
     if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e.into());
@@ -62,7 +55,7 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     let runs_note = outcome.earlier_runs_note();
     let mut all_unreadable = unreadable;
     all_unreadable.extend(outcome.unreadable);
-    all_unreadable.extend(inputs.unreadable.iter().cloned());
+    all_unreadable.extend(found_unreadable);
     for u in &all_unreadable {
         eprintln!("snapdiff: {}", u.error);
     }

@@ -1,31 +1,26 @@
 //! The files a fleet command reads: snapshot files, folders searched
 //! recursively, globs, and folders of site tables.
+//!
+//! They are walked twice. A census first: how many files each process has,
+//! which files more than one path may reach. Then a second walk hands on
+//! each process's files as soon as the last of them is found, so that a
+//! job of 100,000 files is never held as a list of 100,000 paths: what is
+//! held is the paths of processes not yet complete (in a folder a node,
+//! a few), and a count a process.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use snapdiff_fleet::{Unreadable, is_table_folder};
 
 use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
-/// What the paths given name.
-#[derive(Debug, Default)]
-pub(crate) struct Inputs {
-    /// Snapshot files, folders' contents in name order.
-    pub(crate) snapshots: Vec<PathBuf>,
-    /// Folders of site tables (`snapdiff export`'s output).
-    pub(crate) table_folders: Vec<PathBuf>,
-    /// Files and folders inside the folders given that could not be read:
-    /// named, and the rest read.
-    pub(crate) unreadable: Vec<Unreadable>,
-    /// What was taken already: a file or folder reached by two paths
-    /// (overlapping arguments, a link back into the folder) is read once.
-    seen: HashSet<FileId>,
-}
+use crate::cmd::fleet::read::wanted;
+use crate::processes::process_named;
 
-/// What a file is, whatever path reaches it: its device and inode, or
-/// elsewhere its canonical path.
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// What a file or folder is, whatever path reaches it: its device and
+/// inode, or elsewhere its canonical path.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum FileId {
     #[cfg(unix)]
     Inode(u64, u64),
@@ -34,41 +29,222 @@ enum FileId {
 }
 
 impl FileId {
-    fn of(path: &Path) -> Option<FileId> {
+    fn of(path: &Path, metadata: &std::fs::Metadata) -> Option<FileId> {
         #[cfg(unix)]
         {
             use std::os::unix::fs::MetadataExt;
-            let m = std::fs::metadata(path).ok()?;
-            Some(FileId::Inode(m.dev(), m.ino()))
+            let _ = path;
+            Some(FileId::Inode(metadata.dev(), metadata.ino()))
         }
         #[cfg(not(unix))]
         {
+            let _ = metadata;
             Some(FileId::Path(std::fs::canonicalize(path).ok()?))
         }
     }
+
+    fn of_path(path: &Path) -> Option<FileId> {
+        FileId::of(path, &std::fs::metadata(path).ok()?)
+    }
 }
 
-impl Inputs {
-    /// Takes `path` as a snapshot file if it is a regular file (where
-    /// links lead): a FIFO would block the read forever and a device
-    /// (`/dev/zero`) never end, so they are named and left out.
-    fn take_file(&mut self, path: &Path) {
-        if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-            self.snapshots.push(path.to_path_buf());
-        } else {
-            self.unreadable.push(Unreadable {
-                source: path.to_string_lossy().into_owned(),
-                error: format!(
-                    "{}: not a regular file (a FIFO, device or socket is never read)",
-                    crate::output::shown(path)
-                ),
-            });
-        }
+/// Whether another path than this one may reach the file: a link, a file
+/// of several names (hard links), or a path given by hand (which a folder
+/// given too may hold). Only such files are remembered to be read once.
+fn may_be_reached_twice(metadata: &std::fs::Metadata, link: bool, given: bool) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        link || given || metadata.nlink() > 1
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (metadata, link, given);
+        true
+    }
+}
+
+/// What a walk of the inputs finds, in order.
+enum Found<'a> {
+    /// A regular file read as a snapshot.
+    Snapshot {
+        path: &'a Path,
+        len: u64,
+        id: Option<FileId>,
+        /// See [`may_be_reached_twice`].
+        shared: bool,
+    },
+    /// A folder of site tables (`snapdiff export`'s output).
+    Tables(&'a Path),
+    /// A file or folder that cannot be read: named, and the rest read.
+    Unreadable(Unreadable),
+}
+
+/// The first walk: what the inputs hold, and what the second walk needs to
+/// hand on each process's files once all are found.
+#[derive(Debug)]
+pub(crate) struct Census {
+    /// Folders of site tables, in walk order.
+    pub(crate) table_folders: Vec<PathBuf>,
+    /// Files and folders that could not be read.
+    pub(crate) unreadable: Vec<Unreadable>,
+    /// Snapshot files found (of the process asked for), and their bytes.
+    pub(crate) files: usize,
+    pub(crate) bytes: u64,
+    /// The number of paths found to each process's files, by the process
+    /// their names say.
+    remaining: HashMap<String, usize>,
+    /// Files that more than one path may reach.
+    shared: HashSet<FileId>,
+    paths: Vec<PathBuf>,
+    only: Option<String>,
+    skip: Option<Skip>,
+}
+
+/// A folder left out of the walk (`export`'s own output).
+#[derive(Debug)]
+struct Skip {
+    id: FileId,
+    canonical: PathBuf,
+}
+
+/// Counts what `paths` hold (the first walk): of the process `only` asks
+/// for (see [`wanted`]), all when `None`; the folder `skip` and what it
+/// holds left out (`export`'s output is never its input).
+pub(crate) fn census(
+    paths: &[PathBuf],
+    only: Option<&str>,
+    skip: Option<&Path>,
+) -> anyhow::Result<Census> {
+    let skip = skip.and_then(|folder| {
+        Some(Skip {
+            id: FileId::of_path(folder)?,
+            canonical: std::fs::canonicalize(folder).ok()?,
+        })
+    });
+    let mut census = Census {
+        table_folders: Vec::new(),
+        unreadable: Vec::new(),
+        files: 0,
+        bytes: 0,
+        remaining: HashMap::new(),
+        shared: HashSet::new(),
+        paths: paths.to_vec(),
+        only: only.map(str::to_owned),
+        skip,
+    };
+    walk(
+        &census.paths,
+        census.skip.as_ref(),
+        &mut |found| match found {
+            Found::Snapshot {
+                path,
+                len,
+                id,
+                shared,
+            } => {
+                let name = process_named(path);
+                if !name.is_empty() && !wanted(&name, only) {
+                    return;
+                }
+                census.files += 1;
+                census.bytes = census.bytes.saturating_add(len);
+                if shared {
+                    census.shared.extend(id);
+                }
+                if !name.is_empty() {
+                    *census.remaining.entry(name).or_default() += 1;
+                }
+            }
+            Found::Tables(folder) => census.table_folders.push(folder.to_path_buf()),
+            Found::Unreadable(u) => census.unreadable.push(u),
+        },
+    )?;
+    if census.files == 0 && census.table_folders.is_empty() && census.unreadable.is_empty() {
+        anyhow::bail!(
+            "no snapshot files in {} (looked for .{})",
+            paths
+                .iter()
+                .map(|p| crate::output::shown(p))
+                .collect::<Vec<_>>()
+                .join(", "),
+            SNAPSHOT_EXTENSIONS.join(", .")
+        );
+    }
+    Ok(census)
+}
+
+impl Census {
+    /// The process asked for, if one was.
+    pub(crate) fn only(&self) -> Option<&str> {
+        self.only.as_deref()
     }
 
-    /// Whether `path` is new (else it was taken through another path).
-    fn first_time(&mut self, path: &Path) -> bool {
-        FileId::of(path).is_none_or(|id| self.seen.insert(id))
+    /// Walks again, handing each process's files (in the order found) to
+    /// `group` as soon as the last of them is found; files reached by two
+    /// paths are handed on once. Processes whose files were not all found
+    /// again (some were removed since), and files whose names say no
+    /// process (named once read, as one group ""), are handed on at the
+    /// end. A file of a process already handed on was written since the
+    /// census and is left out, as a file written after the command would
+    /// be. Returns why the walk stopped early, if it did.
+    pub(crate) fn stream(
+        mut self,
+        mut group: impl FnMut(String, Vec<PathBuf>),
+    ) -> Option<Unreadable> {
+        let mut pending: HashMap<String, Vec<PathBuf>> = HashMap::new();
+        let mut unnamed = Vec::new();
+        let mut seen = HashSet::new();
+        let only = self.only.as_deref();
+        let walked = walk(&self.paths, self.skip.as_ref(), &mut |found| {
+            let Found::Snapshot { path, id, .. } = found else {
+                return;
+            };
+            let name = process_named(path);
+            if !name.is_empty() && !wanted(&name, only) {
+                return;
+            }
+            let again = id.is_some_and(|id| self.shared.contains(&id) && !seen.insert(id));
+            if name.is_empty() {
+                if !again {
+                    unnamed.push(path.to_path_buf());
+                }
+                return;
+            }
+            let remaining = self.remaining.get_mut(&name);
+            if remaining.as_ref().is_some_and(|n| **n == 0) {
+                return;
+            }
+            if !again {
+                pending
+                    .entry(name.clone())
+                    .or_default()
+                    .push(path.to_path_buf());
+            }
+            if let Some(n) = remaining {
+                *n -= 1;
+                if *n == 0
+                    && let Some(files) = pending.remove(&name)
+                {
+                    group(name, files);
+                }
+            }
+        });
+        let left: BTreeMap<String, Vec<PathBuf>> = pending.into_iter().collect();
+        for (name, files) in left {
+            group(name, files);
+        }
+        if !unnamed.is_empty() {
+            group(String::new(), unnamed);
+        }
+        walked.err().map(|e| Unreadable {
+            source: self
+                .paths
+                .first()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            error: snapdiff_format::visible::escaped(&e.to_string()).into_owned(),
+        })
     }
 }
 
@@ -127,13 +303,20 @@ fn is_pattern(path: &Path) -> bool {
     !path.exists() && path.to_str().is_some_and(|p| p.contains(['*', '?', '[']))
 }
 
-/// The inputs `paths` name. A folder is searched recursively for files with
-/// a snapshot's extension and for site-table folders (whose own files are
-/// not searched); a file is taken whatever its name, except the files
-/// capture writes beside its dumps (so `fleet snapshots/*` reads a capture's
-/// folder as `fleet snapshots` does).
-pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
-    let mut inputs = Inputs::default();
+/// Walks what `paths` name, handing each find to `visit` in order. A folder
+/// is searched recursively, names in order, each folder once however many
+/// paths reach it, for files with a snapshot's extension and for
+/// site-table folders (whose own files are not searched); a file is taken
+/// whatever its name, except the files capture writes beside its dumps (so
+/// `fleet snapshots/*` reads a capture's folder as `fleet snapshots`
+/// does); a pattern is expanded. Only regular files are snapshots: a FIFO
+/// would block the read forever and a device (`/dev/zero`) never end.
+fn walk(
+    paths: &[PathBuf],
+    skip: Option<&Skip>,
+    visit: &mut dyn FnMut(Found<'_>),
+) -> anyhow::Result<()> {
+    let mut folders = HashSet::new();
     for path in paths {
         if is_pattern(path) {
             let text = path.to_string_lossy();
@@ -144,7 +327,7 @@ pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
             for entry in matches {
                 let entry = entry.map_err(|e| anyhow::anyhow!("{e}"))?;
                 found += 1;
-                add(&entry, &mut inputs)?;
+                walk_path(&entry, skip, &mut folders, visit)?;
             }
             if found == 0 {
                 anyhow::bail!(
@@ -153,41 +336,34 @@ pub(crate) fn find(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
                 );
             }
         } else {
-            add(path, &mut inputs)?;
+            walk_path(path, skip, &mut folders, visit)?;
         }
     }
-    if inputs.snapshots.is_empty()
-        && inputs.table_folders.is_empty()
-        && inputs.unreadable.is_empty()
-    {
-        anyhow::bail!(
-            "no snapshot files in {} (looked for .{})",
-            paths
-                .iter()
-                .map(|p| crate::output::shown(p))
-                .collect::<Vec<_>>()
-                .join(", "),
-            SNAPSHOT_EXTENSIONS.join(", .")
-        );
-    }
-    // Needed only while looking: 100,000 files' identities are megabytes.
-    inputs.seen = HashSet::new();
-    Ok(inputs)
+    Ok(())
 }
 
-fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
+/// [`walk`] of one path; `folders` are those walked already.
+fn walk_path(
+    path: &Path,
+    skip: Option<&Skip>,
+    folders: &mut HashSet<FileId>,
+    visit: &mut dyn FnMut(Found<'_>),
+) -> anyhow::Result<()> {
     if !path.is_dir() {
         if !path.exists() {
             // Named, and the rest judged: a file that vanished between a
             // listing and its reading (a Ray task's batch) fails alone.
-            inputs.unreadable.push(Unreadable {
+            visit(Found::Unreadable(Unreadable {
                 source: path.to_string_lossy().into_owned(),
                 error: format!("{}: no such file or folder", crate::output::shown(path)),
-            });
+            }));
             return Ok(());
         }
-        if !is_capture_file(path) && inputs.first_time(path) {
-            inputs.take_file(path);
+        let skipped = skip.is_some_and(|s| {
+            std::fs::canonicalize(path).is_ok_and(|p| p.starts_with(&s.canonical))
+        });
+        if !is_capture_file(path) && !skipped {
+            visit_file(path, false, true, visit);
         }
         return Ok(());
     }
@@ -202,29 +378,53 @@ fn add(path: &Path, inputs: &mut Inputs) -> anyhow::Result<()> {
             Err(e) if e.loop_ancestor().is_some() => continue,
             Err(e) => {
                 let at = e.path().unwrap_or(path).to_path_buf();
-                inputs.unreadable.push(Unreadable {
+                visit(Found::Unreadable(Unreadable {
                     source: at.to_string_lossy().into_owned(),
                     error: format!("{}: cannot read: {e}", crate::output::shown(&at)),
-                });
+                }));
                 continue;
             }
         };
         let p = entry.path();
         if entry.file_type().is_dir() {
-            if is_table_folder(p) {
+            let id = entry.metadata().ok().and_then(|m| FileId::of(p, &m));
+            let walked_already =
+                id.is_some_and(|id| skip.is_some_and(|s| s.id == id) || !folders.insert(id));
+            if walked_already {
+                walk.skip_current_dir();
+            } else if is_table_folder(p) {
                 refuse_tables_beside_snapshots(p)?;
-                if inputs.first_time(p) {
-                    inputs.table_folders.push(p.to_path_buf());
-                }
+                visit(Found::Tables(p));
                 walk.skip_current_dir();
             }
             continue;
         }
-        if is_snapshot_name(p) && inputs.first_time(p) {
-            inputs.take_file(p);
+        if is_snapshot_name(p) {
+            visit_file(p, entry.path_is_symlink(), false, visit);
         }
     }
     Ok(())
+}
+
+/// Hands `path` to `visit` as a snapshot if it is a regular file (where
+/// links lead), else as unreadable; `link`, `given`: see
+/// [`may_be_reached_twice`].
+fn visit_file(path: &Path, link: bool, given: bool, visit: &mut dyn FnMut(Found<'_>)) {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => visit(Found::Snapshot {
+            path,
+            len: m.len(),
+            id: FileId::of(path, &m),
+            shared: may_be_reached_twice(&m, link, given),
+        }),
+        _ => visit(Found::Unreadable(Unreadable {
+            source: path.to_string_lossy().into_owned(),
+            error: format!(
+                "{}: not a regular file (a FIFO, device or socket is never read)",
+                crate::output::shown(path)
+            ),
+        })),
+    }
 }
 
 /// A folder of site tables that holds snapshot files too is refused: read

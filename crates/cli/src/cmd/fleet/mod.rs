@@ -16,7 +16,7 @@ use snapdiff_render::text::size;
 
 use crate::args::{FleetArgs, ThreadArgs};
 use crate::exit::Exit;
-pub(crate) use inputs::{find, with_paths_from};
+pub(crate) use inputs::{census, with_paths_from};
 pub(crate) use read::read_processes;
 
 /// The top-level entry point for `snapdiff fleet`.
@@ -95,9 +95,9 @@ pub(crate) fn judge_paths(
 ) -> anyhow::Result<Judged> {
     let mut options = FleetOptions::default();
     options.trend = trend;
-    let mut inputs = find(paths)?;
-    // Handed on, not copied: 100,000 paths are megabytes.
-    let snapshots = std::mem::take(&mut inputs.snapshots);
+    let mut census = census(paths, only, None)?;
+    let table_folders = std::mem::take(&mut census.table_folders);
+    let found_unreadable = std::mem::take(&mut census.unreadable);
     let stacks = StackStore::new();
     let verdicts = Mutex::new(Vec::new());
     let keep = |rows| {
@@ -111,12 +111,12 @@ pub(crate) fn judge_paths(
             .push(verdict);
     };
     let (mut unreadable, files, bytes, runs_note) = in_pool(threads, || {
-        let unreadable = read_table_folders(&inputs.table_folders, only, &stacks, keep);
-        let outcome = read_processes(snapshots, only, &stacks, keep);
+        let unreadable = read_table_folders(&table_folders, only, &stacks, keep);
+        let outcome = read_processes(census, &stacks, keep);
         let note = outcome.earlier_runs_note();
         let mut all = unreadable;
         all.extend(outcome.unreadable);
-        all.extend(inputs.unreadable.iter().cloned());
+        all.extend(found_unreadable);
         (all, outcome.files, outcome.bytes, note)
     })?;
     unreadable.sort_by(|a, b| a.source.cmp(&b.source));

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rayon::prelude::*;
 use snapdiff_fleet::{ProcessRows, StackStore, Unreadable};
 
+use crate::cmd::fleet::inputs::Census;
 use crate::manifest::Manifests;
-use crate::processes::{by_process, process_of_fleet_file};
+use crate::processes::process_of_fleet_file;
 
 /// What reading the files came to, besides the processes' rows.
 #[derive(Debug, Default)]
@@ -79,19 +80,21 @@ impl Runs {
     }
 }
 
-/// Reads `files` on the current rayon pool and hands each process's rows to
-/// `done` once all its files are read. Files whose names say their process
-/// (`rank7-step100.pickle`) are read a process at a time, each process's
-/// files in turn on one thread; the others are told apart after reading
-/// (manifest, recorded process id) and handed on at the end. `only` keeps
-/// one process's files (see [`wanted`]).
+/// Reads the files of `census` on the current rayon pool and hands each
+/// process's rows to `done` once all its files are read. A thread of its
+/// own walks the folders again ([`Census::stream`]) and hands on each
+/// process's files as soon as all are found; the pool reads them, each
+/// process's files in turn on one thread. Files whose names say no
+/// process are told apart after reading (manifest, recorded process id)
+/// and handed on at the end.
 pub(crate) fn read_processes(
-    files: Vec<PathBuf>,
-    only: Option<&str>,
+    census: Census,
     stacks: &StackStore,
     done: impl Fn(ProcessRows) + Sync,
 ) -> Outcome {
-    let progress = Progress::new(&files);
+    let progress = Progress::new(census.files, census.bytes);
+    let only = census.only().map(str::to_owned);
+    let only = only.as_deref();
     let reader = FileReader {
         manifests: Manifests::default(),
         outcome: Mutex::new(Outcome::default()),
@@ -111,9 +114,7 @@ pub(crate) fn read_processes(
             done(rows);
         }
     };
-    // Each process's paths are dropped once read, as its verdict is kept.
-    by_process(files).into_par_iter().for_each(|(name, files)| {
-        let name = name.as_str();
+    let read_group = |(name, files): (String, Vec<PathBuf>)| {
         if name.is_empty() {
             files.par_iter().for_each(|path| {
                 reader.read(path, None, only, |one, run| {
@@ -124,15 +125,29 @@ pub(crate) fn read_processes(
                         .add(run, one);
                 });
             });
-        } else if wanted(name, only) {
+        } else {
             let mut runs = Runs::default();
             for path in &files {
-                reader.read(path, Some(name), only, |one, run| runs.add(run, one));
+                reader.read(path, Some(&name), only, |one, run| runs.add(run, one));
             }
             hand_on(runs);
-        } else {
-            progress.skip(&files);
         }
+        // Each process's paths are dropped here, once read.
+    };
+    // A few groups found ahead of the readers, no more: the walk waits.
+    let (found, groups) = std::sync::mpsc::sync_channel(2 * rayon::current_num_threads());
+    let walk_failed = std::thread::scope(|scope| {
+        let walker = scope.spawn(move || {
+            census.stream(|name, files| {
+                // Fails only when the readers stopped (a panic), which
+                // the scope passes on.
+                let _ = found.send((name, files));
+            })
+        });
+        groups.into_iter().par_bridge().for_each(read_group);
+        walker
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     });
     for (_, runs) in unnamed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         hand_on(runs);
@@ -142,6 +157,7 @@ pub(crate) fn read_processes(
         .outcome
         .into_inner()
         .unwrap_or_else(|e| e.into_inner());
+    outcome.unreadable.extend(walk_failed);
     outcome.unreadable.sort_by(|a, b| a.source.cmp(&b.source));
     outcome.earlier_runs.sort();
     outcome
@@ -222,13 +238,10 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(files: &[PathBuf]) -> Progress {
+    /// A bar for `files` files of `bytes` bytes in all.
+    fn new(files: usize, bytes: u64) -> Progress {
         use std::io::IsTerminal;
-        let bar = (std::io::stderr().is_terminal() && files.len() > 1).then(|| {
-            let bytes = files
-                .iter()
-                .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-                .sum();
+        let bar = (std::io::stderr().is_terminal() && files > 1).then(|| {
             let bar = indicatif::ProgressBar::new(bytes);
             bar.set_style(
                 indicatif::ProgressStyle::with_template(
@@ -237,12 +250,12 @@ impl Progress {
                 .expect("a valid template")
                 .progress_chars("=> "),
             );
-            bar.set_message(format!("0/{} files", files.len()));
+            bar.set_message(format!("0/{files} files"));
             bar
         });
         Progress {
             bar,
-            files: files.len(),
+            files,
             done: AtomicUsize::new(0),
         }
     }
@@ -252,12 +265,6 @@ impl Progress {
             let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
             bar.set_message(format!("{done}/{} files", self.files));
             bar.inc(bytes);
-        }
-    }
-
-    fn skip(&self, files: &[PathBuf]) {
-        for path in files {
-            self.file_done(std::fs::metadata(path).map_or(0, |m| m.len()));
         }
     }
 
