@@ -180,14 +180,18 @@ impl Census {
         self.only.as_deref()
     }
 
+    /// The number of processes whose files' names say them.
+    pub(crate) fn named_processes(&self) -> usize {
+        self.remaining.len()
+    }
+
     /// Walks again, handing each process's files (in the order found) to
     /// `group` as soon as the last of them is found; files reached by two
     /// paths are handed on once. Processes whose files were not all found
     /// again (some were removed since), and files whose names say no
     /// process (named once read, as one group ""), are handed on at the
-    /// end. A file of a process already handed on was written since the
-    /// census and is left out, as a file written after the command would
-    /// be. Returns why the walk stopped early, if it did.
+    /// end; named files the census did not count are left out. Returns why
+    /// the walk stopped early, if it did.
     pub(crate) fn stream(
         mut self,
         mut group: impl FnMut(String, Vec<PathBuf>),
@@ -211,9 +215,21 @@ impl Census {
                 }
                 return;
             }
-            let remaining = self.remaining.get_mut(&name);
-            if remaining.as_ref().is_some_and(|n| **n == 0) {
+            // A process the census did not count (or counted, and handed
+            // on) has files written since the census: left out, as files
+            // written after the command would be.
+            let Some(remaining) = self.remaining.get_mut(&name) else {
                 return;
+            };
+            *remaining -= 1;
+            let complete = *remaining == 0;
+            if complete {
+                self.remaining.remove(&name);
+                // Given back as processes are handed on, so that the
+                // counts of a job's ranks are not all held to the end.
+                if self.remaining.len() < self.remaining.capacity() / 4 {
+                    self.remaining.shrink_to_fit();
+                }
             }
             if !again {
                 pending
@@ -221,13 +237,8 @@ impl Census {
                     .or_default()
                     .push(path.to_path_buf());
             }
-            if let Some(n) = remaining {
-                *n -= 1;
-                if *n == 0
-                    && let Some(files) = pending.remove(&name)
-                {
-                    group(name, files);
-                }
+            if complete && let Some(files) = pending.remove(&name) {
+                group(name, files);
             }
         });
         let left: BTreeMap<String, Vec<PathBuf>> = pending.into_iter().collect();

@@ -99,7 +99,7 @@ pub(crate) fn judge_paths(
     let table_folders = std::mem::take(&mut census.table_folders);
     let found_unreadable = std::mem::take(&mut census.unreadable);
     let stacks = StackStore::new();
-    let verdicts = Mutex::new(Vec::new());
+    let verdicts = Mutex::new(Vec::with_capacity(census.named_processes()));
     let keep = |rows| {
         let mut verdict = judge(rows, &stacks.read(), &options.trend);
         if slim {
