@@ -328,6 +328,18 @@ fn quoted_globs_and_missing_paths() {
         .json();
     assert_eq!(report["processes"], 4);
     assert_eq!(report["files"], 4 * STEPS);
+    // A rank the job does not have: said, not that there are no snapshots.
+    let absent = snapdiff([
+        "fleet".as_ref(),
+        dir.as_os_str(),
+        "--rank".as_ref(),
+        "999".as_ref(),
+    ]);
+    let said = absent.expect_code(2).stderr();
+    assert!(
+        said.contains("no snapshot of rank 999 could be read"),
+        "{said}"
+    );
     let missing = snapdiff(["fleet", "/nonexistent/rank*.snap"]);
     assert!(
         missing

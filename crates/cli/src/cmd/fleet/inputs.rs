@@ -122,6 +122,9 @@ pub(crate) fn census(
             canonical: std::fs::canonicalize(folder).ok()?,
         })
     });
+    // Any snapshot file, of any process: `--rank 9` of a job without
+    // rank 9 says so, not that the folder holds no snapshots.
+    let mut any_snapshot = false;
     let mut census = Census {
         table_folders: Vec::new(),
         unreadable: Vec::new(),
@@ -144,6 +147,7 @@ pub(crate) fn census(
                 shared,
             } => {
                 let name = process_named(path);
+                any_snapshot = true;
                 if !name.is_empty() && !wanted(&name, only) {
                     return;
                 }
@@ -160,7 +164,7 @@ pub(crate) fn census(
             Found::Unreadable(u) => census.unreadable.push(u),
         },
     )?;
-    if census.files == 0 && census.table_folders.is_empty() && census.unreadable.is_empty() {
+    if !any_snapshot && census.table_folders.is_empty() && census.unreadable.is_empty() {
         anyhow::bail!(
             "no snapshot files in {} (looked for .{})",
             paths
