@@ -88,8 +88,10 @@ pub(crate) struct Census {
     pub(crate) table_folders: Vec<PathBuf>,
     /// Files and folders that could not be read.
     pub(crate) unreadable: Vec<Unreadable>,
-    /// Snapshot files found (of the process asked for), and their bytes.
+    /// Snapshot files found (of the process asked for), for the progress
+    /// bar: a file reached by two paths counts twice here.
     pub(crate) files: usize,
+    /// Their bytes.
     pub(crate) bytes: u64,
     /// The number of paths found to each process's files, by the process
     /// their names say.
