@@ -1308,8 +1308,9 @@ fn sigterm_is_served_before_a_backlog_of_slow_dumps() {
     }
     // A large process (300,000 tensors: each dump takes a good part of a
     // second) dumped every 0.1 s: the ticks come faster than the dumps.
-    // SIGTERM must not wait behind them: at most one exit dump, within
-    // 2 s, then SIGTERM's own end.
+    // SIGTERM must not wait behind them: after it, at most the dump under
+    // way and one exit dump, then SIGTERM's own end. (Counted, not timed:
+    // a busy machine slows each dump, not how many are written.)
     let dir = tempdir();
     let out = dir.path().join("out");
     let child = start_capture(
@@ -1341,22 +1342,22 @@ fn sigterm_is_served_before_a_backlog_of_slow_dumps() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let signalled = Instant::now();
+    let before = manifest(&out).len();
     // SAFETY: signals our own child, which passes SIGTERM on to the job.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let output = wait_bounded(child);
-    let took = signalled.elapsed();
     assert_eq!(
         output.status.code(),
         Some(128 + 15),
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(
-        took < Duration::from_secs(3),
-        "the job ended {took:?} after SIGTERM"
-    );
     let lines = manifest(&out);
+    let after: Vec<&Value> = lines[before..].iter().collect();
+    assert!(
+        after.iter().filter(|l| l["reason"] != "exit").count() <= 1,
+        "dumps written after SIGTERM: {after:?}"
+    );
     // Dumps took more than a tenth of the job's time: the interval widened
     // (ticks that came during a dump were skipped, not queued: see
     // python/tests/test_capture_hook.py, where when they come is known).

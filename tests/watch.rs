@@ -120,8 +120,8 @@ fn samples<'a>(scraped: &'a Value, name: &str, line: Option<&str>) -> Vec<&'a Va
 
 /// A job under `capture --watch --metrics --exec EXEC` (a dump every 2
 /// steps, polled every 200 ms), writing its step to `dir/progress` and,
-/// after its last step, waiting for `dir/go`; `job` adds the training
-/// script's own flags.
+/// after its last step (or `--wait-at`'s), waiting for `dir/go`; `job`
+/// adds the training script's own flags.
 fn watched_job(dir: &Path, exec: &str, job: &[&str]) -> Running {
     let (progress, go) = (dir.join("progress"), dir.join("go"));
     let (progress, go) = (progress.display().to_string(), go.display().to_string());
@@ -170,7 +170,18 @@ fn capture_watch_alerts_before_the_last_step_names_the_line_and_serves_it_as_met
     let job = watched_job(
         dir.path(),
         &exec,
-        &["--steps", "60", "--leak", "cache-dict", "--leak-from", "20"],
+        // It waits after step 40 until `go`: the alert must come while
+        // the job still has 20 steps to run, however busy the machine.
+        &[
+            "--steps",
+            "60",
+            "--leak",
+            "cache-dict",
+            "--leak-from",
+            "20",
+            "--wait-at",
+            "40",
+        ],
     );
     let url = job.metrics_url();
     wait_until("alert", || alert.exists());
@@ -180,8 +191,8 @@ fn capture_watch_alerts_before_the_last_step_names_the_line_and_serves_it_as_met
         .parse()
         .unwrap();
     assert!(
-        step < 60,
-        "the alert came at the job's step {step}, not before its last (60)"
+        step <= 40,
+        "the alert came at the job's step {step}, not while it waited at step 40 of 60"
     );
     let line = format!("torch_train.py:{}", leak_line("cache-dict"));
     let change: Value = serde_json::from_slice(&std::fs::read(&alert).unwrap()).unwrap();
@@ -362,6 +373,7 @@ fn fail_fast_ends_the_captured_job_at_the_first_suspect() {
     let dir = tempdir();
     let (out, progress) = (dir.path().join("out"), dir.path().join("progress"));
     let progress_arg = progress.display().to_string();
+    let never = dir.path().join("never").display().to_string();
     let job = Running::start(capture_args(
         &out,
         &[
@@ -385,6 +397,12 @@ fn fail_fast_ends_the_captured_job_at_the_first_suspect() {
             "0.02",
             "--progress",
             &progress_arg,
+            // It waits after step 200 for a file never written (2 minutes at
+            // most): --fail-fast must end it by then, however busy the machine.
+            "--wait-at",
+            "200",
+            "--wait-for",
+            &never,
         ],
     ));
     let (code, _, stderr) = job.finish();
@@ -398,7 +416,10 @@ fn fail_fast_ends_the_captured_job_at_the_first_suspect() {
         .trim()
         .parse()
         .unwrap();
-    assert!(step < 400, "the job ran to its end (step {step})");
+    assert!(
+        step <= 200,
+        "the job ran past its wait at step 200 (step {step})"
+    );
     // Ended by SIGTERM as a scheduler would: its exit dump was written.
     let names: Vec<String> = std::fs::read_dir(&out)
         .unwrap()

@@ -56,8 +56,13 @@ def parse():
     p.add_argument("--step-seconds", type=float, default=0.0)
     p.add_argument(
         "--wait-for", metavar="FILE",
-        help="after the last step, wait (at most 2 minutes) until FILE exists: a test looks at "
-        "the job while it still runs",
+        help="after the last step (or --wait-at's), wait (at most 2 minutes) until FILE exists: "
+        "a test looks at the job while it still runs",
+    )
+    p.add_argument(
+        "--wait-at", type=int, default=0, metavar="STEP",
+        help="with --wait-for, wait after this step instead of the last: a watcher's alert is "
+        "checked to come while the job still has steps to run, however busy the machine",
     )
     p.add_argument("--accounting", help="write the model's own storage accounting here")
     p.add_argument(
@@ -143,11 +148,19 @@ def train(args):
             with open(args.progress + ".part", "w") as f:
                 f.write(str(step))
             os.replace(args.progress + ".part", args.progress)
+        if step == args.wait_at:
+            wait_for(args.wait_for)
         time.sleep(args.step_seconds)
     if args.accounting:
         account(model, opt, args.accounting)
+    if not args.wait_at:
+        wait_for(args.wait_for)
+
+
+def wait_for(path):
+    """Waits until `path` exists, at most 2 minutes (none when no path)."""
     deadline = time.monotonic() + 120
-    while args.wait_for and not os.path.exists(args.wait_for) and time.monotonic() < deadline:
+    while path and not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
