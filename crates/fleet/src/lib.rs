@@ -14,9 +14,10 @@
 //!   for SQL tools and for judging later, or on another machine.
 //!
 //! [`judge`] judges one process with the analyzer's `judge_series`, as
-//! `trend` does (each device on its own, by the floor rule), and [`fleet_verdict`] brings the ranks' verdicts
-//! together: the leaking ranks, the same line merged across them, and the
-//! ranks that hold far more than their peers at one site (imbalance).
+//! `trend` does (each device on its own, by the floor rule), and
+//! [`FleetTally`] brings the ranks' verdicts together as they come: the
+//! leaking ranks, the same line merged across them, and the ranks that
+//! hold far more than their peers at one site (imbalance).
 //! [`Watch`] does the same while the job runs, a dump at a time, and says
 //! which lines start or stop leaking.
 
@@ -26,12 +27,14 @@
 mod rows;
 mod stacks;
 mod tables;
+mod tally;
 mod verdict;
 mod watch;
 
 pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
 pub use crate::stacks::{StackStore, Stacks};
 pub use crate::tables::{TABLE_FILES, TableError, TableWriter, is_table_folder, read_tables};
+pub use crate::tally::{FleetTally, Rows};
 pub use crate::verdict::{
     DeviceVerdict, Fleet, FleetLeak, FleetOptions, Imbalance, MIN_IMBALANCE_BYTES, Member,
     MemberExcess, MemberGrowth, MemberRow, ProcessVerdict, Unreadable, Verdict, fleet_verdict,

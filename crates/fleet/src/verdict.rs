@@ -1,16 +1,13 @@
 //! Judging each rank as `trend` does, then the whole job across ranks.
 
-use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_analyze::series_order::without_exit_dumps;
 use snapdiff_analyze::trend::{Checkpoint, SiteSeries};
-use snapdiff_analyze::{
-    CulpritRules, HeldBy, Outside, Site, StackKey, Suspect, Trend, TrendOptions, describe_site,
-    judge_series,
-};
+use snapdiff_analyze::{HeldBy, Outside, Site, Suspect, Trend, TrendOptions, judge_series};
 
-use crate::rows::{CheckpointRow, ProcessRows, SiteRow, rank_of};
+use crate::rows::{CheckpointRow, ProcessRows, SiteRow};
 use crate::stacks::Stacks;
+use crate::tally::{FleetTally, Rows};
 
 /// How a fleet is judged.
 #[derive(Clone, Debug, Default)]
@@ -40,23 +37,6 @@ pub struct ProcessVerdict {
     pub process: String,
     /// Its devices, in ascending order.
     pub devices: Vec<DeviceVerdict>,
-}
-
-impl ProcessVerdict {
-    /// Drops what only the rank's own report and JSON row show (its
-    /// checkpoints, the trend's points but the last, its notes), keeping
-    /// what the job's verdict needs (suspects, the last checkpoint's
-    /// sites): a text verdict of many ranks then holds a few hundred bytes
-    /// a rank.
-    pub fn keep_for_verdict(&mut self) {
-        for d in &mut self.devices {
-            d.checkpoints = Vec::new();
-            let last = d.trend.points.pop();
-            d.trend.points = last.into_iter().collect();
-            d.trend.notes = Vec::new();
-            d.last.shrink_to_fit();
-        }
-    }
 }
 
 /// Judges the rows of one process as `trend` judges its snapshots: each
@@ -192,14 +172,16 @@ pub struct MemberGrowth {
 /// One line of code leaking on one or more ranks.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct FleetLeak {
-    /// The site, as the rank that grew most there describes it.
+    /// The site, as the rank that grew most there describes it (the first
+    /// in rank order among equals).
     pub site: Site,
     /// The ranks (devices) it leaks on, in rank order.
     pub members: Vec<MemberGrowth>,
     /// Their growth, added up.
     pub growth_bytes: u64,
-    /// What kept the blocks alive on the rank that grew most there, when
-    /// its job said (`capture --owners`); left out of JSON when empty.
+    /// What kept the blocks alive on the rank that grew most there, of
+    /// those whose job said (`capture --owners`); left out of JSON when
+    /// empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<HeldBy>,
 }
@@ -252,6 +234,9 @@ pub struct Fleet {
     pub leaking: usize,
     /// Ranks with too few checkpoints to judge.
     pub too_few_checkpoints: usize,
+    /// Ranks' devices judged: more than `processes` when a rank has
+    /// several.
+    pub devices: usize,
     /// Snapshot files read (0 when read from site tables).
     pub files: usize,
     /// Their bytes.
@@ -262,7 +247,8 @@ pub struct Fleet {
     pub leaks: Vec<FleetLeak>,
     /// Sites some ranks hold far more of than the rest; most excess first.
     pub imbalance: Vec<Imbalance>,
-    /// Every rank's device, in rank order.
+    /// Every rank's device, in rank order; of a verdict that keeps only
+    /// the rows its text names ([`Rows::Named`]), those alone.
     pub members: Vec<MemberRow>,
     /// Plain statements about the analysis.
     pub notes: Vec<String>,
@@ -271,301 +257,22 @@ pub struct Fleet {
 /// The least excess over the median that is imbalance, in bytes: below it
 /// is the noise of rounding and of data that differs slightly by rank.
 pub const MIN_IMBALANCE_BYTES: u64 = 1 << 20;
-/// Members needed for robust statistics across ranks.
-const MIN_MEMBERS_COMPARED: usize = 4;
 
-/// One member's sites at its last checkpoint, where imbalance compares it.
-struct Compared {
-    member: Member,
-    /// Its last step, or (without steps) its number of checkpoints.
-    at: (Option<u64>, usize),
-    last: Vec<SiteRow>,
-}
-
-/// A culprit line: what sites are merged by, across stacks and ranks.
-type Line = snapdiff_analyze::held_by::CulpritLine;
-
-fn line_of(site: &Site) -> Line {
-    let c = &site.culprit;
-    (c.kind, c.name.clone(), c.file.clone(), c.line)
-}
-
-/// The verdict of a job from its ranks' verdicts: counts, the leaking
-/// lines merged across ranks, and imbalance at the last common step.
+/// The verdict of a job from its ranks' verdicts, every rank's row kept:
+/// counts, the leaking lines merged across ranks, and imbalance at the
+/// last common step (see [`FleetTally`], which brings them together one
+/// rank at a time).
 pub fn fleet_verdict(
-    mut processes: Vec<ProcessVerdict>,
+    processes: Vec<ProcessVerdict>,
     stacks: &Stacks,
     options: &FleetOptions,
     unreadable: Vec<Unreadable>,
     files: usize,
     bytes: u64,
 ) -> Fleet {
-    processes
-        .sort_by(|a, b| (rank_of(&a.process), &a.process).cmp(&(rank_of(&b.process), &b.process)));
-    let warmup = options.trend.warmup;
-    let verdict_of = |trend: &Trend| {
-        if !trend.suspects.is_empty() {
-            Verdict::Leaking
-        } else if trend.checkpoints < warmup + 3 {
-            Verdict::TooFewCheckpoints
-        } else {
-            Verdict::Steady
-        }
-    };
-    let (mut steady, mut leaking, mut too_few) = (0, 0, 0);
-    for p in &processes {
-        let verdicts: Vec<Verdict> = p.devices.iter().map(|d| verdict_of(&d.trend)).collect();
-        if verdicts.contains(&Verdict::Leaking) {
-            leaking += 1;
-        } else if verdicts.contains(&Verdict::TooFewCheckpoints) || verdicts.is_empty() {
-            too_few += 1;
-        } else {
-            steady += 1;
-        }
+    let mut tally = FleetTally::new(options.clone(), Rows::All);
+    for process in processes {
+        tally.add(process, stacks);
     }
-    // Made at their size: 10,000 ranks' rows grown by doubling were
-    // the peak of a fleet's memory.
-    let rows = processes.iter().map(|p| p.devices.len()).sum();
-    let mut members = Vec::with_capacity(rows);
-    let mut compared = Vec::with_capacity(rows);
-    for p in processes {
-        for d in p.devices {
-            let member = Member {
-                rank: rank_of(&p.process),
-                process: p.process.clone(),
-                device: d.device,
-            };
-            // Compared at its last step, or, without steps, its last checkpoint.
-            let at = match d.trend.points.last().and_then(|c| c.step) {
-                Some(step) => (Some(step), 0),
-                None => (None, d.trend.checkpoints),
-            };
-            compared.push(Compared {
-                member: member.clone(),
-                at,
-                last: d.last,
-            });
-            members.push(MemberRow {
-                member,
-                verdict: verdict_of(&d.trend),
-                suspected_bytes: d.trend.suspected_bytes,
-                suspects: d.trend.suspects,
-                checkpoints: d.checkpoints,
-                notes: d.trend.notes,
-                outside: d.trend.outside,
-            });
-        }
-    }
-    let leaks = merged_leaks(&members);
-    let mut notes = Vec::new();
-    let imbalance = imbalance(compared, &members, stacks, &options.trend.rules, &mut notes);
-    Fleet {
-        processes: steady + leaking + too_few,
-        steady,
-        leaking,
-        too_few_checkpoints: too_few,
-        files,
-        bytes,
-        unreadable,
-        leaks,
-        imbalance,
-        members,
-        notes,
-    }
-}
-
-/// The members' suspects, merged by culprit line across members.
-fn merged_leaks(members: &[MemberRow]) -> Vec<FleetLeak> {
-    let mut by_line: FxHashMap<Line, usize> = FxHashMap::default();
-    let mut leaks: Vec<FleetLeak> = Vec::new();
-    for row in members {
-        for s in &row.suspects {
-            let growth = MemberGrowth {
-                member: row.member.clone(),
-                growth_bytes: s.growth_bytes,
-                growth_per_step: s.growth_per_step,
-                growth_per_checkpoint: s.growth_per_checkpoint,
-            };
-            let at = *by_line.entry(line_of(&s.site)).or_insert_with(|| {
-                leaks.push(FleetLeak {
-                    site: s.site.clone(),
-                    members: Vec::new(),
-                    growth_bytes: 0,
-                    held_by: s.held_by.clone(),
-                });
-                leaks.len() - 1
-            });
-            let leak = &mut leaks[at];
-            if s.growth_bytes
-                > leak
-                    .members
-                    .iter()
-                    .map(|m| m.growth_bytes)
-                    .max()
-                    .unwrap_or(0)
-            {
-                leak.site = s.site.clone();
-            }
-            leak.growth_bytes = leak.growth_bytes.saturating_add(s.growth_bytes);
-            leak.members.push(growth);
-        }
-    }
-    leaks.sort_by(|a, b| {
-        b.members
-            .len()
-            .cmp(&a.members.len())
-            .then(b.growth_bytes.cmp(&a.growth_bytes))
-            .then(a.site.key.cmp(&b.site.key))
-    });
-    leaks
-}
-
-/// The sites where some members hold far more than the median of all, at
-/// the last checkpoint most members share: excess over the median above
-/// eight robust standard deviations (1.4826 times the median absolute
-/// deviation), a quarter of the median, and [`MIN_IMBALANCE_BYTES`]. A
-/// member's own leaking line is its leak, not imbalance.
-fn imbalance(
-    compared: Vec<Compared>,
-    members: &[MemberRow],
-    stacks: &Stacks,
-    rules: &CulpritRules,
-    notes: &mut Vec<String>,
-) -> Vec<Imbalance> {
-    // The last checkpoint most members share: by step, or by count when
-    // steps are not recorded.
-    let mut groups: FxHashMap<(Option<u64>, usize), usize> = FxHashMap::default();
-    for c in &compared {
-        *groups.entry(c.at).or_default() += 1;
-    }
-    let Some((&common, &size)) = groups.iter().max_by_key(|(k, n)| (**n, k.0, k.1)) else {
-        return Vec::new();
-    };
-    if size < MIN_MEMBERS_COMPARED {
-        if compared.len() > 1 {
-            notes.push(format!(
-                "imbalance needs at least {MIN_MEMBERS_COMPARED} ranks at a common step; \
-                 {size} share one"
-            ));
-        }
-        return Vec::new();
-    }
-    if size < compared.len() {
-        notes.push(format!(
-            "{} of {} ranks end at another step than the rest and are left out of imbalance",
-            compared.len() - size,
-            compared.len()
-        ));
-    }
-    // Each distinct site's line, worked out once.
-    let mut lines: FxHashMap<StackKey, (Line, Site)> = FxHashMap::default();
-    let mut line_of_key = |key: StackKey| {
-        lines
-            .entry(key)
-            .or_insert_with(|| {
-                let site = describe_site(stacks.snapshot(), key, stacks.stack(key), rules);
-                (line_of(&site), site)
-            })
-            .clone()
-    };
-    let leaking: rustc_hash::FxHashSet<(Member, Line)> = members
-        .iter()
-        .flat_map(|m| {
-            m.suspects
-                .iter()
-                .map(|s| (m.member.clone(), line_of(&s.site)))
-        })
-        .collect();
-    // Bytes per line per member, and the site holding most of each line.
-    let included: Vec<(Member, Vec<SiteRow>)> = compared
-        .into_iter()
-        .filter(|c| c.at == common)
-        .map(|c| (c.member, c.last))
-        .collect();
-    let mut per_line: FxHashMap<Line, (Site, u64, Vec<u64>)> = FxHashMap::default();
-    for (i, (_, rows)) in included.iter().enumerate() {
-        for row in rows {
-            let (line, site) = line_of_key(row.key);
-            let entry = per_line
-                .entry(line)
-                .or_insert_with(|| (site.clone(), 0, vec![0; included.len()]));
-            entry.2[i] = entry.2[i].saturating_add(row.totals.bytes);
-            if row.totals.bytes > entry.1 {
-                entry.0 = site;
-                entry.1 = row.totals.bytes;
-            }
-        }
-    }
-    let mut found = Vec::new();
-    for (line, (site, _, bytes)) in per_line {
-        let median = median(&bytes);
-        let deviations: Vec<u64> = bytes.iter().map(|&b| b.abs_diff(median)).collect();
-        let sigma = 1.4826 * median_f(&deviations);
-        let bar = (8.0 * sigma)
-            .max(MIN_IMBALANCE_BYTES as f64)
-            .max(median as f64 / 4.0);
-        let over: Vec<MemberExcess> = included
-            .iter()
-            .zip(&bytes)
-            .filter(|&((member, _), &b)| {
-                b > median
-                    && (b - median) as f64 > bar
-                    && !leaking.contains(&(member.clone(), line.clone()))
-            })
-            .map(|((member, _), &b)| MemberExcess {
-                member: member.clone(),
-                bytes: b,
-                excess_bytes: b - median,
-            })
-            .collect();
-        if over.is_empty() {
-            continue;
-        }
-        found.push(Imbalance {
-            site,
-            step: common.0,
-            median_bytes: median,
-            excess_bytes: over
-                .iter()
-                .fold(0u64, |sum, m| sum.saturating_add(m.excess_bytes)),
-            members: over,
-        });
-    }
-    found.sort_by(|a, b| {
-        b.excess_bytes
-            .cmp(&a.excess_bytes)
-            .then(a.site.key.cmp(&b.site.key))
-    });
-    found
-}
-
-/// The median of `values` (the lower middle one of an even count).
-fn median(values: &[u64]) -> u64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    sorted
-        .get(sorted.len().saturating_sub(1) / 2)
-        .copied()
-        .unwrap_or(0)
-}
-
-/// The median of `values`, halfway between the middle two of an even count.
-fn median_f(values: &[u64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2] as f64,
-        n => (sorted[n / 2 - 1] as f64 + sorted[n / 2] as f64) / 2.0,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn medians() {
-        assert_eq!(super::median(&[5, 1, 3]), 3);
-        assert_eq!(super::median(&[0, 0, 0, 10]), 0);
-        assert_eq!(super::median_f(&[1, 2, 3, 10]), 2.5);
-    }
+    tally.finish(stacks, unreadable, files, bytes)
 }

@@ -17,7 +17,7 @@ const NAMED_RANKS: usize = 12;
 /// with the ranks they leak on, the imbalance between ranks, and where to
 /// look next. At most about 40 lines, however many ranks.
 pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> io::Result<()> {
-    let devices_apart = fleet.members.len() > fleet.processes;
+    let devices_apart = fleet.devices > fleet.processes;
     let read = if fleet.files > 0 {
         format!(
             " from {} snapshot{} ({})",

@@ -10,6 +10,8 @@ use snapdiff_format::{Action, Parts};
 use snapdiff_render::flamegraph::Drawn;
 use snapdiff_render::html::{Page, write_page};
 
+use snapdiff_fleet::Rows;
+
 use crate::args::ReportPageArgs;
 use crate::exit::Exit;
 
@@ -120,13 +122,12 @@ fn fleet_page(args: &ReportPageArgs) -> anyhow::Result<Exit> {
     let mut trend = TrendOptions::default();
     trend.warmup = args.warmup;
     let threads = crate::args::ThreadArgs { threads: None };
-    let judged = crate::cmd::fleet::judge_paths(&args.files, None, trend, &threads, false)?;
-    let exit = if judged.unreadable.is_empty() {
+    let (fleet, _) = crate::cmd::fleet::judge_fleet(&args.files, trend, &threads, Rows::All, None)?;
+    let exit = if fleet.unreadable.is_empty() {
         Exit::Clean
     } else {
         Exit::Error
     };
-    let fleet = judged.into_fleet();
     let names: Vec<String> = args.files.iter().map(|f| f.display().to_string()).collect();
     crate::output::write_output(&args.output, args.force, |out| {
         snapdiff_render::html::write_fleet_page(&fleet, &names, out)

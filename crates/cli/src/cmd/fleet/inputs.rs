@@ -186,11 +186,6 @@ impl Census {
         self.only.as_deref()
     }
 
-    /// The number of processes whose files' names say them.
-    pub(crate) fn named_processes(&self) -> usize {
-        self.remaining.len()
-    }
-
     /// Walks again, handing each process's files (in the order found) to
     /// `group` as soon as the last of them is found; files reached by two
     /// paths are handed on once. Processes whose files were not all found

@@ -6,11 +6,12 @@ mod read;
 use snapdiff_format::DeviceName;
 use std::io::Write;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use snapdiff_analyze::TrendOptions;
 use snapdiff_fleet::{
-    Fleet, FleetOptions, ProcessRows, ProcessVerdict, StackStore, Unreadable, fleet_verdict, judge,
-    read_tables,
+    Fleet, FleetOptions, FleetTally, Member, ProcessRows, ProcessVerdict, Rows, StackStore, Stacks,
+    Unreadable, judge, rank_of, read_tables,
 };
 use snapdiff_render::text::size;
 
@@ -23,20 +24,32 @@ pub(crate) use read::read_processes;
 pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
     let trend = args.judge.trend(&args.report)?;
     let paths = inputs::with_paths_from(&args.paths, args.paths_from.as_deref())?;
-    // The text verdict of the job needs less of each rank than its JSON
-    // row or its own report: what it does not need is dropped as each rank
-    // is judged, so that memory barely grows with the number of ranks.
-    let slim = !args.report.json && args.rank.is_none();
-    let judged = judge_paths(&paths, args.rank.as_deref(), trend, &args.threads, slim)?;
-    let exit = exit_code(&judged.verdicts, &judged.unreadable, args.judge.max_growth);
-    if args.rank.is_some() {
-        if let Some(note) = &judged.runs_note {
+    if let Some(rank) = args.rank.as_deref() {
+        let verdicts = Mutex::new(Vec::new());
+        let read = read_judging(&paths, Some(rank), &trend, &args.threads, |verdict, _| {
+            verdicts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(verdict);
+        })?;
+        let verdicts = verdicts.into_inner().unwrap_or_else(|e| e.into_inner());
+        let exit = exit_code(&verdicts, &read.unreadable, args.judge.max_growth);
+        if let Some(note) = &read.runs_note {
             eprintln!("snapdiff: note: {note}");
         }
-        print_rank(&judged.verdicts, &args)?;
+        print_rank(&verdicts, &args)?;
         return Ok(exit);
     }
-    let mut fleet = judged.into_fleet();
+    // The text verdict keeps of each rank only what it shows, as each is
+    // judged, so that memory barely grows with the number of ranks.
+    let rows = if args.report.json {
+        Rows::All
+    } else {
+        Rows::Named
+    };
+    let max_growth = args.judge.max_growth;
+    let (mut fleet, facts) = judge_fleet(&paths, trend, &args.threads, rows, max_growth)?;
+    let exit = facts.exit(&fleet.unreadable);
     if args.report.json {
         // A row a rank: written one at a time (10,000 ranks' rows as one
         // tree took 200 MB).
@@ -52,63 +65,36 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
     Ok(exit)
 }
 
-/// Every rank of a job judged, and what reading it came to.
-pub(crate) struct Judged {
-    /// Each rank's verdict.
-    pub(crate) verdicts: Vec<ProcessVerdict>,
+/// What reading a job came to, besides its ranks' verdicts.
+struct Read {
     /// Files and folders that could not be read, in path order.
-    pub(crate) unreadable: Vec<Unreadable>,
+    unreadable: Vec<Unreadable>,
     files: usize,
     bytes: u64,
     runs_note: Option<String>,
     stacks: StackStore,
-    options: FleetOptions,
-}
-
-impl Judged {
-    /// The job's verdict (see `fleet_verdict`).
-    pub(crate) fn into_fleet(self) -> Fleet {
-        let stacks = self.stacks.into_inner();
-        let mut fleet = fleet_verdict(
-            self.verdicts,
-            &stacks,
-            &self.options,
-            self.unreadable,
-            self.files,
-            self.bytes,
-        );
-        fleet.notes.extend(self.runs_note);
-        fleet
-    }
 }
 
 /// Reads the snapshots and site tables `paths` name (`only`: one rank's)
-/// on the pool `threads` asks for, and judges each rank as it is read;
-/// `slim` keeps of each only what the text verdict needs. Unreadable
-/// files are said on stderr here, and kept.
-pub(crate) fn judge_paths(
+/// on the pool `threads` asks for, judges each rank as it is read and
+/// hands its verdict to `judged` with the stacks its sites are named
+/// from. Unreadable files are said on stderr here, and kept.
+fn read_judging(
     paths: &[std::path::PathBuf],
     only: Option<&str>,
-    trend: TrendOptions,
+    trend: &TrendOptions,
     threads: &ThreadArgs,
-    slim: bool,
-) -> anyhow::Result<Judged> {
-    let mut options = FleetOptions::default();
-    options.trend = trend;
+    judged: impl Fn(ProcessVerdict, &Stacks) + Sync,
+) -> anyhow::Result<Read> {
     let mut census = census(paths, only, None)?;
     let table_folders = std::mem::take(&mut census.table_folders);
     let found_unreadable = std::mem::take(&mut census.unreadable);
     let stacks = StackStore::new();
-    let verdicts = Mutex::new(Vec::with_capacity(census.named_processes()));
+    let ranks = AtomicUsize::new(0);
     let keep = |rows| {
-        let mut verdict = judge(rows, &stacks.read(), &options.trend);
-        if slim {
-            verdict.keep_for_verdict();
-        }
-        verdicts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(verdict);
+        let stacks = stacks.read();
+        judged(judge(rows, &stacks, trend), &stacks);
+        ranks.fetch_add(1, Ordering::Relaxed);
     };
     let (mut unreadable, files, bytes, runs_note) = in_pool(threads, || {
         let unreadable = read_table_folders(&table_folders, only, &stacks, keep);
@@ -120,25 +106,48 @@ pub(crate) fn judge_paths(
         (all, outcome.files, outcome.bytes, note)
     })?;
     unreadable.sort_by(|a, b| a.source.cmp(&b.source));
-    let verdicts = verdicts.into_inner().unwrap_or_else(|e| e.into_inner());
     for u in &unreadable {
         eprintln!("snapdiff: {}", u.error);
     }
-    if verdicts.is_empty() {
+    if ranks.into_inner() == 0 {
         anyhow::bail!(match only {
             Some(r) => format!("no snapshot of rank {r} could be read"),
             None => "no snapshot could be read".to_owned(),
         });
     }
-    Ok(Judged {
-        verdicts,
+    Ok(Read {
         unreadable,
         files,
         bytes,
         runs_note,
         stacks,
-        options,
     })
+}
+
+/// Every rank of the job `paths` name judged, and brought into the job's
+/// verdict as it is (keeping `rows`), with what the exit code rests on
+/// (`max_growth`: `--max-growth`).
+pub(crate) fn judge_fleet(
+    paths: &[std::path::PathBuf],
+    trend: TrendOptions,
+    threads: &ThreadArgs,
+    rows: Rows,
+    max_growth: Option<u64>,
+) -> anyhow::Result<(Fleet, ExitFacts)> {
+    let mut options = FleetOptions::default();
+    options.trend = trend;
+    let facts = ExitFacts::new(max_growth);
+    let tally = Mutex::new((FleetTally::new(options.clone(), rows), facts));
+    let read = read_judging(paths, None, &options.trend, threads, |verdict, stacks| {
+        let mut tally = tally.lock().unwrap_or_else(|e| e.into_inner());
+        tally.1.add(&verdict);
+        tally.0.add(verdict, stacks);
+    })?;
+    let (tally, facts) = tally.into_inner().unwrap_or_else(|e| e.into_inner());
+    let stacks = read.stacks.into_inner();
+    let mut fleet = tally.finish(&stacks, read.unreadable, read.files, read.bytes);
+    fleet.notes.extend(read.runs_note);
+    Ok((fleet, facts))
 }
 
 /// Runs `work` on a rayon pool of `threads` threads (all cores by default).
@@ -181,50 +190,90 @@ pub(crate) fn read_table_folders(
     unreadable
 }
 
-/// 2 when files could not be read (the verdict rests on part of the job),
-/// else 3 when no rank had checkpoints enough to judge, else 1 when a
-/// rank's suspected growth exceeds `max_growth`, else 0.
+/// What the exit code rests on, gathered as each rank is judged.
+pub(crate) struct ExitFacts {
+    max_growth: Option<u64>,
+    /// Whether any rank's device had checkpoints enough to judge.
+    judged: bool,
+    /// Devices whose suspected growth exceeds `max_growth`: how many, and
+    /// the first few in rank order.
+    over: usize,
+    first_over: Vec<(Member, u64)>,
+}
+
+/// Devices over `--max-growth` named in its line; the rest are counted.
+const OVER_NAMED: usize = 5;
+
+impl ExitFacts {
+    /// No rank yet, judged against `max_growth` (`--max-growth`).
+    pub(crate) fn new(max_growth: Option<u64>) -> ExitFacts {
+        ExitFacts {
+            max_growth,
+            judged: false,
+            over: 0,
+            first_over: Vec::new(),
+        }
+    }
+
+    /// Adds one rank's verdict.
+    pub(crate) fn add(&mut self, verdict: &ProcessVerdict) {
+        for d in &verdict.devices {
+            self.judged |= d.trend.no_verdict.is_none();
+            if self
+                .max_growth
+                .is_some_and(|limit| d.trend.suspected_bytes > limit)
+            {
+                self.over += 1;
+                let member = Member {
+                    rank: rank_of(&verdict.process),
+                    process: verdict.process.clone(),
+                    device: d.device,
+                };
+                self.first_over.push((member, d.trend.suspected_bytes));
+                self.first_over.sort();
+                self.first_over.truncate(OVER_NAMED);
+            }
+        }
+    }
+
+    /// 2 when files could not be read (`unreadable`: the verdict rests on
+    /// part of the job), else 3 when no rank had checkpoints enough to
+    /// judge, else 1 when a rank's suspected growth exceeds `max_growth`
+    /// (said on stderr), else 0.
+    pub(crate) fn exit(&self, unreadable: &[Unreadable]) -> Exit {
+        if !unreadable.is_empty() {
+            return Exit::Error;
+        }
+        if !self.judged {
+            return Exit::NoVerdict;
+        }
+        let (Some(limit), true) = (self.max_growth, self.over > 0) else {
+            return Exit::Clean;
+        };
+        let shown: Vec<String> = (self.first_over.iter())
+            .map(|(m, bytes)| format!("{} {}: {}", m.process, DeviceName(m.device), size(*bytes)))
+            .collect();
+        eprintln!(
+            "snapdiff: suspected growth over the {} limit (--max-growth) in {} rank{}: {}{}",
+            size(limit),
+            self.over,
+            if self.over == 1 { "" } else { "s" },
+            shown.join("; "),
+            if self.over > OVER_NAMED { "; ..." } else { "" }
+        );
+        Exit::OverThreshold
+    }
+}
+
+/// The exit code of a job judged into `verdicts` (see [`ExitFacts::exit`]).
 pub(crate) fn exit_code(
     verdicts: &[ProcessVerdict],
     unreadable: &[Unreadable],
     max_growth: Option<u64>,
 ) -> Exit {
-    if !unreadable.is_empty() {
-        return Exit::Error;
-    }
-    let judged = |v: &ProcessVerdict| v.devices.iter().any(|d| d.trend.no_verdict.is_none());
-    if !verdicts.iter().any(judged) {
-        return Exit::NoVerdict;
-    }
-    let Some(limit) = max_growth else {
-        return Exit::Clean;
-    };
-    let over: Vec<String> = verdicts
-        .iter()
-        .flat_map(|v| v.devices.iter().map(move |d| (v, d)))
-        .filter(|(_, d)| d.trend.suspected_bytes > limit)
-        .map(|(v, d)| {
-            format!(
-                "{} {}: {}",
-                v.process,
-                DeviceName(d.device),
-                size(d.trend.suspected_bytes)
-            )
-        })
-        .collect();
-    if over.is_empty() {
-        return Exit::Clean;
-    }
-    let shown: Vec<&str> = over.iter().take(5).map(String::as_str).collect();
-    eprintln!(
-        "snapdiff: suspected growth over the {} limit (--max-growth) in {} rank{}: {}{}",
-        size(limit),
-        over.len(),
-        if over.len() == 1 { "" } else { "s" },
-        shown.join("; "),
-        if over.len() > 5 { "; ..." } else { "" }
-    );
-    Exit::OverThreshold
+    let mut facts = ExitFacts::new(max_growth);
+    verdicts.iter().for_each(|v| facts.add(v));
+    facts.exit(unreadable)
 }
 
 /// `--rank R`: that rank's full trend report, device by device.
