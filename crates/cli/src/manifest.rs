@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use serde::Deserialize;
 use snapdiff_format::{Extra, Snapshot, Value};
@@ -109,30 +109,32 @@ pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) -> Vec<Option<Str
 }
 
 /// The manifests of the folders snapshots are read from, each read once
-/// however many files of its folder are described, by any thread.
+/// however many files of its folder are described, by any thread. Each
+/// file is described once, so its entry is let go once used: what is held
+/// is the entries of the files not yet read.
 #[derive(Default)]
-pub(crate) struct Manifests(Mutex<HashMap<PathBuf, Arc<HashMap<String, Entry>>>>);
+pub(crate) struct Manifests(Mutex<HashMap<PathBuf, HashMap<String, Entry>>>);
 
 impl Manifests {
     /// What [`describe`] does for one snapshot read from `path`.
     pub(crate) fn describe(&self, path: &Path, snap: &mut Snapshot) -> Option<String> {
         let folder = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let described = {
-            let mut folders = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            folders
-                .entry(folder)
-                .or_insert_with_key(|folder| {
-                    Arc::new(
-                        entries(&folder.join(FILE_NAME), 0)
-                            .into_iter()
-                            .filter_map(|e| Some((e.file.clone()?, e)))
-                            .collect(),
-                    )
-                })
-                .clone()
-        };
         let name = path.file_name()?.to_string_lossy().into_owned();
-        apply(described.get(&name)?, snap)
+        let entry = {
+            let mut folders = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let entries = folders.entry(folder).or_insert_with_key(|folder| {
+                entries(&folder.join(FILE_NAME), 0)
+                    .into_iter()
+                    .filter_map(|e| Some((e.file.clone()?, e)))
+                    .collect()
+            });
+            let entry = entries.remove(&name);
+            if entries.len() < entries.capacity() / 4 {
+                entries.shrink_to_fit();
+            }
+            entry
+        };
+        apply(&entry?, snap)
     }
 }
 
