@@ -134,7 +134,8 @@ fn every_other<T>(items: &mut Vec<T>) {
     });
 }
 
-fn empty_checkpoint() -> CheckpointRow {
+/// A checkpoint row that says nothing: a placeholder, or a start to fill in.
+pub(crate) fn empty_checkpoint() -> CheckpointRow {
     CheckpointRow {
         step: None,
         time_us: None,

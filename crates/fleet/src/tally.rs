@@ -482,7 +482,7 @@ fn median_f(values: &[u64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow};
+    use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, empty_checkpoint};
     use crate::verdict::judge;
     use snapdiff_analyze::{SiteTotals, TrendOptions};
     use snapdiff_format::Frame;
@@ -527,13 +527,7 @@ mod tests {
                     step: Some(step),
                     time_us: Some(step as i64 * 1_000_000),
                     source: format!("rank{rank}-step{step}.pickle"),
-                    reserved_bytes: 0,
-                    allocated_bytes: 0,
-                    active_bytes: 0,
-                    device_memory: None,
-                    rss_bytes: None,
-                    device_used_bytes: None,
-                    recorded_on_cpu: false,
+                    ..empty_checkpoint()
                 })
                 .collect(),
             sites: steps
