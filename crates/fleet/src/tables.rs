@@ -31,7 +31,7 @@ use snapdiff_analyze::{Culprit, CulpritRules, HeldBy, SiteTotals, StackKey, desc
 use snapdiff_format::Frame;
 
 use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
-use crate::stacks::Stacks;
+use crate::stacks::{StackStore, Stacks};
 
 /// The files of a site-table folder. The last, what kept sites' blocks
 /// alive (`capture --owners`), may be missing from folders written before
@@ -584,9 +584,135 @@ fn option<T>(valid: bool, value: T) -> Option<T> {
     valid.then_some(value)
 }
 
-/// Reads the site tables in `dir`: every process's rows, and the stacks
-/// of their sites added to `stacks`.
-pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, TableError> {
+/// Checkpoint rows read in one pass over a folder's tables: the ranks of
+/// larger folders are read a group at a time, so that what is held is one
+/// group's rows (about 6 KB a rank), not the folder's.
+const CHECKPOINTS_PER_PASS: usize = 16_384;
+/// The most passes over a folder's tables: each reads every row, so past
+/// this the groups grow instead (a folder of 100,000 ranks of 10
+/// checkpoints is read in 16 passes, not 62).
+const MAX_PASSES: usize = 16;
+
+/// Each process of a folder's tables and its checkpoints, from a first
+/// pass over `checkpoints.parquet`: what the rows of the other tables are
+/// checked against, and how the processes are grouped.
+struct TableIndex {
+    /// Each process's number, in the order first seen.
+    numbers: FxHashMap<String, u32>,
+    /// Each process's checkpoint rows, by number.
+    checkpoints: Vec<u32>,
+    /// Every (process, device, checkpoint) there is.
+    known: FxHashSet<(u32, u32, u32)>,
+}
+
+impl TableIndex {
+    fn of(dir: &Path) -> Result<TableIndex, TableError> {
+        let path = dir.join(TABLE_FILES[1]);
+        let mut index = TableIndex {
+            numbers: FxHashMap::default(),
+            checkpoints: Vec::new(),
+            known: FxHashSet::default(),
+        };
+        for_each_batch(dir, TABLE_FILES[1], &checkpoints_schema(), |batch| {
+            let names = Texts::of(batch, "process");
+            let devices = column::<UInt32Array>(batch, "device");
+            let indices = column::<UInt32Array>(batch, "checkpoint");
+            for i in 0..batch.num_rows() {
+                let name = names.value(i);
+                let next = index.numbers.len() as u32;
+                let p = *index.numbers.entry(name.to_owned()).or_insert(next);
+                if p == next {
+                    index.checkpoints.push(0);
+                }
+                index.checkpoints[p as usize] += 1;
+                let (device, checkpoint) = (devices.value(i), indices.value(i));
+                if !index.known.insert((p, device, checkpoint)) {
+                    return Err(file_error(
+                        &path,
+                        format!("checkpoint {checkpoint} of {name} device {device} appears twice"),
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(index)
+    }
+
+    /// The processes in groups of at most `per_pass` checkpoint rows (a
+    /// process with more is a group of its own), as ranges of numbers.
+    fn groups(&self, per_pass: usize) -> Vec<std::ops::Range<u32>> {
+        let mut groups = Vec::new();
+        let (mut start, mut rows) = (0, 0);
+        for (p, &n) in self.checkpoints.iter().enumerate() {
+            if rows > 0 && rows + n as usize > per_pass {
+                groups.push(start..p as u32);
+                (start, rows) = (p as u32, 0);
+            }
+            rows += n as usize;
+        }
+        if rows > 0 {
+            groups.push(start..self.checkpoints.len() as u32);
+        }
+        groups
+    }
+
+    /// Whether a row of table `path` for process `name`, (device,
+    /// checkpoint) `key`, belongs to `group`; an error when the checkpoints
+    /// table has no such checkpoint.
+    fn in_group(
+        &self,
+        path: &Path,
+        name: &str,
+        key: (u32, u32),
+        group: &std::ops::Range<u32>,
+    ) -> Result<bool, TableError> {
+        match self.numbers.get(name) {
+            Some(&p) if self.known.contains(&(p, key.0, key.1)) => Ok(group.contains(&p)),
+            _ => Err(file_error(
+                path,
+                format!(
+                    "a row of {name} device {} checkpoint {} has no row in {}",
+                    key.0, key.1, TABLE_FILES[1]
+                ),
+            )),
+        }
+    }
+}
+
+/// Reads the site tables in `dir`, adding the stacks of their sites to
+/// `stacks`, and hands each process's rows to `each`, a group of processes
+/// at a time (see [`CHECKPOINTS_PER_PASS`]). Every row is checked before
+/// the first process is handed on: a folder that cannot be read hands on
+/// none.
+pub fn read_tables(
+    dir: &Path,
+    stacks: &StackStore,
+    each: impl FnMut(ProcessRows),
+) -> Result<(), TableError> {
+    read_tables_per_pass(dir, stacks, CHECKPOINTS_PER_PASS, each)
+}
+
+/// [`read_tables`], reading the processes of `per_pass` checkpoint rows a
+/// pass, or more where [`MAX_PASSES`] would not be enough.
+fn read_tables_per_pass(
+    dir: &Path,
+    stacks: &StackStore,
+    per_pass: usize,
+    mut each: impl FnMut(ProcessRows),
+) -> Result<(), TableError> {
+    read_stacks(dir, &mut stacks.write())?;
+    let index = TableIndex::of(dir)?;
+    let rows = index.checkpoints.iter().map(|&n| n as usize).sum::<usize>();
+    for group in index.groups(per_pass.max(rows.div_ceil(MAX_PASSES))) {
+        read_group(dir, stacks, &index, &group)?
+            .into_iter()
+            .for_each(&mut each);
+    }
+    Ok(())
+}
+
+/// Reads `stacks.parquet` into `stacks`.
+fn read_stacks(dir: &Path, stacks: &mut Stacks) -> Result<(), TableError> {
     let stacks_path = dir.join(TABLE_FILES[2]);
     // Tables written apart and put together (one folder per task or
     // machine) repeat the stacks they share: each frame is taken once.
@@ -619,9 +745,20 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
         frames.sort_by_key(|(i, _)| *i);
         stacks.insert(key, Some(frames.iter().map(|(_, f)| f)), None);
     }
+    Ok(())
+}
 
+/// The rows of the processes numbered in `group`. The first group's pass
+/// checks every row of the tables against `index`; later ones skip the
+/// rows of other groups.
+fn read_group(
+    dir: &Path,
+    stacks: &StackStore,
+    index: &TableIndex,
+    group: &std::ops::Range<u32>,
+) -> Result<Vec<ProcessRows>, TableError> {
+    let in_group = |name: &str| index.numbers.get(name).is_some_and(|p| group.contains(p));
     // Checkpoints first: they say how many each device has.
-    let checkpoints_path = dir.join(TABLE_FILES[1]);
     let mut processes: Vec<ProcessRows> = Vec::new();
     let mut index_of: FxHashMap<String, usize> = FxHashMap::default();
     let mut placed: Vec<FxHashMap<(u32, u32), usize>> = Vec::new();
@@ -641,23 +778,19 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
         let on_cpu = added_column::<BooleanArray>(batch, "recorded_on_cpu");
         for i in 0..batch.num_rows() {
             let name = names.value(i);
+            if !in_group(name) {
+                continue;
+            }
             let p = *index_of.entry(name.to_owned()).or_insert_with(|| {
                 processes.push(ProcessRows::new(name));
                 placed.push(FxHashMap::default());
                 processes.len() - 1
             });
             let device = processes[p].device_mut(devices.value(i));
-            let key = (devices.value(i), indices.value(i));
-            if placed[p].contains_key(&key) {
-                return Err(file_error(
-                    &checkpoints_path,
-                    format!(
-                        "checkpoint {} of {name} device {} appears twice",
-                        key.1, key.0
-                    ),
-                ));
-            }
-            placed[p].insert(key, device.checkpoints.len());
+            placed[p].insert(
+                (devices.value(i), indices.value(i)),
+                device.checkpoints.len(),
+            );
             device.checkpoints.push(CheckpointRow {
                 step: option(steps.is_valid(i), steps.value(i)),
                 time_us: option(times.is_valid(i), times.value(i)),
@@ -688,12 +821,17 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
         for i in 0..batch.num_rows() {
             let name = names.value(i);
             let key = (devices.value(i), indices.value(i));
-            let (p, at) = checkpoint_of(&sites_path, name, key, &index_of, &placed)?;
             let stack_key = parse_key(&sites_path, keys.value(i))?;
-            if !stacks.contains(stack_key) {
-                // A site without frames: allocations with no stack.
-                stacks.insert(stack_key, None::<std::iter::Empty<&Frame>>, None);
+            if !index.in_group(&sites_path, name, key, group)? {
+                continue;
             }
+            if !stacks.read().contains(stack_key) {
+                // A site without frames: allocations with no stack.
+                stacks
+                    .write()
+                    .insert(stack_key, None::<std::iter::Empty<&Frame>>, None);
+            }
+            let (p, at) = placed_at(&sites_path, name, key, &index_of, &placed)?;
             let device = processes[p].device_mut(key.0);
             device.sites[at].push(SiteRow {
                 key: stack_key,
@@ -707,15 +845,16 @@ pub fn read_tables(dir: &Path, stacks: &mut Stacks) -> Result<Vec<ProcessRows>, 
         Ok(())
     })?;
     if dir.join(TABLE_FILES[3]).exists() {
-        read_owners(dir, &mut processes, &index_of, &placed)?;
+        read_owners(dir, index, group, &mut processes, &index_of, &placed)?;
     }
     Ok(processes)
 }
 
 /// Where a row of table `path` for process `name` and (device,
 /// checkpoint) `key` goes: the process's index and the checkpoint's place
-/// on its device, from the checkpoints table (`index_of`, `placed`).
-fn checkpoint_of(
+/// on its device, from this pass's checkpoints (`index_of`, `placed`).
+/// Missing only when the checkpoints table changed since the first pass.
+fn placed_at(
     path: &Path,
     name: &str,
     key: (u32, u32),
@@ -728,10 +867,7 @@ fn checkpoint_of(
         .ok_or_else(|| {
             file_error(
                 path,
-                format!(
-                    "a row of {name} device {} checkpoint {} has no row in {}",
-                    key.0, key.1, TABLE_FILES[1]
-                ),
+                format!("{} changed while it was read", TABLE_FILES[1]),
             )
         })
 }
@@ -740,6 +876,8 @@ fn checkpoint_of(
 /// there had its owners found.
 fn read_owners(
     dir: &Path,
+    index: &TableIndex,
+    group: &std::ops::Range<u32>,
     processes: &mut [ProcessRows],
     index_of: &FxHashMap<String, usize>,
     placed: &[FxHashMap<(u32, u32), usize>],
@@ -759,8 +897,11 @@ fn read_owners(
         for i in 0..batch.num_rows() {
             let name = names.value(i);
             let key = (devices.value(i), indices.value(i));
-            let (p, at) = checkpoint_of(&path, name, key, index_of, placed)?;
             let stack_key = parse_key(&path, keys.value(i))?;
+            if !index.in_group(&path, name, key, group)? {
+                continue;
+            }
+            let (p, at) = placed_at(&path, name, key, index_of, placed)?;
             let device = processes[p].device_mut(key.0);
             device.owners[at]
                 .get_or_insert_with(Default::default)
@@ -779,4 +920,75 @@ fn read_owners(
         Ok(())
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rows::{DeviceRows, empty_checkpoint};
+
+    /// Process `rank`'s rows: `checkpoints` checkpoints on device 0, each
+    /// holding `rank` MiB at site 1 and its step's KiB at site 2.
+    fn process(rank: u64, checkpoints: u64) -> ProcessRows {
+        let mut rows = ProcessRows::new(format!("rank{rank}"));
+        rows.devices.push(DeviceRows {
+            device: 0,
+            checkpoints: (0..checkpoints)
+                .map(|step| CheckpointRow {
+                    step: Some(step),
+                    source: format!("rank{rank}-step{step}.pickle"),
+                    ..empty_checkpoint()
+                })
+                .collect(),
+            sites: (0..checkpoints)
+                .map(|step| {
+                    [(1, rank << 20), (2, step << 10)]
+                        .map(|(key, bytes)| SiteRow {
+                            key: StackKey(key),
+                            totals: SiteTotals {
+                                blocks: 1,
+                                bytes,
+                                allocated: bytes,
+                            },
+                        })
+                        .to_vec()
+                })
+                .collect(),
+            owners: vec![None; checkpoints as usize],
+        });
+        rows
+    }
+
+    #[test]
+    fn tables_read_a_few_ranks_a_pass_give_every_ranks_rows() {
+        let dir = std::env::temp_dir().join(format!("snapdiff-tables-{}", std::process::id()));
+        let mut stacks = Stacks::default();
+        let frame = Frame {
+            name: "step".into(),
+            file: "train.py".into(),
+            line: 10,
+            extra: Vec::new(),
+        };
+        for key in [1, 2] {
+            stacks.insert(StackKey(key), Some([&frame].into_iter()), None);
+        }
+        let mut written: Vec<ProcessRows> = (0..7).map(|r| process(r, 1 + r % 3)).collect();
+        let mut tables = TableWriter::create(&dir, CulpritRules::default()).unwrap();
+        for rows in &mut written {
+            tables.write(rows, &stacks).unwrap();
+        }
+        tables.finish().unwrap();
+
+        // 12 checkpoint rows, at most 3 a pass: ranks in groups of their
+        // checkpoints (1 + 2, 3, 1 + 2, 3, 1), every row read once.
+        let index = TableIndex::of(&dir).unwrap();
+        assert_eq!(index.groups(3), [0..2, 2..3, 3..5, 5..6, 6..7]);
+        let mut read = Vec::new();
+        read_tables_per_pass(&dir, &StackStore::new(), 3, |rows| read.push(rows)).unwrap();
+        let mut whole = Vec::new();
+        read_tables(&dir, &StackStore::new(), |rows| whole.push(rows)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(read, whole);
+        assert_eq!(read, written);
+    }
 }

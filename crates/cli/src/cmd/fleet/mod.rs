@@ -172,19 +172,16 @@ pub(crate) fn read_table_folders(
 ) -> Vec<Unreadable> {
     let mut unreadable = Vec::new();
     for folder in folders {
-        let read = read_tables(folder, &mut stacks.write());
-        match read {
-            Ok(processes) => {
-                for rows in processes {
-                    if read::wanted(&rows.process, only) {
-                        done(rows);
-                    }
-                }
+        let read = read_tables(folder, stacks, |rows| {
+            if read::wanted(&rows.process, only) {
+                done(rows);
             }
-            Err(e) => unreadable.push(Unreadable {
+        });
+        if let Err(e) = read {
+            unreadable.push(Unreadable {
                 source: folder.to_string_lossy().into_owned(),
                 error: snapdiff_format::visible::escaped(&e.to_string()).into_owned(),
-            }),
+            });
         }
     }
     unreadable
