@@ -680,10 +680,10 @@ impl TableIndex {
 }
 
 /// Reads the site tables in `dir`, adding the stacks of their sites to
-/// `stacks`, and hands each process's rows to `each`, a group of processes
-/// at a time (see [`CHECKPOINTS_PER_PASS`]). Every row is checked before
-/// the first process is handed on: a folder that cannot be read hands on
-/// none.
+/// `stacks`, and hands each process's rows to `each`, a group of
+/// processes at a time (16,384 checkpoint rows a pass, at most 16
+/// passes). Every row is checked before the first process is handed on: a
+/// folder that cannot be read hands on none.
 pub fn read_tables(
     dir: &Path,
     stacks: &StackStore,
