@@ -95,13 +95,13 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// 370 MB on a 213 MB file of a million blocks, in the same time. Not for
 /// many small files (a fleet's), which reuse what they free: there it cost
 /// a sixth more time. Threads reading large files at once share one.
-struct ReturnAtOnce;
+pub(crate) struct ReturnAtOnce;
 
 /// Large reads under way, and the purge delay to restore after the last.
 static AT_ONCE: std::sync::Mutex<(usize, std::ffi::c_long)> = std::sync::Mutex::new((0, 0));
 
 impl ReturnAtOnce {
-    fn new() -> ReturnAtOnce {
+    pub(crate) fn new() -> ReturnAtOnce {
         if let Ok(mut at_once) = AT_ONCE.lock() {
             if at_once.0 == 0 {
                 // SAFETY: reading and setting an option of the allocator is

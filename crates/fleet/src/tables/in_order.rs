@@ -156,8 +156,18 @@ impl Cursor {
     ) -> Result<(), TableError> {
         while let Some((batch, start)) = self.current()? {
             let names = Texts::of(&batch, "process");
+            // Names are compared once a dictionary entry: a run of rows of
+            // one long name costs a comparison of keys a row.
+            let mut named = None;
             let end = (start..batch.num_rows())
-                .find(|&i| names.value(i) != name)
+                .find(|&i| {
+                    let key = names.key(i);
+                    if named == Some(key) || names.value(i) == name {
+                        named = Some(key);
+                        return false;
+                    }
+                    true
+                })
                 .unwrap_or(batch.num_rows());
             if end == start {
                 break;

@@ -154,6 +154,11 @@ impl<'b> Texts<'b> {
         self.values.value(self.keys.value(i) as usize)
     }
 
+    /// Row `i`'s entry in the dictionary: rows of one key have one value.
+    pub(super) fn key(&self, i: usize) -> i32 {
+        self.keys.value(i)
+    }
+
     fn is_valid(&self, i: usize) -> bool {
         self.keys.is_valid(i)
     }
