@@ -75,6 +75,21 @@ pub struct SiteRow {
     pub totals: SiteTotals,
 }
 
+#[cfg(test)]
+impl SiteRow {
+    /// Site `key` holding one block of `bytes`: the rows tests build.
+    pub(crate) fn one_block(key: u64, bytes: u64) -> SiteRow {
+        SiteRow {
+            key: StackKey(key),
+            totals: SiteTotals {
+                blocks: 1,
+                bytes,
+                allocated: bytes,
+            },
+        }
+    }
+}
+
 /// One device of one process, checkpoint by checkpoint.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceRows {

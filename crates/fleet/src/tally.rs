@@ -484,7 +484,7 @@ mod tests {
     use super::*;
     use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, empty_checkpoint};
     use crate::verdict::judge;
-    use snapdiff_analyze::{SiteTotals, TrendOptions};
+    use snapdiff_analyze::TrendOptions;
     use snapdiff_format::Frame;
 
     #[test]
@@ -533,14 +533,7 @@ mod tests {
             sites: steps
                 .map(|step| {
                     (site(step).into_iter())
-                        .map(|(key, bytes)| SiteRow {
-                            key: StackKey(key),
-                            totals: SiteTotals {
-                                blocks: 1,
-                                bytes,
-                                allocated: bytes,
-                            },
-                        })
+                        .map(|(key, bytes)| SiteRow::one_block(key, bytes))
                         .collect()
                 })
                 .collect(),

@@ -154,7 +154,7 @@ pub(super) mod tests {
     use crate::stacks::Stacks;
     use parquet::arrow::ArrowWriter;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    use snapdiff_analyze::{CulpritRules, HeldBy, SiteTotals, StackKey};
+    use snapdiff_analyze::{CulpritRules, HeldBy, StackKey};
     use snapdiff_format::Frame;
 
     /// Process `rank`'s rows: `checkpoints` checkpoints on `device`, each
@@ -173,16 +173,10 @@ pub(super) mod tests {
                 .collect(),
             sites: (0..checkpoints)
                 .map(|step| {
-                    [(1, rank << 20), (2, step << 10)]
-                        .map(|(key, bytes)| SiteRow {
-                            key: StackKey(key),
-                            totals: SiteTotals {
-                                blocks: 1,
-                                bytes,
-                                allocated: bytes,
-                            },
-                        })
-                        .to_vec()
+                    vec![
+                        SiteRow::one_block(1, rank << 20),
+                        SiteRow::one_block(2, step << 10),
+                    ]
                 })
                 .collect(),
             owners: (0..checkpoints)
