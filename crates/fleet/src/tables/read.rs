@@ -165,7 +165,7 @@ impl<'b> Texts<'b> {
 }
 
 /// A column of a batch checked by [`Batches`].
-pub(super) fn column<'b, T: Array + 'static>(batch: &'b RecordBatch, name: &str) -> &'b T {
+fn column<'b, T: Array + 'static>(batch: &'b RecordBatch, name: &str) -> &'b T {
     batch
         .column_by_name(name)
         .and_then(|c| c.as_any().downcast_ref::<T>())
@@ -179,7 +179,7 @@ fn added_column<'b, T: Array + 'static>(batch: &'b RecordBatch, name: &str) -> O
         .and_then(|c| c.as_any().downcast_ref::<T>())
 }
 
-pub(super) fn parse_key(path: &Path, text: &str) -> Result<StackKey, TableError> {
+fn parse_key(path: &Path, text: &str) -> Result<StackKey, TableError> {
     u64::from_str_radix(text, 16)
         .map(StackKey)
         .map_err(|_| file_error(path, format!("stack key {text:?} is not 16 hex digits")))
