@@ -233,6 +233,11 @@ pub(crate) fn decompress(
             }
         }
     }
+    if let Some(tell) = progress.as_mut() {
+        // A mapped compressed file's last pages go back before its content
+        // is parsed.
+        tell.done(consumed.get());
+    }
     if out.len == 0 {
         return Err(Error::new(
             ErrorKind::UnknownFormat,
