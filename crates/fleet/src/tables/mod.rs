@@ -63,12 +63,23 @@ pub fn is_table_folder(dir: &Path) -> bool {
     dir.join(TABLE_FILES[0]).is_file()
 }
 
-fn sites_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
+/// A schema of a table whose rows each belong to a checkpoint of a
+/// process: the four columns that place a row (read back by
+/// `read::Placing`), then `columns`.
+fn placed_schema(columns: impl IntoIterator<Item = Field>) -> SchemaRef {
+    let placing = [
         Field::new("process", DataType::Utf8, false),
         Field::new("rank", DataType::UInt32, true),
         Field::new("device", DataType::UInt32, false),
         Field::new("checkpoint", DataType::UInt32, false),
+    ];
+    Arc::new(Schema::new(
+        placing.into_iter().chain(columns).collect::<Vec<_>>(),
+    ))
+}
+
+fn sites_schema() -> SchemaRef {
+    placed_schema([
         Field::new("step", DataType::UInt64, true),
         Field::new("time_us", DataType::Int64, true),
         Field::new("stack_key", DataType::Utf8, false),
@@ -79,15 +90,11 @@ fn sites_schema() -> SchemaRef {
         Field::new("blocks", DataType::UInt64, false),
         Field::new("live_bytes", DataType::UInt64, false),
         Field::new("requested_bytes", DataType::UInt64, false),
-    ]))
+    ])
 }
 
 fn checkpoints_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("process", DataType::Utf8, false),
-        Field::new("rank", DataType::UInt32, true),
-        Field::new("device", DataType::UInt32, false),
-        Field::new("checkpoint", DataType::UInt32, false),
+    placed_schema([
         Field::new("step", DataType::UInt64, true),
         Field::new("time_us", DataType::Int64, true),
         Field::new("source", DataType::Utf8, false),
@@ -98,7 +105,7 @@ fn checkpoints_schema() -> SchemaRef {
         Field::new("rss_bytes", DataType::UInt64, true),
         Field::new("device_used_bytes", DataType::UInt64, true),
         Field::new("recorded_on_cpu", DataType::Boolean, true),
-    ]))
+    ])
 }
 
 /// Columns that tables written before them lack: read as empty.
@@ -115,11 +122,7 @@ fn stacks_schema() -> SchemaRef {
 }
 
 fn owners_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("process", DataType::Utf8, false),
-        Field::new("rank", DataType::UInt32, true),
-        Field::new("device", DataType::UInt32, false),
-        Field::new("checkpoint", DataType::UInt32, false),
+    placed_schema([
         Field::new("stack_key", DataType::Utf8, false),
         Field::new("owner", DataType::Utf8, false),
         Field::new("kind", DataType::Utf8, false),
@@ -127,7 +130,7 @@ fn owners_schema() -> SchemaRef {
         Field::new("example", DataType::Utf8, false),
         Field::new("blocks", DataType::UInt64, false),
         Field::new("bytes", DataType::UInt64, false),
-    ]))
+    ])
 }
 
 /// Reads the site tables in `dir`, adding the stacks of their sites to
@@ -152,6 +155,7 @@ pub(super) mod tests {
     use super::*;
     use crate::rows::{CheckpointRow, DeviceRows, SiteRow, empty_checkpoint};
     use crate::stacks::Stacks;
+    use arrow_array::{Array, UInt32Array};
     use parquet::arrow::ArrowWriter;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use snapdiff_analyze::{CulpritRules, HeldBy, StackKey};
@@ -243,8 +247,18 @@ pub(super) mod tests {
         read
     }
 
-    /// Rewrites table `name` in `dir` with its rows in reverse order.
-    fn reverse_rows(dir: &Path, name: &str) {
+    /// A change made to a column of a table.
+    type ColumnChange = fn(&arrow_array::ArrayRef) -> arrow_array::ArrayRef;
+
+    /// Rewrites table `name` in `dir` with the rows `take` picks (by
+    /// index, from the number of rows) and, where given, column `change`
+    /// changed.
+    fn rewrite(
+        dir: &Path,
+        name: &str,
+        take: impl FnOnce(u32) -> Vec<u32>,
+        change: Option<(&str, ColumnChange)>,
+    ) {
         let path = dir.join(name);
         let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap())
             .unwrap()
@@ -252,19 +266,31 @@ pub(super) mod tests {
             .unwrap();
         let batches: Vec<_> = reader.map(Result::unwrap).collect();
         let whole = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
-        let n = whole.num_rows() as u32;
-        let reversed = arrow_array::UInt32Array::from_iter_values((0..n).rev());
-        let columns = whole
-            .columns()
-            .iter()
-            .map(|c| arrow_select::take::take(c, &reversed, None).unwrap())
+        let picked = arrow_array::UInt32Array::from(take(whole.num_rows() as u32));
+        let schema = whole.schema();
+        let columns = (whole.columns().iter().zip(schema.fields()))
+            .map(|(c, field)| {
+                let taken = arrow_select::take::take(c, &picked, None).unwrap();
+                match change {
+                    Some((name, change)) if field.name() == name => change(&taken),
+                    _ => taken,
+                }
+            })
             .collect();
-        let reversed = arrow_array::RecordBatch::try_new(whole.schema(), columns).unwrap();
-        let mut writer =
-            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), whole.schema(), None)
-                .unwrap();
-        writer.write(&reversed).unwrap();
+        let rewritten = arrow_array::RecordBatch::try_new(schema.clone(), columns).unwrap();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
+        writer.write(&rewritten).unwrap();
         writer.close().unwrap();
+    }
+
+    /// The error `read_tables` gives for the tables in `dir`, having
+    /// handed on no process.
+    fn refusal(dir: &Path) -> String {
+        let mut handed_on = 0;
+        let error = read_tables(dir, &StackStore::new(), |_| handed_on += 1).unwrap_err();
+        assert_eq!(handed_on, 0, "{error}");
+        error.to_string()
     }
 
     #[test]
@@ -294,7 +320,7 @@ pub(super) mod tests {
             (TABLE_FILES[3], false),
             (TABLE_FILES[1], true),
         ] {
-            reverse_rows(&dir, name);
+            rewrite(&dir, name, |n| (0..n).rev().collect(), None);
             assert_eq!(
                 in_order::in_order(&dir, &StackStore::new()).unwrap(),
                 ordered
@@ -315,6 +341,47 @@ pub(super) mod tests {
             read.sort_by(|a, b| a.process.cmp(&b.process));
             assert_eq!(read, written, "{name} reversed");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tables_in_order_with_a_bad_row_are_refused_naming_it_and_hand_on_nothing() {
+        // A checkpoint row repeated in place: the tables stay in process
+        // order, and the row is named.
+        let (dir, _) = written_tables("repeated", &seven_ranks());
+        rewrite(
+            &dir,
+            TABLE_FILES[1],
+            |n| [0].into_iter().chain(0..n).collect(),
+            None,
+        );
+        let error = refusal(&dir);
+        assert!(
+            error.contains("checkpoint 0 of rank0 device 0 appears twice"),
+            "{error}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        // The last site row at a checkpoint its rank does not have.
+        let (dir, _) = written_tables("no-checkpoint", &seven_ranks());
+        let last_at_nine = |column: &arrow_array::ArrayRef| -> arrow_array::ArrayRef {
+            let column = column.as_any().downcast_ref::<UInt32Array>().unwrap();
+            let mut values = column.values().to_vec();
+            *values.last_mut().unwrap() = 9;
+            Arc::new(UInt32Array::from(values))
+        };
+        rewrite(
+            &dir,
+            TABLE_FILES[0],
+            |n| (0..n).collect(),
+            Some(("checkpoint", last_at_nine)),
+        );
+        let error = refusal(&dir);
+        assert!(
+            error
+                .contains("a row of rank6 device 0 checkpoint 9 has no row in checkpoints.parquet"),
+            "{error}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
