@@ -585,3 +585,85 @@ fn what_holds_no_dumps_is_refused_or_says_no_verdict_never_an_all_clear() {
     );
     assert!(!stdout.contains("steady"), "{stdout}");
 }
+
+/// The process's value of a `/proc/PID/status` field (`Threads`, `VmHWM`
+/// in kB).
+fn proc_status(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// Lets this test process open a thousand sockets and more.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain system calls on a local struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_max.min(8192);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+}
+
+#[test]
+fn a_thousand_idle_connections_and_a_1_gib_request_line_cannot_harm_the_job() {
+    if !torch_ready() {
+        return;
+    }
+    raise_open_files_limit();
+    let dir = tempdir();
+    let progress = dir.path().join("progress");
+    let job = watched_job(dir.path(), "true", &["--steps", "40", "--wait-at", "20"]);
+    let url = job.metrics_url();
+    let addr = url
+        .strip_prefix("http://")
+        .and_then(|u| u.strip_suffix("/metrics"))
+        .unwrap()
+        .to_owned();
+    assert!(addr.starts_with("127.0.0.1:"), "{url}");
+    wait_until("step 20", || {
+        std::fs::read_to_string(&progress).is_ok_and(|s| s.trim() == "20")
+    });
+    let idle: Vec<std::net::TcpStream> = (0..1000)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // A request line that never ends, sent until the server closes it.
+    let endless = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let mut stream = std::net::TcpStream::connect(addr).unwrap();
+            let chunk = vec![b'a'; 1 << 20];
+            let mut sent = stream.write(b"GET /").unwrap();
+            for _ in 0..1024 {
+                match stream.write_all(&chunk) {
+                    Ok(()) => sent += chunk.len(),
+                    Err(_) => break,
+                }
+            }
+            sent
+        })
+    };
+    let sent = endless.join().unwrap();
+    assert!(sent < 1 << 30, "the server read a request line of 1 GiB");
+    // The connections cost capture no thread and no memory to speak of
+    // (before: a thread each, and the whole request line).
+    let capture = job.child.id();
+    let threads = proc_status(capture, "Threads");
+    assert!(threads < 32, "capture runs {threads} threads");
+    let peak_kb = proc_status(capture, "VmHWM");
+    assert!(peak_kb < 256 * 1024, "capture's peak memory: {peak_kb} kB");
+    // Scrapes are still answered, and the job trains to its end.
+    let scraped = scrape(&url);
+    assert!(!samples(&scraped, "snapdiff_suspects", None).is_empty());
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let (code, _, stderr) = job.finish();
+    drop(idle);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(std::fs::read_to_string(&progress).unwrap().trim(), "40");
+}

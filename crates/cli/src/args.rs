@@ -508,8 +508,9 @@ pub(crate) struct LiveArgs {
     #[arg(long)]
     pub(crate) fail_fast: bool,
     /// Serve the verdict as OpenMetrics text at http://ADDR/metrics, for
-    /// Prometheus: HOST:PORT, or PORT alone for every interface (port 0
-    /// picks a free one; the address is said on stderr).
+    /// Prometheus: PORT alone for this host only (loopback), HOST:PORT
+    /// otherwise (0.0.0.0:PORT for every interface); port 0 picks a free
+    /// one, and the address is said on stderr.
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<String>,
     /// No status on stderr, only the lines (for logs).
