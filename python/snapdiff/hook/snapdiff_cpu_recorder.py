@@ -27,10 +27,14 @@ the program: a failure of its own is reported once and recording stops.
 """
 
 import collections
+import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import pickle
+import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -509,27 +513,68 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "snapdiff_cpu
 
 def _allocator_library():
     """`snapdiff_cpu_alloc.cpp` built for this torch and Python, loaded.
-    Built once into a private cache folder (a new build is written apart,
-    then renamed into place, so ranks building at once never see half a
-    file)."""
+
+    Built once a host into a cache folder only this user can write
+    (`_cache_folder`), under a lock so that ranks starting together compile
+    it once, written apart and renamed into place so that no reader sees
+    half a file. Loaded through a descriptor opened once and checked
+    (`_load`), so that a file swapped in after the check is never what
+    runs; a cached file that does not load (empty, cut short, not this
+    user's) is built again."""
+    folder, temporary = _cache_folder()
+    try:
+        name = f"cpu_alloc-{_build_key()}.so"
+        try:
+            return _load(folder, name)
+        except OSError:
+            pass
+        with _locked(folder):
+            try:  # built by another process while this one waited
+                return _load(folder, name)
+            except OSError:
+                _build(folder, name)
+            return _load(folder, name)
+    finally:
+        if temporary:  # loaded libraries stay mapped once their file is gone
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _build_key():
+    """What the library is built from: its source, torch and Python."""
     with open(_SOURCE, "rb") as f:
         source = f.read()
     torch_dir = os.path.dirname(torch.__file__)
-    key = hashlib.sha256(
+    return hashlib.sha256(
         b"\0".join([source, torch.__version__.encode(), torch_dir.encode(), sys.version.encode()])
     ).hexdigest()[:16]
-    folder = _cache_folder()
-    path = os.path.join(folder, f"cpu_alloc-{key}.so")
-    if not os.path.exists(path):
-        fd, building = tempfile.mkstemp(prefix=".cpu_alloc-", suffix=".so", dir=folder)
+
+
+def _private(info):
+    """Whether `info` (an `os.stat_result`) is this user's and nobody
+    else can write it."""
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
+def _load(folder, name):
+    """The library `name` in `folder`, loaded from a descriptor whose file
+    was checked: a regular file of this user's, in a folder of this user's,
+    neither writable by anyone else, not reached through a link. Raises
+    `OSError` when it is not so or the file does not load."""
+    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not _private(os.fstat(folder_fd)):
+            raise OSError(f"{folder} is not this user's alone")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+    finally:
+        os.close(folder_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or not _private(info) or info.st_size == 0:
+            raise OSError(f"{name} is not a library of this user's alone")
+        # The descriptor's own file, whatever its path now names.
+        library = ctypes.PyDLL(f"/proc/self/fd/{fd}")
+    finally:
         os.close(fd)
-        try:
-            _compile(building, torch_dir)
-            os.replace(building, path)
-        finally:
-            if os.path.exists(building):
-                os.unlink(building)
-    library = ctypes.PyDLL(path)
     library.snapdiff_cpu_start.argtypes = [ctypes.c_size_t, ctypes.c_int]
     library.snapdiff_cpu_start.restype = ctypes.c_int
     library.snapdiff_cpu_stop.restype = None
@@ -542,20 +587,53 @@ def _allocator_library():
     return library
 
 
-def _cache_folder():
-    """`$XDG_CACHE_HOME/snapdiff` (`~/.cache/snapdiff`) when it is this
-    user's alone, else a new private folder: a library loaded from a folder
-    others can write to would run their code."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(base, "snapdiff")
+@contextlib.contextmanager
+def _locked(folder):
+    """Holds the cache folder's lock (one build at a time on this host)."""
+    fd = os.open(
+        os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        info = os.lstat(folder)
-        if info.st_uid == os.getuid() and not info.st_mode & 0o022 and os.path.isdir(folder):
-            return folder
-    except OSError:
-        pass
-    return tempfile.mkdtemp(prefix="snapdiff-cache-")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _build(folder, name):
+    """Compiles the library into `folder/name`, replacing what is there."""
+    fd, building = tempfile.mkstemp(prefix=".cpu_alloc-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        _compile(building, os.path.dirname(torch.__file__))
+        # The linker writes under the umask, which may let the group write.
+        os.chmod(building, 0o700)
+        os.replace(building, os.path.join(folder, name))
+    finally:
+        if os.path.exists(building):
+            os.unlink(building)
+
+
+def _cache_folder():
+    """The folder the library is cached in, and whether it is a temporary
+    one to remove once loaded: `$XDG_CACHE_HOME/snapdiff`
+    (`~/.cache/snapdiff`) when it is this user's alone, else
+    `snapdiff-cache-UID` in the temporary folder when it is, else a new
+    private folder. A library loaded from a folder others can write to
+    would run their code."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    for folder in (
+        os.path.join(base, "snapdiff"),
+        os.path.join(tempfile.gettempdir(), f"snapdiff-cache-{os.getuid()}"),
+    ):
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            info = os.lstat(folder)
+            if stat.S_ISDIR(info.st_mode) and _private(info) and os.access(folder, os.W_OK):
+                return folder, False
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix="snapdiff-cache-"), True
 
 
 def _compile(output, torch_dir):
