@@ -4,6 +4,8 @@ recorder's own pickle is the snapshot's."""
 
 import os
 import pickle
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -193,3 +195,123 @@ def test_a_forked_child_allocates_and_frees_without_the_recorder():
         recorder.stop()
     assert os.waitstatus_to_exitcode(status) == 0
     assert sizes(snapshot) == [4000]
+
+
+# Two threads taking PyTorch's generator lock in opposite orders with the
+# GIL: the recording thread draws samples (the lock held while allocating,
+# the GIL released), the other reads the generator's state (the lock taken
+# with the GIL held). A recorder that waits for the GIL inside an
+# allocation hangs here at once.
+LOCK_PAIR = """
+import subprocess, sys, threading, time, torch
+from snapdiff.hook.snapdiff_cpu_recorder import AllocatorRecorder, CpuRecorder
+seconds = float(sys.argv[1])
+hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+recorder = CpuRecorder()
+assert isinstance(recorder, AllocatorRecorder), type(recorder)
+recorder.start()
+end = time.monotonic() + seconds
+def read_state():
+    while time.monotonic() < end:
+        torch.get_rng_state()
+reader = threading.Thread(target=read_state)
+reader.start()
+probs = torch.rand(1000)
+kept = []
+draws = 0
+while time.monotonic() < end:
+    sample = torch.multinomial(probs, 100, replacement=True)  # the draw
+    if len(kept) < 5:
+        kept.append(sample)
+    draws += 1
+reader.join()
+hog.kill()
+snapshot = recorder.snapshot()
+recorder.stop()
+lines = sorted({s["frames"][0]["line"] for s in snapshot["segments"] if s["total_size"] == 800})
+print(draws, lines)
+"""
+
+
+def test_threads_taking_torchs_locks_in_both_orders_never_hang_the_job(tmp_path):
+    script = tmp_path / "lock_pair.py"
+    script.write_text(LOCK_PAIR)
+    draw_line = LOCK_PAIR.splitlines().index(
+        "    sample = torch.multinomial(probs, 100, replacement=True)  # the draw"
+    ) + 1
+    done = subprocess.run(
+        [sys.executable, str(script), "60"], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    draws, lines = done.stdout.split(" ", 1)
+    assert int(draws) > 1000
+    # The recording thread's storages still name their line.
+    assert lines.strip() == f"[{draw_line}]"
+
+
+def test_the_stack_follows_generators_exceptions_and_returns():
+    def numbers():
+        yield torch.empty(11)  # in the generator, first
+        yield torch.empty(12)  # in the generator, resumed
+
+    def fails():
+        torch.empty(13)  # before the raise
+        raise ValueError
+
+    recorder = allocator_recorder()
+    recorder.start()
+    try:
+        kept = list(numbers())
+        try:
+            fails()
+        except ValueError:
+            kept.append(torch.empty(14))  # in the handler
+        kept.append(torch.empty(15))  # after it all
+        snapshot = recorder.snapshot()
+    finally:
+        recorder.stop()
+    here = test_the_stack_follows_generators_exceptions_and_returns.__name__
+    expected = {
+        44: ("numbers", line_of("# in the generator, first")),
+        48: ("numbers", line_of("# in the generator, resumed")),
+        56: (here, line_of("# in the handler")),
+        60: (here, line_of("# after it all")),
+    }
+    found = {
+        s["total_size"]: (s["frames"][0]["name"], s["frames"][0]["line"])
+        for s in snapshot["segments"]
+        if s["total_size"] in expected
+    }
+    assert found == expected
+    # Nothing of the generator's or the raiser's frames stays below.
+    for size in (56, 60):
+        (segment,) = [s for s in snapshot["segments"] if s["total_size"] == size]
+        names = [f["name"] for f in segment["frames"]]
+        assert "numbers" not in names and "fails" not in names, names
+
+
+def line_of(marker):
+    """The line of this file that ends with `marker`."""
+    with open(__file__) as f:
+        (line,) = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(marker)]
+    return line
+
+
+def test_another_profiler_on_the_recording_thread_is_said_and_no_stack_is_wrong():
+    said = []
+    recorder = CpuRecorder(warn=said.append)
+    assert isinstance(recorder, AllocatorRecorder)
+    recorder.start()
+    try:
+        sys.setprofile(lambda *args: None)
+        try:
+            kept = torch.empty(17)
+        finally:
+            sys.setprofile(None)
+        snapshot = recorder.snapshot()
+    finally:
+        recorder.stop()
+    (segment,) = [s for s in snapshot["segments"] if s["total_size"] == 68]
+    assert segment["frames"] == []
+    assert len(said) == 1 and "without stacks since" in said[0], said
+    del kept

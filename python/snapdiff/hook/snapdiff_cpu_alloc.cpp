@@ -9,12 +9,17 @@
 // and Python version (g++, as `torch.compile` needs on CPU), loads it with
 // ctypes and turns what it holds into snapshot records at each dump.
 //
-// Locks: the Python stack is read with the GIL held, before this file's own
-// mutex is taken; nothing holding the mutex waits for the GIL, so frees
-// (which may run with the GIL held) never wait on an allocation.
-// Only the thread that started recording reads its stack (another thread
-// waiting for the GIL inside an allocation is how deadlocks start); other
-// threads' storages are noted without frames.
+// Locks: an allocation never waits for the GIL. PyTorch allocates with the
+// GIL released and often under a lock of its own (a generator's, taken by
+// `torch.multinomial`), which another thread may wait for while holding the
+// GIL (`torch.get_rng_state()`): waiting for the GIL there hangs the job.
+// So the stack of the thread that started recording is kept as it runs, by
+// a profile function (`on_profile`, called with the GIL held at each Python
+// call and return: a shadow stack of its frames), and read by that thread
+// inside an allocation without the GIL: its frames cannot change while it
+// is inside PyTorch. Other threads' storages are noted without frames.
+// This file's two mutexes (`mu`, `stacks_mu`) are each held only briefly,
+// never while waiting for the GIL or calling into Python, and never both.
 
 #include <Python.h>
 #include <frameobject.h>
@@ -26,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -87,20 +93,28 @@ int64_t now_us() {
 }
 
 struct State {
-  std::mutex mu;  // guards everything below but the stack table
+  std::mutex mu;  // guards the storages and events below
   std::unordered_map<void*, Live> live;
   size_t active = 0;          // bytes of the recorded live storages
   std::vector<Event> events;  // a ring of the newest `capacity`
   size_t first = 0;           // oldest event's index in the ring
   size_t capacity = 1;
   uint64_t allocations = 0;   // storages this recording noted
-  bool recording = false;
+  std::atomic<bool> recording{false};
 
-  // Stacks, read and written only with the GIL held.
+  std::mutex stacks_mu;  // guards the stack table
   std::unordered_map<std::vector<Place>, uint32_t, PlacesHash> stack_ids;
   std::vector<const std::vector<Place>*> stacks{nullptr};
-  bool stacks_on = true;
-  unsigned long recording_thread = 0;
+  // Code objects of stacks added without the GIL, to be held (`hold_codes`)
+  // before their frames can end; `unheld` says there are some.
+  std::vector<PyObject*> codes_to_hold;
+  std::atomic<bool> unheld{false};
+
+  std::atomic<bool> stacks_on{true};
+  std::atomic<unsigned long> recording_thread{0};
+  // Set when another profile function replaced this file's on the
+  // recording thread: its storages are noted without frames since.
+  std::atomic<bool> stacks_lost{false};
   pid_t pid = 0;
 
   void push(const Event& e) {
@@ -128,46 +142,148 @@ struct State {
 State* state = new State();
 c10::Allocator* inner = nullptr;
 
-// The Python stack of the calling thread, innermost first, as an index
-// into the stack table (kNoStack when it cannot be read safely).
-uint32_t python_stack() {
-  if (!state->stacks_on || !Py_IsInitialized() ||
-      PyGILState_GetThisThreadState() == nullptr ||
-      static_cast<unsigned long>(pthread_self()) != state->recording_thread) {
-    return kNoStack;
+// One frame of the recording thread's shadow stack: the frame (held) and
+// its code (held by the frame).
+struct Shadow {
+  PyFrameObject* frame;
+  PyObject* code;
+};
+
+// The recording thread's Python frames, outermost first, kept by
+// `on_profile`; only that thread reads or writes it. A pointer, never
+// destroyed: a thread's exit must not release frames without the GIL.
+thread_local std::vector<Shadow>* shadow = nullptr;
+
+int on_profile(PyObject*, PyFrameObject* frame, int what, PyObject*);
+
+// Holds the code objects of stacks added without the GIL. With the GIL.
+void hold_codes() {
+  if (!state->unheld.load(std::memory_order_acquire)) {
+    return;
   }
-  PyGILState_STATE gil = PyGILState_Ensure();
-  std::vector<Place> places;
-  PyFrameObject* frame = PyEval_GetFrame();
-  Py_XINCREF(frame);
-  while (frame != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(frame);
-#if PY_VERSION_HEX >= 0x030B0000
-    int offset = PyFrame_GetLasti(frame);
-#else
-    int offset = PyFrame_GetLineNumber(frame);  // a line, not an offset
-#endif
-    places.push_back({reinterpret_cast<PyObject*>(code), offset});
-    Py_DECREF(code);  // held again below if the stack is new
-    PyFrameObject* back = PyFrame_GetBack(frame);
-    Py_DECREF(frame);
-    frame = back;
+  std::vector<PyObject*> codes;
+  {
+    std::lock_guard<std::mutex> lock(state->stacks_mu);
+    codes.swap(state->codes_to_hold);
+    state->unheld.store(false, std::memory_order_release);
   }
-  uint32_t id = kNoStack;
-  if (!places.empty()) {
-    auto found = state->stack_ids.find(places);
-    if (found != state->stack_ids.end()) {
-      id = found->second;
-    } else {
-      for (const Place& p : places) {
-        Py_INCREF(p.code);
-      }
-      id = static_cast<uint32_t>(state->stacks.size());
-      auto inserted = state->stack_ids.emplace(std::move(places), id);
-      state->stacks.push_back(&inserted.first->first);
+  for (PyObject* code : codes) {
+    Py_INCREF(code);
+  }
+}
+
+// Empties this thread's shadow stack. With the GIL.
+void clear_shadow() {
+  if (shadow != nullptr) {
+    std::vector<Shadow> frames;
+    frames.swap(*shadow);
+    for (const Shadow& s : frames) {
+      Py_DECREF(s.frame);
     }
   }
-  PyGILState_Release(gil);
+}
+
+// Fills this thread's shadow stack from `innermost` (a borrowed frame, or
+// null) outwards. With the GIL.
+void fill_shadow(PyFrameObject* innermost) {
+  clear_shadow();
+  if (shadow == nullptr) {
+    shadow = new std::vector<Shadow>();
+  }
+  Py_XINCREF(innermost);
+  for (PyFrameObject* frame = innermost; frame != nullptr;) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    shadow->push_back({frame, reinterpret_cast<PyObject*>(code)});  // takes `frame`
+    Py_DECREF(code);  // held by the frame
+    frame = PyFrame_GetBack(frame);
+  }
+  std::reverse(shadow->begin(), shadow->end());
+}
+
+// The profile function of the recording thread: pushes each frame entered,
+// pops each one left, so that `python_stack` can read the stack without
+// the GIL. Called with the GIL held; removes itself when recording ended.
+int on_profile(PyObject*, PyFrameObject* frame, int what, PyObject*) {
+  hold_codes();
+  if (!state->recording.load(std::memory_order_relaxed) ||
+      static_cast<unsigned long>(pthread_self()) != state->recording_thread.load()) {
+    clear_shadow();
+    PyEval_SetProfile(nullptr, nullptr);
+    return 0;
+  }
+  if (what == PyTrace_CALL) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    Py_INCREF(frame);
+    shadow->push_back({frame, reinterpret_cast<PyObject*>(code)});
+    Py_DECREF(code);  // held by the frame
+  } else if (what == PyTrace_RETURN) {
+    if (!shadow->empty() && shadow->back().frame == frame) {
+      PyFrameObject* left = shadow->back().frame;
+      shadow->pop_back();
+      Py_DECREF(left);
+    } else {  // out of step (cannot happen): read the stack afresh
+      PyFrameObject* back = PyFrame_GetBack(frame);
+      fill_shadow(back);
+      Py_XDECREF(back);
+    }
+  }
+  return 0;
+}
+
+// Starts keeping the calling thread's shadow stack. With the GIL.
+void follow_this_thread() {
+  fill_shadow(PyEval_GetFrame());
+  PyEval_SetProfile(on_profile, nullptr);
+}
+
+// The Python stack of the calling thread, innermost first, as an index
+// into the stack table (kNoStack for a thread other than the recording
+// one, or when stacks are off or were lost). Never waits for the GIL.
+uint32_t python_stack() {
+  if (!state->stacks_on.load(std::memory_order_relaxed) ||
+      static_cast<unsigned long>(pthread_self()) != state->recording_thread.load() ||
+      shadow == nullptr || shadow->empty()) {
+    return kNoStack;
+  }
+  PyThreadState* thread = PyGILState_GetThisThreadState();
+  if (thread == nullptr || thread->c_profilefunc != on_profile) {
+    state->stacks_lost.store(true);
+    return kNoStack;
+  }
+  std::vector<Place> places;
+  places.reserve(shadow->size());
+  for (size_t i = shadow->size(); i-- > 0;) {
+    const Shadow& s = (*shadow)[i];
+    // Where the frame is now: the instruction running, read from the frame
+    // without touching a reference count (its thread is this one).
+#if PY_VERSION_HEX >= 0x030B0000
+    int offset = PyFrame_GetLasti(s.frame);
+#else
+    int offset = PyFrame_GetLineNumber(s.frame);  // a line, not an offset
+#endif
+    places.push_back({s.code, offset});
+  }
+  // Codes are held at once with the GIL, else before the next Python call
+  // or return (while their frames still hold them).
+  bool gil = PyGILState_Check() != 0;
+  std::lock_guard<std::mutex> lock(state->stacks_mu);
+  auto found = state->stack_ids.find(places);
+  if (found != state->stack_ids.end()) {
+    return found->second;
+  }
+  for (const Place& p : places) {
+    if (gil) {
+      Py_INCREF(p.code);
+    } else {
+      state->codes_to_hold.push_back(p.code);
+    }
+  }
+  if (!gil) {
+    state->unheld.store(true, std::memory_order_release);
+  }
+  uint32_t id = static_cast<uint32_t>(state->stacks.size());
+  auto inserted = state->stack_ids.emplace(std::move(places), id);
+  state->stacks.push_back(&inserted.first->first);
   return id;
 }
 
@@ -610,7 +726,7 @@ struct Block {
 
 // The recorded live storages in address order, the events, and the
 // highest stack either names; the dump's own marker joins the ring after.
-// With the GIL held (so that no stack is added meanwhile).
+// A stack added meanwhile is past the frames the caller gave: it asks again.
 struct Copied {
   std::vector<Block> blocks;
   std::vector<Event> events;
@@ -758,6 +874,7 @@ int snapdiff_cpu_start(size_t max_events, int stacks) {
     state->capacity = max_events > 0 ? max_events : 1;
     state->allocations = 0;
     state->stacks_on = stacks != 0;
+    state->stacks_lost = false;
     state->recording_thread = static_cast<unsigned long>(pthread_self());
     state->pid = getpid();
     state->recording = true;
@@ -768,6 +885,9 @@ int snapdiff_cpu_start(size_t max_events, int stacks) {
     state->recording = false;
     return 1;
   }
+  if (stacks != 0) {
+    follow_this_thread();
+  }
   return 0;
 }
 
@@ -777,8 +897,16 @@ void snapdiff_cpu_stop() {
   if (recording_allocator != nullptr && c10::GetCPUAllocator() == recording_allocator) {
     c10::SetCPUAllocator(inner, 0);
   }
-  std::lock_guard<std::mutex> lock(state->mu);
-  state->recording = false;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->recording = false;
+  }
+  // Another thread's profile function removes itself at its next call.
+  if (static_cast<unsigned long>(pthread_self()) == state->recording_thread.load() &&
+      PyGILState_Check()) {
+    PyEval_SetProfile(nullptr, nullptr);
+    clear_shadow();
+  }
 }
 
 // Stops noting anything in this process (a forked child) without
@@ -797,20 +925,29 @@ uint64_t snapdiff_cpu_allocations() {
 // The stacks from index `from` on, each a tuple of (code, line), innermost
 // first. With the GIL held (ctypes.PyDLL).
 PyObject* snapdiff_cpu_stacks(size_t from) {
-  size_t n = state->stacks.size();
-  from = std::max<size_t>(from, 1);
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(n > from ? n - from : 0));
+  hold_codes();
+  // Copied first: building the tuples may run Python code (the garbage
+  // collector), which must find the table's lock free.
+  std::vector<std::vector<Place>> stacks;
+  {
+    std::lock_guard<std::mutex> lock(state->stacks_mu);
+    from = std::max<size_t>(from, 1);
+    for (size_t i = from; i < state->stacks.size(); i++) {
+      stacks.push_back(*state->stacks[i]);
+    }
+  }
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(stacks.size()));
   if (list == nullptr) {
     return nullptr;
   }
-  for (size_t i = from; i < n; i++) {
-    const std::vector<Place>& places = *state->stacks[i];
+  for (size_t i = 0; i < stacks.size(); i++) {
+    const std::vector<Place>& places = stacks[i];
     PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(places.size()));
     if (tuple == nullptr) {
       Py_DECREF(list);
       return nullptr;
     }
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i - from), tuple);
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), tuple);
     for (size_t j = 0; j < places.size(); j++) {
       PyObject* code = places[j].code;
 #if PY_VERSION_HEX >= 0x030B0000
@@ -827,6 +964,12 @@ PyObject* snapdiff_cpu_stacks(size_t from) {
     }
   }
   return list;
+}
+
+// Whether another profile function replaced this file's on the recording
+// thread (its storages are noted without frames since).
+int snapdiff_cpu_stacks_lost() {
+  return state->stacks_lost.load() ? 1 : 0;
 }
 
 // Writes the recording now to `fd` as a pickled snapshot (see `Pickle`),

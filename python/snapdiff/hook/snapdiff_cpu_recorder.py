@@ -434,6 +434,7 @@ class AllocatorRecorder:
         self._warn = warn or _warn
         self._lock = threading.Lock()  # two threads dumping at once
         self._failed = False
+        self._stacks_lost_said = False
         # Every storage has a plain one: nothing is skipped.
         self.tensors_skipped = 0
         self._forget()
@@ -502,7 +503,14 @@ class AllocatorRecorder:
                 )
                 done = self._library.snapdiff_cpu_write(f.fileno(), self._written, int(blocks))
                 if done != -1:  # else stacks came meanwhile: learn them, again
-                    return done
+                    break
+            if not self._stacks_lost_said and self._library.snapdiff_cpu_stacks_lost():
+                self._stacks_lost_said = True
+                self._warn(
+                    "another profiler (sys.setprofile, cProfile) took the recording thread's "
+                    "profile hook: its CPU storages are recorded without stacks since"
+                )
+            return done
 
     def _frame(self, code, line):
         return _frame_of(self._frames, code, line)
@@ -584,6 +592,7 @@ def _load(folder, name):
     library.snapdiff_cpu_stacks.restype = ctypes.py_object
     library.snapdiff_cpu_write.argtypes = [ctypes.c_int, ctypes.py_object, ctypes.c_int]
     library.snapdiff_cpu_write.restype = ctypes.py_object
+    library.snapdiff_cpu_stacks_lost.restype = ctypes.c_int
     return library
 
 
