@@ -383,6 +383,33 @@ def test_a_local_the_function_deletes_is_not_kept_by_the_search():
     step()
 
 
+def test_a_step_the_search_saw_keeps_nothing_once_it_returns():
+    """The search's own frames once held a list of every running frame
+    (theirs included): a reference cycle that kept each step's frame, and
+    its 8 MiB batch, alive after the step returned, until the collector
+    ran; those batches were then named "a reference cycle"."""
+    torch = pytest.importorskip("torch")
+    from snapdiff.hook import snapdiff_owners
+
+    def step(refs):
+        batch = torch.ones(2 << 20)  # 8 MiB
+        found = snapdiff_owners.find(torch, _blocks(batch))
+        [owner] = found["blocks"].values()
+        assert owner["owner"].endswith(": batch"), owner
+        refs.append(weakref.ref(batch))
+
+    refs = []
+    enabled = gc.isenabled()
+    gc.disable()  # as between two of the collector's runs
+    try:
+        for _ in range(4):
+            step(refs)
+        assert [r() is None for r in refs] == [True] * 4, "a returned step's batch is alive"
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _Calls:
     """Counts the job's code the search runs: it must run none."""
 

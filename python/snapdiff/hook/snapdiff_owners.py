@@ -337,7 +337,7 @@ class _Search:
         for frame in self.running_frames():
             code = frame.f_code
             file = code.co_filename
-            if id(frame) in self.skip or file.startswith(_OURS):
+            if id(frame) in self.skip:
                 continue
             if code.co_name == "<module>" or _in(file, library) == mine:
                 continue  # a module's body: its locals are its globals
@@ -375,12 +375,17 @@ class _Search:
                     yield value, f"{name}.{attr}", "global"
 
     def running_frames(self):
-        frames = []
-        for frame in sys._current_frames().values():
+        """The running frames of every thread, but the search's own and
+        snapdiff's. None of them may be kept: a frame of the search holding
+        a list of frames that holds it is a reference cycle, which keeps
+        every frame in it, and what they hold once they return (a step's
+        batch), until the collector runs."""
+        for top in sys._current_frames().values():
+            frame, top = top, None
             while frame is not None:
-                frames.append(frame)
+                if not frame.f_code.co_filename.startswith(_OURS):
+                    yield frame
                 frame = frame.f_back
-        return frames
 
     # --- the walk --------------------------------------------------------------
 
