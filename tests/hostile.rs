@@ -802,3 +802,45 @@ fn a_table_of_one_long_name_repeated_is_read_in_bounded_memory() {
         size >> 10
     );
 }
+
+/// A device, a link to one, a pipe no one writes to: each named where a
+/// snapshot is expected is refused at once in one line (before, `summary
+/// /dev/zero` grew to 6.6 GB in 30 s and a pipe waited for a writer), by
+/// every command that reads snapshots, and as an owners file beside one.
+#[test]
+fn devices_links_to_them_and_pipes_are_refused_at_every_open() {
+    let dir = tempdir();
+    let link = dir.path().join("rank0-step1.pickle");
+    std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+    let fifo = dir.path().join("fifo.pickle");
+    let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a plain system call on a valid path.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    let cases: [(&Path, &str); 3] = [
+        (Path::new("/dev/zero"), "a device"),
+        (&link, "a device"),
+        (&fifo, "a pipe"),
+    ];
+    for (path, what) in cases {
+        for command in ["summary", "peak", "trend", "steps"] {
+            let (run, peak) = snapdiff_with_peak(&[command.as_ref(), path.as_os_str()]);
+            run.expect_code(2);
+            let err = run.stderr();
+            assert_eq!(err.lines().count(), 1, "{command} {path:?}: {err}");
+            assert!(
+                err.contains(&format!("not a regular file ({what})")),
+                "{command} {path:?}: {err}"
+            );
+            assert!(peak < 64 << 20, "{command} {path:?}: {} MiB", peak >> 20);
+        }
+    }
+    // An owners file beside a real dump that is a link to /dev/zero is
+    // no owners file; the dump still reads.
+    let dump = dir.path().join("step.pickle");
+    std::fs::copy(fixture("torch-format/newest-step1.pickle"), &dump).unwrap();
+    let owners = snapdiff_format::owners_path(&dump);
+    std::os::unix::fs::symlink("/dev/zero", &owners).unwrap();
+    let (run, peak) = snapdiff_with_peak(&["summary".as_ref(), dump.as_os_str()]);
+    run.expect_code(0);
+    assert!(peak < 128 << 20, "{} MiB", peak >> 20);
+}

@@ -64,10 +64,13 @@ fn read_parts_with(
 /// nothing that shows).
 fn content_size_guess(path: &std::path::Path) -> u64 {
     use std::io::Read;
-    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    let Ok(mut file) = snapdiff_format::open_regular(path) else {
+        return 0; // the reader says why
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
     let mut head = [0u8; 6];
-    let compressed = std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut head))
+    let compressed = file
+        .read_exact(&mut head)
         .is_ok_and(|()| snapdiff_format::Compression::detect(&head).is_some());
     if compressed {
         len.saturating_mul(16)

@@ -70,7 +70,7 @@ pub(crate) fn entries(path: &Path, from: u64) -> Vec<Entry> {
 pub(crate) fn new_entries(path: &Path, from: u64) -> (Vec<Entry>, u64) {
     use std::io::{Read, Seek};
     let mut text = Vec::new();
-    let read = std::fs::File::open(path).and_then(|mut f| {
+    let read = snapdiff_format::open_regular(path).and_then(|mut f| {
         f.seek(std::io::SeekFrom::Start(from))?;
         f.take(MAX_BYTES).read_to_end(&mut text)
     });
@@ -90,7 +90,7 @@ pub(crate) fn new_entries(path: &Path, from: u64) -> (Vec<Entry>, u64) {
 fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut text = Vec::new();
-    std::fs::File::open(path)?
+    snapdiff_format::open_regular(path)?
         .take(MAX_BYTES)
         .read_to_end(&mut text)?;
     Ok(text)

@@ -33,6 +33,7 @@ mod forward;
 mod intern;
 mod model;
 pub mod names;
+mod open;
 mod owners;
 mod pickle;
 mod read;
@@ -51,6 +52,7 @@ pub use crate::model::{
     EventDetails, Frame, FrameId, HistoryEntry, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot,
     StackId, StrId, ThinVec, Totals, TraceEvent,
 };
+pub use crate::open::{open_regular, read_regular};
 pub use crate::owners::{Owner, Owners, owners_path, read_owners_beside};
 pub use crate::pickle::write_torch_pickle;
 pub use crate::read::{Reader, read_path};

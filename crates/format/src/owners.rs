@@ -58,9 +58,6 @@ pub fn owners_path(path: &Path) -> PathBuf {
 /// reads (a missing, oversized or unreadable one is none: reports then
 /// say nothing of owners).
 pub fn read_owners_beside(path: &Path) -> Option<Owners> {
-    let owners = owners_path(path);
-    if std::fs::metadata(&owners).ok()?.len() > MAX_BYTES {
-        return None;
-    }
-    serde_json::from_slice(&std::fs::read(owners).ok()?).ok()
+    let owners = crate::read_regular(&owners_path(path), MAX_BYTES).ok()?;
+    serde_json::from_slice(&owners).ok()
 }

@@ -153,7 +153,7 @@ fn read_path_with(
     progress: Box<dyn FnMut(u64, u64)>,
 ) -> Result<Snapshot> {
     let cannot_read = |e| Error::io("cannot read", e).with_path(path);
-    let file = std::fs::File::open(path).map_err(cannot_read)?;
+    let file = crate::open_regular(path).map_err(cannot_read)?;
     let meta = file.metadata().map_err(cannot_read)?;
     let total = meta.len();
     let progress = std::rc::Rc::new(std::cell::RefCell::new(progress));
@@ -161,7 +161,7 @@ fn read_path_with(
         true => MAP_COMPRESSED_FROM_BYTES,
         false => MAP_FROM_BYTES,
     };
-    let snap = if meta.is_file() && total >= map_from {
+    let snap = if total >= map_from {
         // SAFETY: the mapping is read-only and private. Snapshot files are
         // written under a temporary name and renamed into place (by
         // snapdiff, its runtime and the capture hook), so a file being read
@@ -180,7 +180,13 @@ fn read_path_with(
             )),
         )
     } else {
-        let data = std::fs::read(path).map_err(cannot_read)?;
+        // From the file opened and checked, not by its name again.
+        use std::io::{Read, Seek};
+        let mut data = Vec::with_capacity(total as usize);
+        let mut file = file;
+        file.rewind()
+            .and_then(|()| file.read_to_end(&mut data))
+            .map_err(cannot_read)?;
         read_bytes_parts_with(&data, parts, threads, None)
     };
     let snap = snap.map_err(|e| e.with_path(path))?;
@@ -189,7 +195,7 @@ fn read_path_with(
 }
 
 /// Whether `file` starts as a compressed file does (its position moves:
-/// it is mapped or read again by name after).
+/// it is mapped or read again from its start after).
 fn is_compressed(mut file: &std::fs::File) -> bool {
     use std::io::Read;
     let mut head = [0u8; 6];

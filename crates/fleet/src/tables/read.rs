@@ -2,7 +2,6 @@
 //! against its schema, a batch's rows as the fleet's rows, and one
 //! process's rows put together.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -42,7 +41,7 @@ impl Batches {
     /// Opens table `name` in `dir`, to be checked against `schema`.
     pub(super) fn open(dir: &Path, name: &str, schema: SchemaRef) -> Result<Batches, TableError> {
         let path = dir.join(name);
-        let file = File::open(&path).map_err(|e| file_error(&path, e))?;
+        let file = snapdiff_format::open_regular(&path).map_err(|e| file_error(&path, e))?;
         let not_parquet =
             |e| file_error(&path, format!("not a Parquet file snapdiff can read: {e}"));
         let plain =

@@ -274,11 +274,21 @@ pub(crate) fn with_paths_from(
     };
     let mut list = Vec::new();
     let read = if from == Path::new("-") {
-        std::io::stdin().lock().read_to_end(&mut list)
+        std::io::stdin()
+            .lock()
+            .take(MAX_PATHS_BYTES)
+            .read_to_end(&mut list)
     } else {
-        std::fs::File::open(from).and_then(|mut f| f.read_to_end(&mut list))
+        open_list(from).and_then(|f| f.take(MAX_PATHS_BYTES).read_to_end(&mut list))
     };
     read.map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", crate::output::shown(from)))?;
+    if list.len() as u64 >= MAX_PATHS_BYTES {
+        anyhow::bail!(
+            "{}: cannot read: a list of paths of {} or more",
+            crate::output::shown(from),
+            snapdiff_format::units::format_size(MAX_PATHS_BYTES)
+        );
+    }
     let separator = if list.contains(&0) { 0 } else { b'\n' };
     for entry in list.split(|&b| b == separator) {
         let entry = if separator == b'\n' {
@@ -297,6 +307,20 @@ pub(crate) fn with_paths_from(
 }
 
 /// A path from the bytes of its name.
+/// The most `--paths-from` reads: 10 million paths of 100 bytes.
+const MAX_PATHS_BYTES: u64 = 1 << 30;
+
+/// Opens the list `--paths-from` names: a regular file, or a pipe (as
+/// `<(find ...)` gives), never a device.
+fn open_list(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = std::fs::metadata(path)?.file_type();
+    if kind.is_fifo() {
+        return std::fs::File::open(path);
+    }
+    snapdiff_format::open_regular(path)
+}
+
 fn path_of_bytes(bytes: &[u8]) -> PathBuf {
     #[cfg(unix)]
     {
