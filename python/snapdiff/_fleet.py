@@ -370,7 +370,7 @@ def _export(files):
             # kept (and its manifest and owners), so that ranks are told,
             # and blocks' owners named, as at home.
             fs, _ = pafs.FileSystem.from_uri(prefix + path + query)
-            folder = os.path.join(work, "in", os.path.dirname(path).lstrip("/"))
+            folder = _local_folder(os.path.join(work, "in"), os.path.dirname(path))
             os.makedirs(folder, exist_ok=True)
             owners = os.path.splitext(os.path.basename(path))[0] + ".owners.json"
             for name in (os.path.basename(path), "manifest.jsonl", owners):
@@ -395,6 +395,18 @@ def _export(files):
         return tables, said
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _local_folder(under, remote):
+    """The folder under `under` standing for the remote folder `remote`
+    (an object store's key prefix, which may hold `..`, `.` or empty
+    parts): its parts kept as names, so that two remote folders are two
+    local ones, and never a folder outside `under`."""
+    parts = [
+        part.replace("%", "%25") if part not in ("", ".", "..") else f"%{len(part)}"
+        for part in remote.split("/")
+    ]
+    return os.path.join(under, *parts)
 
 
 def _this_node():

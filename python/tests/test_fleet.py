@@ -487,3 +487,22 @@ def test_memory_growing_outside_the_recorded_sites_is_in_the_fleets_result(tmp_p
         check=True, capture_output=True,
     )
     assert snapdiff.fleet(steady).outside == []
+
+
+def test_object_keys_with_dots_make_folders_only_inside_the_tasks_own():
+    """An object store's key may hold `..`: the Ray task copied
+    `runs/../../../../tmp/x/rank0.pickle` to a folder outside its
+    temporary one. Every key's folder now lies inside it, and two keys'
+    folders stay apart."""
+    from snapdiff._fleet import _local_folder
+
+    under = "/work/in"
+    remotes = [
+        "runs/job", "/runs/job", "runs//job", "runs/./job", "runs/../job",
+        "../../../../tmp/x", "..", "/..", "runs/%2/job", "runs/%25/job",
+    ]
+    folders = [_local_folder(under, r) for r in remotes]
+    for remote, folder in zip(remotes, folders):
+        assert os.path.normpath(folder).startswith(under + "/"), (remote, folder)
+        assert ".." not in folder.split("/"), (remote, folder)
+    assert len(set(folders)) == len(remotes), folders

@@ -66,7 +66,8 @@ pub(crate) fn entries(path: &Path, from: u64) -> Vec<Entry> {
 
 /// The entries in the whole lines of the manifest at `path` after its
 /// first `from` bytes, and where the last whole line ends: a line being
-/// appended is left for the next read.
+/// appended is left for the next read, unless it is longer than a manifest
+/// may be (no entry: passed over, so that it is not read again).
 pub(crate) fn new_entries(path: &Path, from: u64) -> (Vec<Entry>, u64) {
     use std::io::{Read, Seek};
     let mut text = Vec::new();
@@ -78,7 +79,12 @@ pub(crate) fn new_entries(path: &Path, from: u64) -> (Vec<Entry>, u64) {
         return (Vec::new(), from);
     }
     let Some(end) = text.iter().rposition(|&b| b == b'\n') else {
-        return (Vec::new(), from);
+        let past = if text.len() as u64 >= MAX_BYTES {
+            MAX_BYTES
+        } else {
+            0
+        };
+        return (Vec::new(), from + past);
     };
     let entries = String::from_utf8_lossy(&text[..end])
         .lines()
@@ -190,5 +196,28 @@ fn add_outside(entry: &Entry, extra: &mut Extra) {
             .strip_prefix("cuda:")
             .and_then(|n| n.parse::<u32>().ok());
         put(DEVICE_KEY, Value::Int(ordinal.unwrap_or(0).into()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_longer_than_a_manifest_may_be_is_passed_over_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("manifest.jsonl");
+        let mut text = vec![b'x'; MAX_BYTES as usize + 10];
+        text.extend_from_slice(b"\n{\"file\": \"a.pickle\", \"pid\": 7}\n{\"file\": \"b");
+        std::fs::write(&path, &text).unwrap();
+        let (entries, to) = new_entries(&path, 0);
+        assert!(entries.is_empty());
+        assert_eq!(to, MAX_BYTES);
+        // The rest of the long line, then one whole entry; the entry
+        // being written is left for later.
+        let (entries, to) = new_entries(&path, to);
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].file.as_deref(), Some("a.pickle"));
+        assert_eq!(to as usize, text.len() - b"{\"file\": \"b".len());
     }
 }

@@ -46,6 +46,8 @@ struct Waiting {
 #[derive(Default)]
 struct Manifest {
     read_to: u64,
+    /// The file's length when last read: unchanged, it is not read again.
+    seen_len: u64,
     entries: HashMap<String, Entry>,
 }
 
@@ -290,9 +292,13 @@ impl Follower {
         let Some(len) = std::fs::metadata(&path).ok().map(|m| m.len()) else {
             return;
         };
-        if len == manifest.read_to {
-            return;
+        if len == manifest.seen_len {
+            return; // nothing new, or only more of a line being written
         }
+        if len < manifest.read_to {
+            manifest.read_to = 0; // a new manifest in the old one's place
+        }
+        manifest.seen_len = len;
         let (entries, read_to) = manifest::new_entries(&path, manifest.read_to);
         manifest.read_to = read_to;
         for entry in entries {
