@@ -584,6 +584,20 @@ fn what_holds_no_dumps_is_refused_or_says_no_verdict_never_an_all_clear() {
         "{stderr}"
     );
     assert!(!stdout.contains("steady"), "{stdout}");
+    // A path that does not exist (yet, or a typo) is waited for, saying so.
+    let typo = dir.path().join("typo");
+    let mut watch = Running::start(
+        ["watch".as_ref(), typo.as_os_str()]
+            .map(std::ffi::OsStr::to_owned)
+            .to_vec(),
+    );
+    wait_until("the missing path said", || {
+        watch
+            .stderr()
+            .contains("typo: does not exist yet; waiting for it")
+    });
+    watch.child.kill().unwrap();
+    watch.child.wait().unwrap();
 }
 
 /// The process's value of a `/proc/PID/status` field (`Threads`, `VmHWM`

@@ -44,6 +44,12 @@ pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
     refuse_what_is_not_dumps(&args.paths)?;
+    for path in args.paths.iter().filter(|p| !p.exists()) {
+        eprintln!(
+            "snapdiff: {}: does not exist yet; waiting for it (Ctrl-C for the verdict so far)",
+            crate::output::shown(path)
+        );
+    }
     let mut watcher = Watcher::new(&args.paths, &args.live, &args.report, trend, Say::Stdout)?;
     let failed_fast = watcher.follow(&args.live, &stop, || false)?;
     let (fleet, verdicts) = watcher.finish();
