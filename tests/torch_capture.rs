@@ -1577,3 +1577,176 @@ fn the_librarys_trend_files_judges_as_the_command_does() {
     let all = snapdiff::trend(&snapshots, &snapdiff::TrendOptions::default());
     assert_eq!(all.checkpoints, files.len());
 }
+
+#[test]
+fn two_jobs_writing_one_folder_under_one_name_at_once_are_each_judged_alone() {
+    if !torch_ready() {
+        return;
+    }
+    // Both as RANK=0 into one folder at the same time, their dumps
+    // interleaved: one leaks, one is steady. Before, the leaking job's own
+    // capture said nothing grew and `--max-growth` passed.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    // A dump another machine's capture is writing into the shared folder
+    // (its process id is none here): never removed by this one.
+    let mut exited = Command::new("true").spawn().unwrap();
+    exited.wait().unwrap();
+    let theirs = out.join(format!(
+        ".rank0-step4.0a1b2c3d.feedbeef.{}.tmp",
+        exited.id()
+    ));
+    std::fs::write(&theirs, b"half a dump").unwrap();
+    let job = |leak: bool| {
+        let mut script = vec!["--steps", "40", "--step-seconds", "0.05"];
+        if leak {
+            script.extend(["--leak", "cache-dict"]);
+        }
+        Command::new(SNAPDIFF)
+            .args(capture_args(
+                &out,
+                &["--every", "2", "--max-growth", "64KiB"],
+                &script,
+            ))
+            .env("RANK", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (leaking, steady) = (job(true), job(false));
+    let (leaking, steady) = (wait_bounded(leaking), wait_bounded(steady));
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let line = format!("torch_train.py:{}", leak_line("cache-dict"));
+    assert_eq!(leaking.status.code(), Some(1), "{}", text(&leaking));
+    assert!(text(&leaking).contains(&line), "{}", text(&leaking));
+    assert_eq!(steady.status.code(), Some(0), "{}", text(&steady));
+    assert!(!text(&steady).contains(&line), "{}", text(&steady));
+    assert!(theirs.exists(), "another machine's dump was removed");
+
+    // fleet judges them apart, each under a name that tells it.
+    let o = out.to_str().unwrap();
+    let run = snapdiff(["fleet", "--json", "--max-growth", "64KiB", o]);
+    run.expect_code(1);
+    let fleet = run.json();
+    assert_eq!(fleet["processes"], 2, "{fleet:#}");
+    assert_eq!(fleet["leaking"], 1, "{fleet:#}");
+    let leak = &fleet["leaks"][0];
+    assert_eq!(leak["site"]["culprit"]["line"], leak_line("cache-dict"));
+    let name = leak["members"][0]["process"].as_str().unwrap();
+    assert!(name.starts_with("rank0@pid"), "{leak:#}");
+    assert_eq!(leak["members"][0]["rank"], 0);
+    let notes = fleet["notes"].to_string();
+    assert!(
+        notes.contains("ran at the same time under one name"),
+        "{notes}"
+    );
+}
+
+#[test]
+fn a_job_that_imports_torch_off_the_main_thread_still_names_its_leaking_line() {
+    if !torch_ready() {
+        return;
+    }
+    // torch imported by a helper thread, the training on the main one:
+    // the recorder's stacks were the helper's (gone), so no line was named.
+    let dir = tempdir();
+    let script = dir.path().join("off_main.py");
+    std::fs::write(
+        &script,
+        "import threading, time\n\
+         loaded = {}\n\
+         thread = threading.Thread(target=lambda: loaded.update(torch=__import__('torch')))\n\
+         thread.start(); thread.join()\n\
+         torch = loaded['torch']\n\
+         kept = []\n\
+         for step in range(60):\n\
+         \x20   scratch = torch.ones(1024)\n\
+         \x20   kept.append(torch.ones(2048))  # the leak\n\
+         \x20   time.sleep(0.03)\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run = snapdiff([
+        "capture".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--interval".as_ref(),
+        "0.2s".as_ref(),
+        "--".as_ref(),
+        "python3".as_ref(),
+        script.as_os_str(),
+    ] as [&std::ffi::OsStr; 8]);
+    run.expect_code(0);
+    assert!(
+        run.stdout().contains("off_main.py:9"),
+        "{}\n{}",
+        run.stdout(),
+        run.stderr()
+    );
+    assert!(
+        run.stderr()
+            .contains("torch was first imported off the main thread"),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn a_job_that_replaces_the_cpu_allocator_gets_no_all_clear() {
+    if !torch_ready() {
+        return;
+    }
+    // At step 10 the job makes PyTorch's default allocator the CPU one
+    // again, as a job installing an allocator of its own does: the
+    // recorder sees nothing more, and the 1 MiB a step after it is in no
+    // dump. Before, capture said nothing grew and --max-growth passed.
+    let dir = tempdir();
+    let script = dir.path().join("own_allocator.py");
+    std::fs::write(
+        &script,
+        "import ctypes, os, time, torch\n\
+         c10 = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), 'lib', 'libc10.so'))\n\
+         default = ctypes.CFUNCTYPE(ctypes.c_void_p)(('_ZN3c1022GetDefaultCPUAllocatorEv', c10))\n\
+         set_allocator = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint8)(\n\
+         \x20   ('_ZN3c1015SetCPUAllocatorEPNS_9AllocatorEh', c10))\n\
+         kept = []\n\
+         for step in range(60):\n\
+         \x20   if step == 10:\n\
+         \x20       set_allocator(default(), 0)\n\
+         \x20   kept.append(torch.ones(1 << 18))\n\
+         \x20   time.sleep(0.03)\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run = snapdiff([
+        "capture".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--interval".as_ref(),
+        "0.2s".as_ref(),
+        "--max-growth".as_ref(),
+        "1MiB".as_ref(),
+        "--".as_ref(),
+        "python3".as_ref(),
+        script.as_os_str(),
+    ] as [&std::ffi::OsStr; 10]);
+    run.expect_code(2);
+    assert!(
+        run.stdout().contains("recording stopped") && run.stdout().contains("c10::SetCPUAllocator"),
+        "{}",
+        run.stdout()
+    );
+    assert!(
+        run.stderr().contains("no verdict (--max-growth)"),
+        "{}",
+        run.stderr()
+    );
+}

@@ -301,6 +301,19 @@ fn watch_of_eight_gloo_ranks_raises_one_alert_naming_the_leaking_rank() {
         .map(std::ffi::OsStr::to_owned)
         .to_vec(),
     );
+    // And a second one, as JSON lines: its changes, then the verdict.
+    let as_json = Running::start(
+        [
+            "watch".as_ref(),
+            out.as_os_str(),
+            "--json".as_ref(),
+            "--poll".as_ref(),
+            "300ms".as_ref(),
+            "--no-status".as_ref(),
+        ]
+        .map(std::ffi::OsStr::to_owned)
+        .to_vec(),
+    );
     let job = Running::start(capture_args(
         &out,
         &["--every", "2", "--no-report"],
@@ -342,16 +355,9 @@ fn watch_of_eight_gloo_ranks_raises_one_alert_naming_the_leaking_rank() {
         stdout.contains("8 ranks read from ") && stdout.contains(": 7 steady, 1 leaking"),
         "{stdout}"
     );
-    // Watching the ended job again, as JSON lines: its changes, then the verdict.
-    let run = crate::util::snapdiff([
-        "watch".as_ref(),
-        out.as_os_str(),
-        "--json".as_ref(),
-        "--no-status".as_ref(),
-    ] as [&std::ffi::OsStr; 4]);
-    run.expect_code(0);
-    let lines: Vec<Value> = run
-        .stdout()
+    let (code, stdout, stderr) = as_json.finish();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let lines: Vec<Value> = stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -680,4 +686,54 @@ fn a_thousand_idle_connections_and_a_1_gib_request_line_cannot_harm_the_job() {
     drop(idle);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(std::fs::read_to_string(&progress).unwrap().trim(), "40");
+}
+
+#[test]
+fn watch_of_a_folder_used_again_follows_the_new_run_not_the_old_verdict() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    // The folder's first run: steady, and ended.
+    crate::torch_capture::capture(&out, &["--every", "2", "--no-report"], &["--steps", "20"])
+        .expect_code(0);
+    let mut watch = Running::start(
+        [
+            "watch".as_ref(),
+            out.as_os_str(),
+            "--poll".as_ref(),
+            "200ms".as_ref(),
+            "--no-status".as_ref(),
+        ]
+        .map(std::ffi::OsStr::to_owned)
+        .to_vec(),
+    );
+    // Before, the watch ended here at once with the old run's "0 leaking".
+    wait_until("the old run passed over", || {
+        watch
+            .stderr()
+            .contains("that had ended before the watch began")
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        watch.child.try_wait().unwrap().is_none(),
+        "{}",
+        watch.stderr()
+    );
+    // The new run leaks; the watch follows it to its end.
+    crate::torch_capture::capture(
+        &out,
+        &["--every", "2", "--no-report"],
+        &["--steps", "30", "--leak", "cache-dict"],
+    )
+    .expect_code(0);
+    let (code, stdout, stderr) = watch.finish();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let line = format!("torch_train.py:{}", leak_line("cache-dict"));
+    assert!(
+        stdout.contains(" leaks at ") && stdout.contains(&line),
+        "{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("1 leaking"), "{stdout}");
 }

@@ -410,6 +410,21 @@ def test_a_step_the_search_saw_keeps_nothing_once_it_returns():
             gc.enable()
 
 
+def test_a_tensor_held_in_a_numpy_object_array_is_held_path_unknown_not_cpp():
+    """A numpy array of objects hides what it holds from the collector:
+    the search cannot find the path, and must not say C++ code holds it."""
+    torch = pytest.importorskip("torch")
+    numpy = pytest.importorskip("numpy")
+    from snapdiff.hook import snapdiff_owners
+
+    held = numpy.empty(1, dtype=object)
+    held[0] = torch.ones(1 << 12)
+    found = snapdiff_owners.find(torch, _blocks(held[0]))
+    [owner] = found["blocks"].values()
+    assert owner["owner"].startswith("held, path unknown"), owner
+    assert "C++ code (no Python object" not in owner["owner"]
+
+
 class _Calls:
     """Counts the job's code the search runs: it must run none."""
 

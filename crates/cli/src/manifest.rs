@@ -45,6 +45,11 @@ pub(crate) struct Entry {
     pub(crate) device: Option<String>,
     /// The machine the process ran on.
     pub(crate) host: Option<String>,
+    /// The run of `snapdiff capture` it was part of.
+    pub(crate) run: Option<String>,
+    /// Why the recording had stopped by this dump (the job replaced the
+    /// allocator the recorder wraps), when it had.
+    pub(crate) stopped: Option<String>,
     /// The process's resident memory when the dump was taken.
     pub(crate) rss_bytes: Option<u64>,
     /// Bytes in use on the device then, by every user of it.
@@ -158,6 +163,15 @@ pub(crate) fn apply(entry: &Entry, snap: &mut Snapshot) -> Option<String> {
     meta.pid = meta.pid.or(entry.pid);
     if meta.host.is_none() {
         meta.host.clone_from(&entry.host);
+    }
+    if meta.run_id.is_none()
+        && let Some(run) = &entry.run
+    {
+        // Capture's run is every process's of the job: with the process.
+        meta.run_id = Some(match entry.pid {
+            Some(pid) => format!("{run}-{pid}"),
+            None => run.clone(),
+        });
     }
     if meta.label.is_none() {
         meta.label = match (entry.rank, &entry.reason) {

@@ -25,6 +25,7 @@
 #![warn(unreachable_pub)]
 
 mod rows;
+mod runs;
 mod stacks;
 mod tables;
 mod tally;
@@ -32,6 +33,7 @@ mod verdict;
 mod watch;
 
 pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
+pub use crate::runs::{Run, names_apart, overlap};
 pub use crate::stacks::{StackStore, Stacks};
 pub use crate::tables::{TABLE_FILES, TableError, TableWriter, is_table_folder, read_tables};
 pub use crate::tally::{FleetTally, Rows};
@@ -40,4 +42,4 @@ pub use crate::verdict::{
     MemberExcess, MemberGrowth, MemberRow, ProcessVerdict, Unreadable, Verdict, fleet_verdict,
     judge,
 };
-pub use crate::watch::{Change, ChangeKind, DEFAULT_KEEP_CHECKPOINTS, Run, Watch};
+pub use crate::watch::{Change, ChangeKind, DEFAULT_KEEP_CHECKPOINTS, Watch};

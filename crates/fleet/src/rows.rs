@@ -178,7 +178,9 @@ pub struct ProcessRows {
 
 /// The rank a process name gives: 7 for `rank7`.
 pub fn rank_of(process: &str) -> Option<u32> {
-    process.strip_prefix("rank")?.parse().ok()
+    // `rank7@pid812`: rank 7, one of two runs at once (see `runs`).
+    let name = process.split_once('@').map_or(process, |(name, _)| name);
+    name.strip_prefix("rank")?.parse().ok()
 }
 
 impl ProcessRows {

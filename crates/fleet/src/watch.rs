@@ -2,12 +2,13 @@
 //! at a time, and each dump re-judges its own process only, so the verdict
 //! is current after every dump without reading a file twice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 use snapdiff_analyze::{HeldBy, Suspect, TrendOptions};
 
 use crate::rows::{ProcessRows, rank_of};
+use crate::runs::{Run, names_apart};
 use crate::stacks::StackStore;
 use crate::verdict::{Fleet, FleetOptions, ProcessVerdict, Unreadable, fleet_verdict, judge};
 
@@ -15,11 +16,6 @@ use crate::verdict::{Fleet, FleetOptions, ProcessVerdict, Unreadable, fleet_verd
 /// its older checkpoints is dropped (see [`ProcessRows::thin`]), so that a
 /// week-long job is followed in the memory of its first hours.
 pub const DEFAULT_KEEP_CHECKPOINTS: usize = 512;
-
-/// Which run of a process a dump is from: the process id and machine that
-/// wrote it, where known. A new run under the same name (a restarted
-/// rank) starts the process's series afresh.
-pub type Run = (Option<u32>, Option<String>);
 
 /// A line of code that started or stopped leaking on one device of one
 /// process, at the dump just added.
@@ -75,7 +71,16 @@ struct Followed {
 /// Every process of a job followed so far, judged as `fleet` judges them.
 pub struct Watch {
     stacks: StackStore,
+    /// By the name judged: the process's, or one that tells a run apart.
     processes: BTreeMap<String, Followed>,
+    /// Runs followed apart (another run of their name ran at the same
+    /// time): (process name, run) -> the name they are judged under.
+    apart: HashMap<(String, Run), String>,
+    /// Runs known to have ended: (process id, machine).
+    ended: HashSet<(Option<u32>, Option<String>)>,
+    /// Runs left behind for a newer run of their name: their late dumps
+    /// are passed over.
+    left: HashSet<(String, Run)>,
     options: FleetOptions,
     keep: usize,
     notes: Vec<String>,
@@ -90,6 +95,9 @@ impl Watch {
         Watch {
             stacks: StackStore::new(),
             processes: BTreeMap::new(),
+            apart: HashMap::new(),
+            ended: HashSet::new(),
+            left: HashSet::new(),
             options: FleetOptions { trend: options },
             keep: keep.max(16),
             notes: Vec::new(),
@@ -104,37 +112,83 @@ impl Watch {
         &self.stacks
     }
 
+    /// Notes that the run of process `pid` on `host` ended (its exit dump
+    /// was written, or it no longer runs): a later run under its name
+    /// replaces it instead of being followed beside it.
+    pub fn run_ended(&mut self, pid: Option<u32>, host: Option<String>) {
+        self.ended.insert((pid, host));
+    }
+
     /// Adds `dump`, the rows of one dump of one process (`bytes` long on
     /// disk), from `run`, re-judges that process, and says which of its
-    /// lines started or stopped leaking. A dump of an earlier run than the
-    /// one followed is passed over; one of a later run starts the
-    /// process's series afresh, with a note.
-    pub fn add(&mut self, dump: ProcessRows, run: Run, bytes: u64) -> Vec<Change> {
+    /// lines started or stopped leaking. Of runs under one name, one that
+    /// began after the followed one ended replaces it, with a note (a late
+    /// dump of the run left behind is passed over); two that run at once
+    /// are followed apart, each under a name that tells it.
+    pub fn add(&mut self, mut dump: ProcessRows, run: Run, bytes: u64) -> Vec<Change> {
         self.dumps += 1;
         self.bytes = self.bytes.saturating_add(bytes);
-        let name = dump.process.clone();
-        let followed = match self.processes.remove(&name) {
-            Some(f) if f.run == run => Some(f),
-            Some(f) if later(&f.rows) > later(&dump) => {
-                self.processes.insert(name, f);
-                return Vec::new(); // a late file of a run already left behind
-            }
-            Some(f) => {
+        let process = dump.process.clone();
+        let key = (process, run);
+        if self.left.contains(&key) {
+            return Vec::new(); // a late file of a run already left behind
+        }
+        if let Some(name) = self.apart.get(&key) {
+            dump.process.clone_from(name);
+            let name = name.clone();
+            return match self.processes.remove(&name) {
+                Some(followed) => self.append(name, followed, dump),
+                None => self.start(name, dump, key.1),
+            };
+        }
+        let (process, run) = key;
+        match self.processes.remove(&process) {
+            None => self.start(process, dump, run),
+            Some(f) if f.run == run => self.append(process, f, dump),
+            Some(f) if self.ended.contains(&(f.run.pid, f.run.host.clone())) => {
                 self.notes.push(format!(
-                    "{name}: a new run began ({}); the earlier one is left out",
-                    describe_run(&run)
+                    "{process}: a new run began ({}); the earlier one is left out",
+                    run.describe()
                 ));
                 let mut stopped = Vec::new();
-                changes(&f.verdict, &empty_verdict(&name), &f.run, &mut stopped);
-                let mut fresh = self.start(name, dump, run);
+                changes(&f.verdict, &empty_verdict(&process), &f.run, &mut stopped);
+                self.left.insert((process.clone(), f.run));
+                let mut fresh = self.start(process, dump, run);
                 stopped.append(&mut fresh);
-                return stopped;
+                stopped
             }
-            None => None,
-        };
-        let Some(mut followed) = followed else {
-            return self.start(name, dump, run);
-        };
+            Some(f) => {
+                // Both run: each is followed apart from now on.
+                let names = names_apart(&process, &[&f.run, &run]);
+                self.notes.push(format!(
+                    "{process} ran twice at once ({} and {}): each is judged on its own \
+                     dumps, as {} and {}",
+                    f.run.describe(),
+                    run.describe(),
+                    names[0],
+                    names[1]
+                ));
+                let mut said = Vec::new();
+                changes(&f.verdict, &empty_verdict(&process), &f.run, &mut said);
+                let Followed {
+                    run: first,
+                    mut rows,
+                    ..
+                } = f;
+                rows.process.clone_from(&names[0]);
+                said.extend(self.start(names[0].clone(), rows, first.clone()));
+                dump.process.clone_from(&names[1]);
+                said.extend(self.start(names[1].clone(), dump, run.clone()));
+                let [one, two] = [names[0].clone(), names[1].clone()];
+                self.apart.insert((process.clone(), first), one);
+                self.apart.insert((process, run), two);
+                said
+            }
+        }
+    }
+
+    /// Adds `dump` to `followed`, known as `name`, and re-judges it.
+    fn append(&mut self, name: String, mut followed: Followed, dump: ProcessRows) -> Vec<Change> {
         followed.rows.append(dump);
         followed.rows.put_in_order();
         followed.rows.thin(self.keep);
@@ -191,24 +245,6 @@ impl Watch {
     }
 }
 
-/// The latest time, else step, of a process's checkpoints.
-fn later(rows: &ProcessRows) -> (Option<i64>, Option<u64>) {
-    let checkpoints = rows.devices.iter().flat_map(|d| &d.checkpoints);
-    (
-        checkpoints.clone().filter_map(|c| c.time_us).max(),
-        checkpoints.filter_map(|c| c.step).max(),
-    )
-}
-
-fn describe_run(run: &Run) -> String {
-    match run {
-        (Some(pid), Some(host)) => format!("process {pid} on {host}"),
-        (Some(pid), None) => format!("process {pid}"),
-        (None, Some(host)) => format!("on {host}"),
-        (None, None) => "another process".to_owned(),
-    }
-}
-
 fn empty_verdict(name: &str) -> ProcessVerdict {
     ProcessVerdict {
         process: name.to_owned(),
@@ -247,8 +283,8 @@ fn changes(before: &ProcessVerdict, now: &ProcessVerdict, run: &Run, out: &mut V
         event,
         process: now.process.clone(),
         rank: rank_of(&now.process),
-        pid: run.0,
-        host: run.1.clone(),
+        pid: run.pid,
+        host: run.host.clone(),
         device: *device,
         step,
         line: line.clone(),
@@ -308,7 +344,7 @@ mod tests {
     #[test]
     fn a_line_is_said_once_when_it_starts_leaking_and_once_when_it_stops() {
         let mut watch = Watch::new(TrendOptions::default(), DEFAULT_KEEP_CHECKPOINTS);
-        let run = (Some(1), Some("node".to_owned()));
+        let run = run(Some(1), Some("node"));
         let mut said = Vec::new();
         for step in 1..=10 {
             for change in watch.add(dump("rank3", step, step << 20), run.clone(), 0) {
@@ -330,14 +366,24 @@ mod tests {
         assert_eq!(watch.fleet(Vec::new()).leaking, 0);
     }
 
+    fn run(pid: Option<u32>, host: Option<&str>) -> Run {
+        Run {
+            pid,
+            host: host.map(str::to_owned),
+            id: None,
+        }
+    }
+
     #[test]
-    fn a_new_run_starts_afresh_and_a_late_file_of_the_old_one_is_passed_over() {
+    fn a_new_run_after_the_old_one_ended_starts_afresh_and_a_late_file_of_the_old_one_is_passed_over()
+     {
         let mut watch = Watch::new(TrendOptions::default(), DEFAULT_KEEP_CHECKPOINTS);
-        let (old, new) = ((Some(1), None), (Some(2), None));
+        let (old, new) = (run(Some(1), None), run(Some(2), None));
         for step in 1..=8 {
             watch.add(dump("rank0", step, step << 20), old.clone(), 0);
         }
         assert_eq!(watch.fleet(Vec::new()).leaking, 1);
+        watch.run_ended(Some(1), None);
         // The restarted rank: its first dump ends the old run's suspect.
         let changes = watch.add(dump("rank0", 100, 1 << 20), new.clone(), 0);
         assert_eq!(changes.len(), 1);
@@ -353,11 +399,54 @@ mod tests {
     }
 
     #[test]
+    fn two_runs_of_one_name_at_once_are_each_judged_alone() {
+        // Two jobs write one folder as rank0: one leaks, one is steady,
+        // their dumps interleaved.
+        let mut watch = Watch::new(TrendOptions::default(), DEFAULT_KEEP_CHECKPOINTS);
+        let (leaking, steady) = (run(Some(10), Some("n")), run(Some(20), Some("n")));
+        let mut said = Vec::new();
+        for step in 1..=12 {
+            said.extend(watch.add(dump("rank0", step, step << 20), leaking.clone(), 0));
+            said.extend(watch.add(dump("rank0", step, 4 << 20), steady.clone(), 0));
+        }
+        let fleet = watch.fleet(Vec::new());
+        let names: Vec<&str> = fleet
+            .members
+            .iter()
+            .map(|m| m.member.process.as_str())
+            .collect();
+        assert_eq!(names, ["rank0@pid10", "rank0@pid20"]);
+        assert_eq!(fleet.leaking, 1);
+        assert_eq!(fleet.members[0].suspects.len(), 1);
+        assert!(fleet.members[1].suspects.is_empty());
+        assert_eq!(fleet.members[0].checkpoints.len(), 12);
+        assert!(
+            fleet
+                .notes
+                .iter()
+                .any(|n| n.contains("rank0 ran twice at once")),
+            "{:?}",
+            fleet.notes
+        );
+        let leaks: Vec<_> = said
+            .iter()
+            .filter(|c| c.event == ChangeKind::Leaks)
+            .collect();
+        assert!(
+            leaks
+                .iter()
+                .all(|c| c.process == "rank0@pid10" && c.rank == Some(0)),
+            "{leaks:?}"
+        );
+        assert!(!leaks.is_empty());
+    }
+
+    #[test]
     fn a_long_run_keeps_at_most_its_bound_of_checkpoints_and_still_finds_its_leak() {
         let keep = 64;
         let mut watch = Watch::new(TrendOptions::default(), keep);
         for step in 1..=5_000 {
-            watch.add(dump("rank0", step, step << 10), (None, None), 0);
+            watch.add(dump("rank0", step, step << 10), Run::default(), 0);
         }
         let fleet = watch.fleet(Vec::new());
         let kept = &fleet.members[0].checkpoints;

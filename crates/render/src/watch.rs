@@ -261,7 +261,7 @@ fn gauge(bytes: u64) -> i64 {
 
 /// A run as a label: `812@node3`, `812`, or "" when unknown.
 fn run_label(run: &Run) -> String {
-    match run {
+    match (run.pid, &run.host) {
         (Some(pid), Some(host)) => format!("{pid}@{host}"),
         (Some(pid), None) => pid.to_string(),
         (None, Some(host)) => host.clone(),

@@ -58,6 +58,11 @@ class Settings:
 
     def __init__(self, environ):
         self.dir = environ["SNAPDIFF_DIR"]
+        # The capture this process runs under: in every manifest line and
+        # temporary file name, so that two jobs writing one folder under
+        # one name are told apart, and capture removes only its own files.
+        run = environ.get("SNAPDIFF_RUN") or ""
+        self.run = run if run.isalnum() else None
         self.every = int(environ.get("SNAPDIFF_EVERY_STEPS") or 0)
         # The file through which `snapdiff capture` asks for dumps; see
         # Capture.watch_requests.
@@ -163,7 +168,10 @@ class Capture(Signals, Dumping):
         SIGTERM, where the job keeps its default action, is served by
         `on_terminate`. Undone by `uninstall`."""
         if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("torch was first imported off the main thread")
+            raise RuntimeError(
+                "torch was first imported off the main thread, where Python allows no "
+                "signal handler; dumps asked by snapdiff capture still come"
+            )
         usr1 = signal.getsignal(signal.SIGUSR1)
 
         def on_usr1(signum, frame):
@@ -236,6 +244,14 @@ class Capture(Signals, Dumping):
             self.cpu.start()
             self.recording = True
             warn("torch sees no CUDA device; recording CPU tensors with snapdiff's CPU recorder")
+            off_main = threading.current_thread() is not threading.main_thread()
+            if off_main and self.settings.stacks and hasattr(self.cpu, "follow_main_thread"):
+                # The job trains on its main thread: its stacks are the ones to name.
+                self.cpu.follow_main_thread()
+                warn(
+                    "torch was first imported off the main thread: CPU tensors' stacks are "
+                    "the main thread's"
+                )
 
     def start_cuda(self):
         if self.waiting_for_step or self.stopped:

@@ -891,6 +891,31 @@ int snapdiff_cpu_start(size_t max_events, int stacks) {
   return 0;
 }
 
+// Has the main thread's stack recorded from now on instead of the calling
+// thread's: the main thread takes it over the next time it runs Python
+// code (a pending call, which CPython runs on the main thread). For a
+// job that imported torch on another thread and trains on the main one.
+int take_over_stacks(void*) {
+  if (state->recording.load() && state->stacks_on.load()) {
+    state->recording_thread = static_cast<unsigned long>(pthread_self());
+    follow_this_thread();
+  }
+  return 0;
+}
+
+void snapdiff_cpu_follow_main_thread() {
+  Py_AddPendingCall(take_over_stacks, nullptr);
+}
+
+// 1 when something else became PyTorch's CPU allocator while recording
+// (the job set its own): storages made since are not seen.
+int snapdiff_cpu_replaced() {
+  return recording_allocator != nullptr && state->recording.load() &&
+                 c10::GetCPUAllocator() != recording_allocator
+             ? 1
+             : 0;
+}
+
 // Stops recording and puts the wrapped allocator back. Storages made
 // while recording still come back through the wrapper's deleter.
 void snapdiff_cpu_stop() {

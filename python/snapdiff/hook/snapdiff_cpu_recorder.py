@@ -435,6 +435,8 @@ class AllocatorRecorder:
         self._lock = threading.Lock()  # two threads dumping at once
         self._failed = False
         self._stacks_lost_said = False
+        # Why recording stopped, once it did (said in each dump's manifest line).
+        self.stopped = None
         # Every storage has a plain one: nothing is skipped.
         self.tensors_skipped = 0
         self._forget()
@@ -459,6 +461,11 @@ class AllocatorRecorder:
     def stop(self):
         self._library.snapdiff_cpu_stop()
 
+    def follow_main_thread(self):
+        """Stacks are the main thread's from the next time it runs Python
+        code, not the thread's that started recording."""
+        self._library.snapdiff_cpu_follow_main_thread()
+
     def pause(self):
         """Records nothing more in this process (a forked child)."""
         self._library.snapdiff_cpu_pause()
@@ -466,6 +473,7 @@ class AllocatorRecorder:
     def _fail(self, why):
         if not self._failed:
             self._failed = True
+            self.stopped = why
             self._library.snapdiff_cpu_pause()
             self._warn(f"the CPU recorder stopped ({why}); the program goes on unrecorded")
 
@@ -492,6 +500,11 @@ class AllocatorRecorder:
         next write with the same). Returns the live blocks [(address,
         size)] when `blocks`, else None. Any thread."""
         with self._lock:
+            if self._library.snapdiff_cpu_replaced():
+                self._fail(
+                    "the job made another CPU allocator PyTorch's own (c10::SetCPUAllocator), "
+                    "which passes nothing on"
+                )
             if key is None or key != self._written_for:
                 self._written, self._written_for = [], key
             f.flush()
@@ -593,6 +606,8 @@ def _load(folder, name):
     library.snapdiff_cpu_write.argtypes = [ctypes.c_int, ctypes.py_object, ctypes.c_int]
     library.snapdiff_cpu_write.restype = ctypes.py_object
     library.snapdiff_cpu_stacks_lost.restype = ctypes.c_int
+    library.snapdiff_cpu_follow_main_thread.restype = None
+    library.snapdiff_cpu_replaced.restype = ctypes.c_int
     return library
 
 

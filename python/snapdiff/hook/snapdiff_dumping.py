@@ -69,9 +69,11 @@ class Dumping:
         who, rank = self.who()
         stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")
         folder = self.settings.dir
-        # Unique, so that nobody can plant it; the pid last, for capture's
-        # cleanup of a killed process's half-written dump.
-        temporary = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.{self.pid}.tmp")
+        # Unique, so that nobody can plant it; the capture's run and the pid
+        # last, for capture's cleanup of its own killed processes'
+        # half-written dumps.
+        run = getattr(self.settings, "run", None) or "-"
+        temporary = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.{run}.{self.pid}.tmp")
         measured = self.measure()
         try:
             blocks = self.write(temporary, blocks=getattr(self.settings, "owners", False))
@@ -96,6 +98,9 @@ class Dumping:
             entry["interval"] = round(widened, 3)
         if self.skipped:
             entry["skipped"] = self.skipped
+        stopped = getattr(getattr(self, "cpu", None), "stopped", None)
+        if stopped:
+            entry["stopped"] = stopped  # this dump and later ones record nothing new
         self.note(entry, rank, reason)
 
     def measure(self):
@@ -235,6 +240,8 @@ class Dumping:
             rank=rank, pid=self.pid, host=HOST, device=device, step=self.steps,
             time=round(time.time(), 6), reason=reason,
         )
+        if getattr(self.settings, "run", None):
+            entry["run"] = self.settings.run
         line = (json.dumps(entry) + "\n").encode()
         try:
             append(os.path.join(self.settings.dir, MANIFEST), line)

@@ -13,7 +13,8 @@ records is looked into last, usually never.
 A tensor saved for backward is reached through the autograd graph of a
 live tensor (its `grad_fn`, the nodes' `next_functions` and saved
 tensors). A tensor no root reaches is in a reference cycle (the garbage
-collector would free it) or held from outside Python (C++ code); a block
+collector would free it) or held where the search cannot see (C++ code, a
+numpy object array: "held, path unknown"); a block
 no tensor lies in is the allocator's or C++ code's.
 
 What it never does to the job: keep anything once it returns, run the
@@ -83,9 +84,13 @@ _CYCLE = {
     "container": None,
     "kind": "cycle",
 }
+# Something refers to the tensor that Python's objects do not show: C++
+# code, or a container that hides its references from the collector (a
+# numpy array of objects). Which one is not known, so it is not named.
+_HELD_UNSEEN = "held, path unknown (by C++ code, or a container that hides what it holds, such as a numpy object array)"
 _NATIVE = {
-    "owner": "C++ code (no Python object refers to it)",
-    "group": "C++ code (no Python object refers to it)",
+    "owner": _HELD_UNSEEN,
+    "group": _HELD_UNSEEN,
     "container": None,
     "kind": "native",
 }

@@ -52,14 +52,14 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
         .finish()?;
-    let runs_note = outcome.earlier_runs_note();
+    let run_notes = outcome.run_notes();
     let mut all_unreadable = unreadable;
     all_unreadable.extend(outcome.unreadable);
     all_unreadable.extend(found_unreadable);
     for u in &all_unreadable {
         eprintln!("snapdiff: {}", u.error);
     }
-    if let Some(note) = &runs_note {
+    for note in &run_notes {
         eprintln!("snapdiff: note: {note}");
     }
     if args.json {
@@ -67,7 +67,7 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
             "files": outcome.files,
             "bytes": outcome.bytes,
             "unreadable": all_unreadable,
-            "notes": runs_note.into_iter().collect::<Vec<_>>(),
+            "notes": run_notes,
         });
         println!("{said}");
     } else {

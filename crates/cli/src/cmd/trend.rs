@@ -213,54 +213,75 @@ fn read_all(files: &[PathBuf]) -> (Vec<(Read<'_>, String)>, bool) {
     (read, errored)
 }
 
-/// Snapshots grouped by the process that wrote them, each process's
-/// latest run only (see [`latest_run`]).
+/// Snapshots grouped by the process that wrote them, each process's runs
+/// to judge (see [`runs_to_judge`]).
 fn split_by_process(read: Vec<(Read<'_>, String)>) -> Vec<(String, Vec<Read<'_>>)> {
     crate::processes::group(read.into_iter().map(|(r, process)| (process, r)))
         .into_iter()
-        .map(|(process, reads)| (process, latest_run(reads)))
+        .flat_map(|(process, reads)| runs_to_judge(process, reads))
         .collect()
 }
 
-/// The snapshots of one process name's latest run: two runs of one job
-/// under one folder name their ranks alike, but another process id or
-/// machine wrote each (where the files or their manifest say), and the
-/// files of different runs are never one series. The run with the latest
-/// time (else step) is kept, and a note on it says the others were left.
-fn latest_run(reads: Vec<Read<'_>>) -> Vec<Read<'_>> {
-    let run_of = |r: &Read<'_>| (r.snapshot.meta.pid, r.snapshot.meta.host.clone());
-    let mut runs: Vec<(RunKey, Vec<Read<'_>>)> = Vec::new();
+/// The runs of one process name to judge, as `fleet` judges them (see
+/// [`snapdiff_fleet::Run`]): two runs of one job under one folder name
+/// their ranks alike, but another process id, machine or capture run
+/// wrote each, and the files of different runs are never one series. The
+/// run with the latest time (else step) is judged, with a note that the
+/// earlier ones were left; runs whose dumps span the same time as it are
+/// judged too, each under a name that tells it apart (`rank0@pid812`).
+fn runs_to_judge(process: String, reads: Vec<Read<'_>>) -> Vec<(String, Vec<Read<'_>>)> {
+    let mut runs: Vec<(snapdiff_fleet::Run, Vec<Read<'_>>)> = Vec::new();
     for r in reads {
-        let run = run_of(&r);
+        let run = snapdiff_fleet::Run::of(&r.snapshot.meta);
         match runs.iter_mut().find(|(k, _)| *k == run) {
             Some((_, members)) => members.push(r),
             None => runs.push((run, vec![r])),
         }
     }
-    let n = runs.len();
-    let last = |reads: &[Read<'_>]| {
-        let time = reads
+    let all = runs.len();
+    let times = |reads: &[Read<'_>]| -> Vec<i64> {
+        reads
             .iter()
             .filter_map(|r| r.snapshot.meta.created_us)
-            .max();
-        (
-            time,
-            reads.iter().filter_map(|r| r.snapshot.meta.step).max(),
-        )
+            .collect()
     };
-    let (_, (_, mut latest)) = runs
-        .into_iter()
-        .enumerate()
-        .max_by_key(|(i, (_, reads))| (last(reads), *i))
+    let span = |reads: &[Read<'_>]| {
+        let times = times(reads);
+        Some((*times.iter().min()?, *times.iter().max()?))
+    };
+    let last = |reads: &[Read<'_>]| {
+        let step = reads.iter().filter_map(|r| r.snapshot.meta.step).max();
+        (times(reads).into_iter().max(), step)
+    };
+    let latest = (0..all)
+        .max_by_key(|&i| (last(&runs[i].1), i))
         .expect("a process has files");
-    if n > 1 {
-        latest[0].earlier_runs = n - 1;
+    let latest_span = span(&runs[latest].1);
+    let mut i = 0;
+    runs.retain(|(_, reads)| {
+        i += 1;
+        i - 1 == latest
+            || latest_span
+                .zip(span(reads))
+                .is_some_and(|(a, b)| snapdiff_fleet::overlap(a, b))
+    });
+    let left_out = all - runs.len();
+    if left_out > 0 {
+        for (_, reads) in &mut runs {
+            reads[0].earlier_runs = left_out;
+        }
     }
-    latest
+    let names = if runs.len() > 1 {
+        let each: Vec<&snapdiff_fleet::Run> = runs.iter().map(|(run, _)| run).collect();
+        snapdiff_fleet::names_apart(&process, &each)
+    } else {
+        vec![process]
+    };
+    names
+        .into_iter()
+        .zip(runs.into_iter().map(|(_, reads)| reads))
+        .collect()
 }
-
-/// A run of a process: the process id and machine that wrote its files.
-type RunKey = (Option<u32>, Option<String>);
 
 /// Analyses the snapshots of one process with the analyzer's judge, the
 /// owners files beside them read when it asks; with its last snapshot in

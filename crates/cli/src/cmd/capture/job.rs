@@ -1,6 +1,7 @@
 //! The captured job: its environment and start-up hook, the child process
 //! and its exit, and what it left in its folder.
 
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -70,6 +71,9 @@ pub(crate) struct Captured {
     pub(crate) held: Option<DumpTime>,
     /// Whether `--watch --fail-fast` ended it at a suspect.
     pub(crate) failed_fast: bool,
+    /// Processes whose recording stopped while they ran, with when and why:
+    /// `pid 812 at step 10: ...`.
+    pub(crate) stopped: Vec<String>,
 }
 
 /// The signals caught by [`catch_signals`], until [`capture`] serves them.
@@ -106,9 +110,11 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     std::fs::write(&requests, b"").context("cannot write the file of dump requests")?;
 
     let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let run = run_id();
     let mut cmd = Command::new(program);
     cmd.args(rest)
         .env(ENV_DIR, &dir)
+        .env(ENV_RUN, &run)
         .env(ENV_REQUESTS, &requests)
         .env("SNAPDIFF_STATUS", hook.path().join("status"));
     if let Some(n) = args.every {
@@ -160,11 +166,22 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     job_ended.store(true, std::sync::atomic::Ordering::Relaxed);
     let failed_fast = watching.is_some_and(|w| w.join().unwrap_or(false));
     forwarder.stop();
-    let abandoned = remove_abandoned_dumps(&dir);
+    let abandoned = remove_abandoned_dumps(&dir, &run);
 
+    // Dumps another job wrote into the folder meanwhile (another run in
+    // the manifest) are not this job's.
+    let (entries, others): (Vec<manifest::Entry>, Vec<manifest::Entry>) =
+        manifest::entries(&dir.join(manifest::FILE_NAME), manifest_before)
+            .into_iter()
+            .partition(|e| e.run.as_deref().is_none_or(|r| r == run));
+    let others: HashSet<String> = others.into_iter().filter_map(|e| e.file).collect();
     let mut snapshots: Vec<PathBuf> = snapshot_files(&dir)
         .into_iter()
         .filter(|p| !before.contains(p))
+        .filter(|p| {
+            p.file_name()
+                .is_none_or(|n| !others.contains(n.to_string_lossy().as_ref()))
+        })
         .filter(|p| {
             std::fs::metadata(p)
                 .and_then(|m| m.modified())
@@ -187,8 +204,24 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         }
         (None, None) => Exit::Error,
     };
-    let entries = manifest::entries(&dir.join(manifest::FILE_NAME), manifest_before);
     let held = dump_time(&entries);
+    let mut stopped: Vec<String> = Vec::new();
+    let mut said = HashSet::new();
+    for e in &entries {
+        if let Some(why) = &e.stopped
+            && said.insert(e.pid)
+        {
+            let who = e
+                .pid
+                .map_or_else(|| "a process".to_owned(), |p| format!("pid {p}"));
+            let when = e
+                .step
+                .filter(|&s| s > 0)
+                .map_or_else(String::new, |s| format!(" by step {s}"));
+            let why = snapdiff_format::visible::escaped(why);
+            stopped.push(format!("{who}: recording stopped{when}: {why}"));
+        }
+    }
     let failed = entries
         .into_iter()
         .filter(|entry| entry.file.is_none())
@@ -209,6 +242,7 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         nothing_because,
         held,
         failed_fast,
+        stopped,
     })
 }
 
@@ -318,12 +352,28 @@ fn writable_folder(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Removes the temporary files of dumps that processes of the job were
-/// writing when they were killed (SIGKILL, the OOM killer): the PyTorch hook
-/// writes `.{stem}.{random}.{pid}.tmp` (older hooks `.{stem}.{pid}.tmp`) and
-/// links it into place only when whole.
-/// Files of processes still alive are left alone. Returns how many went.
-fn remove_abandoned_dumps(dir: &Path) -> usize {
+/// The run of capture the job's processes are part of: the PyTorch hook
+/// writes it in each manifest line and temporary file name.
+const ENV_RUN: &str = "SNAPDIFF_RUN";
+
+/// A new run's id: eight hex digits, random (the standard library's hash
+/// keys are seeded by the system's random source).
+fn run_id() -> String {
+    use std::hash::BuildHasher;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let hash = std::collections::hash_map::RandomState::new().hash_one((now, std::process::id()));
+    format!("{:08x}", hash as u32)
+}
+
+/// Removes the temporary files of dumps that processes of this run of the
+/// job (`run`) were writing when they were killed (SIGKILL, the OOM
+/// killer): the PyTorch hook writes `.{stem}.{random}.{run}.{pid}.tmp` and
+/// links it into place only when whole. Files of processes still alive, of
+/// other runs (another job, another machine sharing the folder) and of
+/// no run are left alone. Returns how many went.
+fn remove_abandoned_dumps(dir: &Path, run: &str) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -334,7 +384,8 @@ fn remove_abandoned_dumps(dir: &Path) -> usize {
             .strip_prefix('.')
             .and_then(|n| n.strip_suffix(".tmp"))
             .and_then(|n| n.rsplit_once('.'))
-            .and_then(|(stem, pid)| stem.contains("-step").then_some(pid))
+            .and_then(|(rest, pid)| Some((rest.rsplit_once('.')?, pid)))
+            .and_then(|((stem, of), pid)| (stem.contains("-step") && of == run).then_some(pid))
             .and_then(|pid| pid.parse::<i32>().ok())
             .filter(|&pid| pid > 0)
         else {
@@ -396,19 +447,25 @@ mod tests {
         let dead = exited.id();
         let alive = std::process::id();
         let files = [
-            (format!(".rank0-step4.{dead}.tmp"), false),
-            (format!(".pid{dead}-step9-exit.{dead}.tmp"), false),
-            (format!(".rank2-step6.3fa9c01b.{dead}.tmp"), false),
-            (format!(".rank1-step4.{alive}.tmp"), true),
-            (format!(".rank1-step6.77e0d2aa.{alive}.tmp"), true),
-            (format!(".notes.{dead}.tmp"), true),
-            (format!("rank0-step4.{dead}.tmp"), true),
+            (format!(".rank0-step4.0a1b2c3d.r1.{dead}.tmp"), false),
+            (
+                format!(".pid{dead}-step9-exit.0a1b2c3d.r1.{dead}.tmp"),
+                false,
+            ),
+            (format!(".rank2-step6.3fa9c01b.r1.{dead}.tmp"), false),
+            (format!(".rank1-step6.77e0d2aa.r1.{alive}.tmp"), true),
+            // Another run's, or another machine's (its pid is none here).
+            (format!(".rank0-step4.0a1b2c3d.r2.{dead}.tmp"), true),
+            (format!(".rank0-step4.0a1b2c3d.-.{dead}.tmp"), true),
+            (format!(".rank0-step4.{dead}.tmp"), true),
+            (format!(".notes.r1.{dead}.tmp"), true),
+            (format!("rank0-step4.r1.{dead}.tmp"), true),
             ("rank0-step3.pickle".to_owned(), true),
         ];
         for (name, _) in &files {
             std::fs::write(dir.path().join(name), b"partial").unwrap();
         }
-        assert_eq!(remove_abandoned_dumps(dir.path()), 3);
+        assert_eq!(remove_abandoned_dumps(dir.path(), "r1"), 3);
         for (name, kept) in &files {
             assert_eq!(dir.path().join(name).exists(), *kept, "{name}");
         }

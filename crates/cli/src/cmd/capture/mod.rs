@@ -87,6 +87,14 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
             }
         }
     }
+    for stopped in &captured.stopped {
+        // The dumps after it hold nothing new: no all-clear rests on them.
+        writeln!(
+            out,
+            "\nnote: {stopped}; what it allocated after is in no dump, so its verdict covers \
+             only the time before"
+        )?;
+    }
     if !growing.is_empty() && growing.len() < processes.len() && !args.report.json {
         writeln!(
             out,
@@ -111,6 +119,14 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
             over.join("; ")
         );
         return Ok(Exit::OverThreshold);
+    }
+    if !captured.stopped.is_empty() {
+        eprintln!(
+            "snapdiff: the recording stopped while the job ran ({}), so the evidence is \
+             incomplete: no verdict (--max-growth)",
+            captured.stopped.join("; ")
+        );
+        return Ok(Exit::Error);
     }
     if !captured.failed.is_empty() {
         eprintln!(

@@ -34,7 +34,7 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
         })?;
         let verdicts = verdicts.into_inner().unwrap_or_else(|e| e.into_inner());
         let exit = exit_code(&verdicts, &read.unreadable, args.judge.max_growth);
-        if let Some(note) = &read.runs_note {
+        for note in &read.run_notes {
             eprintln!("snapdiff: note: {note}");
         }
         print_rank(&verdicts, &args)?;
@@ -71,7 +71,7 @@ struct Read {
     unreadable: Vec<Unreadable>,
     files: usize,
     bytes: u64,
-    runs_note: Option<String>,
+    run_notes: Vec<String>,
     stacks: StackStore,
 }
 
@@ -96,14 +96,14 @@ fn read_judging(
         judged(judge(rows, &stacks, trend), &stacks);
         ranks.fetch_add(1, Ordering::Relaxed);
     };
-    let (mut unreadable, files, bytes, runs_note) = in_pool(threads, || {
+    let (mut unreadable, files, bytes, run_notes) = in_pool(threads, || {
         let unreadable = read_table_folders(&table_folders, only, &stacks, keep);
         let outcome = read_processes(census, &stacks, keep);
-        let note = outcome.earlier_runs_note();
+        let notes = outcome.run_notes();
         let mut all = unreadable;
         all.extend(outcome.unreadable);
         all.extend(found_unreadable);
-        (all, outcome.files, outcome.bytes, note)
+        (all, outcome.files, outcome.bytes, notes)
     })?;
     unreadable.sort_by(|a, b| a.source.cmp(&b.source));
     for u in &unreadable {
@@ -119,7 +119,7 @@ fn read_judging(
         unreadable,
         files,
         bytes,
-        runs_note,
+        run_notes,
         stacks,
     })
 }
@@ -146,7 +146,7 @@ pub(crate) fn judge_fleet(
     let (tally, facts) = tally.into_inner().unwrap_or_else(|e| e.into_inner());
     let stacks = read.stacks.into_inner();
     let mut fleet = tally.finish(&stacks, read.unreadable, read.files, read.bytes);
-    fleet.notes.extend(read.runs_note);
+    fleet.notes.extend(read.run_notes);
     Ok((fleet, facts))
 }
 

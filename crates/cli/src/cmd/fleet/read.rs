@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
-use snapdiff_fleet::{ProcessRows, StackStore, Unreadable};
+use snapdiff_fleet::{ProcessRows, Run, StackStore, Unreadable};
 
 use crate::cmd::fleet::inputs::Census;
 use crate::manifest::Manifests;
@@ -25,11 +25,22 @@ pub(crate) struct Outcome {
     /// Processes whose files came from more than one run (another process
     /// id or machine under the same rank): only the latest run is judged.
     pub(crate) earlier_runs: Vec<String>,
+    /// Runs of one process name that dumped at the same time, each judged
+    /// apart: the names they are judged under.
+    pub(crate) runs_at_once: Vec<Vec<String>>,
 }
 
 impl Outcome {
+    /// What to say of the runs: those left out, those judged apart.
+    pub(crate) fn run_notes(&self) -> Vec<String> {
+        self.earlier_runs_note()
+            .into_iter()
+            .chain(self.runs_at_once_note())
+            .collect()
+    }
+
     /// What to say of `earlier_runs`, when there were any.
-    pub(crate) fn earlier_runs_note(&self) -> Option<String> {
+    fn earlier_runs_note(&self) -> Option<String> {
         let runs = &self.earlier_runs;
         let first = runs.first()?;
         let who = match runs.len() {
@@ -41,42 +52,82 @@ impl Outcome {
              same name): each is judged on its latest run, the earlier ones left out"
         ))
     }
+
+    /// What to say of `runs_at_once`, when there were any.
+    fn runs_at_once_note(&self) -> Option<String> {
+        let first = self.runs_at_once.first()?;
+        let more = match self.runs_at_once.len() {
+            1 => String::new(),
+            n => format!(" (and {} other processes alike)", n - 1),
+        };
+        Some(format!(
+            "{} ran at the same time under one name{more}: each is judged on its own files",
+            first.join(" and ")
+        ))
+    }
 }
 
-/// Which run of a process a file is from: the process id and machine
-/// that wrote it, where the file or its manifest says. Two runs of one job
-/// under one folder have the same rank names and different processes;
-/// their files are never one series.
-type RunOf = (Option<u32>, Option<String>);
-
-/// The files of one process name, by the run they are from.
+/// The files of one process name, by the run they are from (see
+/// [`snapdiff_fleet::Run`]): two runs of one job under one folder have the
+/// same rank names and different processes; their files are never one
+/// series.
 #[derive(Default)]
-struct Runs(Vec<(RunOf, ProcessRows)>);
+struct Runs(Vec<(Run, ProcessRows)>);
 
 impl Runs {
-    fn add(&mut self, run: RunOf, rows: ProcessRows) {
+    fn add(&mut self, run: Run, rows: ProcessRows) {
         match self.0.iter_mut().find(|(r, _)| *r == run) {
             Some((_, into)) => into.append(rows),
             None => self.0.push((run, rows)),
         }
     }
 
-    /// The latest run's rows (by the time of its last checkpoint, else its
-    /// last step, else the order read), and whether there were others.
-    fn latest(self) -> Option<(ProcessRows, bool)> {
-        let several = self.0.len() > 1;
+    /// The runs to judge, and whether earlier runs were left out: the
+    /// latest run (by the time of its last checkpoint, else its last
+    /// step, else the order read), and every run that dumped while it did,
+    /// each then under a name that tells it apart (`rank0@pid812`); runs
+    /// that ended before the latest began are left out.
+    fn into_judged(self) -> (Vec<ProcessRows>, bool) {
+        let span = |rows: &ProcessRows| {
+            let times = rows.devices.iter().flat_map(|d| &d.checkpoints);
+            Some((
+                times.clone().filter_map(|c| c.time_us).min()?,
+                times.filter_map(|c| c.time_us).max()?,
+            ))
+        };
         let last = |rows: &ProcessRows| {
             let checkpoints = rows.devices.iter().flat_map(|d| &d.checkpoints);
             let time = checkpoints.clone().filter_map(|c| c.time_us).max();
             (time, checkpoints.filter_map(|c| c.step).max())
         };
-        let (_, rows) = self
-            .0
-            .into_iter()
-            .enumerate()
-            .max_by_key(|(i, (_, rows))| (last(rows), *i))?
-            .1;
-        Some((rows, several))
+        let mut runs = self.0;
+        let Some(latest) = (0..runs.len()).max_by_key(|&i| (last(&runs[i].1), i)) else {
+            return (Vec::new(), false);
+        };
+        let latest_span = span(&runs[latest].1);
+        let at_once = |i: usize, rows: &ProcessRows| {
+            i == latest
+                || latest_span
+                    .zip(span(rows))
+                    .is_some_and(|(a, b)| snapdiff_fleet::overlap(a, b))
+        };
+        let all = runs.len();
+        let mut i = 0;
+        runs.retain(|(_, rows)| {
+            i += 1;
+            at_once(i - 1, rows)
+        });
+        let left_out = runs.len() < all;
+        if runs.len() > 1 {
+            let names = snapdiff_fleet::names_apart(
+                &runs[0].1.process,
+                &runs.iter().map(|(run, _)| run).collect::<Vec<_>>(),
+            );
+            for ((_, rows), name) in runs.iter_mut().zip(names) {
+                rows.process = name;
+            }
+        }
+        (runs.into_iter().map(|(_, rows)| rows).collect(), left_out)
     }
 }
 
@@ -103,14 +154,22 @@ pub(crate) fn read_processes(
     };
     let unnamed: Mutex<BTreeMap<String, Runs>> = Mutex::new(BTreeMap::new());
     let hand_on = |runs: Runs| {
-        let Some((rows, several)) = runs.latest() else {
-            return;
-        };
-        if several {
-            let mut outcome = reader.outcome.lock().unwrap_or_else(|e| e.into_inner());
-            outcome.earlier_runs.push(rows.process.clone());
+        let (judged, left_out) = runs.into_judged();
+        let mut outcome = reader.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        if left_out && let Some(rows) = judged.first() {
+            let name = rows
+                .process
+                .split_once('@')
+                .map_or(&*rows.process, |(n, _)| n);
+            outcome.earlier_runs.push(name.to_owned());
         }
-        if rows.checkpoint_count() > 0 {
+        if judged.len() > 1 {
+            outcome
+                .runs_at_once
+                .push(judged.iter().map(|r| r.process.clone()).collect());
+        }
+        drop(outcome);
+        for rows in judged.into_iter().filter(|r| r.checkpoint_count() > 0) {
             done(rows);
         }
     };
@@ -180,7 +239,7 @@ impl FileReader<'_> {
         path: &PathBuf,
         process: Option<&str>,
         only: Option<&str>,
-        add: impl FnOnce(ProcessRows, RunOf),
+        add: impl FnOnce(ProcessRows, Run),
     ) {
         let len = std::fs::metadata(path).map_or(0, |m| m.len());
         let result = crate::input::read_state_quietly(path);
@@ -208,7 +267,7 @@ impl FileReader<'_> {
             let mut rows = ProcessRows::new(process);
             let owners = crate::owners::by_site(path, &snap);
             rows.add_snapshot(&path.to_string_lossy(), &snap, self.stacks, owners.as_ref());
-            add(rows, (snap.meta.pid, snap.meta.host.clone()));
+            add(rows, Run::of(&snap.meta));
         }
         drop(snap);
         let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
@@ -223,7 +282,7 @@ pub(crate) fn wanted(process: &str, only: Option<&str>) -> bool {
     match only {
         None => true,
         Some(r) if !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()) => {
-            process.strip_prefix("rank") == Some(r)
+            r.parse().ok() == snapdiff_fleet::rank_of(process)
         }
         Some(name) => process == name,
     }

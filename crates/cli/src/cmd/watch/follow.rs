@@ -202,12 +202,74 @@ impl Follower {
         if self.processes.is_empty() || !self.waiting.is_empty() {
             return false;
         }
+        self.note_ended_here();
+        self.processes.values().all(|&ended| ended)
+    }
+
+    /// Notes the processes of this machine that no longer run as ended.
+    fn note_ended_here(&mut self) {
         for ((pid, host), ended) in &mut self.processes {
             if !*ended && host.is_some() && *host == self.host {
                 *ended = !process_runs(*pid);
             }
         }
-        self.processes.values().all(|&ended| ended)
+    }
+
+    /// The runs known to have ended: (process id, machine).
+    pub(crate) fn ended_runs(&mut self) -> Vec<(u32, Option<String>)> {
+        self.note_ended_here();
+        let ended = self.processes.iter().filter(|(_, ended)| **ended);
+        ended.map(|(run, _)| run.clone()).collect()
+    }
+
+    /// Takes the dumps of runs that had ended before the watch began (their
+    /// exit line is in the manifest, or on this machine they no longer
+    /// run) as read, and forgets those runs: a folder used again is
+    /// followed for its new run, never judged on the old one's. Returns
+    /// the dumps and the runs passed over.
+    /// `ready`: what the first poll found whole (the others are found
+    /// again by the next poll).
+    pub(crate) fn pass_over_ended_runs(&mut self, ready: Vec<Ready>) -> (usize, usize) {
+        let ended: HashSet<(u32, Option<String>)> = self.ended_runs().into_iter().collect();
+        let of_ended = |entry: &Entry| {
+            entry
+                .pid
+                .is_some_and(|pid| ended.contains(&(pid, entry.host.clone())))
+        };
+        let mut dumps = 0;
+        for r in ready {
+            match r.entry {
+                Some(entry) if of_ended(&entry) => {
+                    dumps += 1;
+                    self.read(&r.path);
+                }
+                // Its line goes back, for the poll that reads it.
+                Some(entry) => {
+                    let folder = r.path.parent().unwrap_or(Path::new(".")).to_path_buf();
+                    let name = r.path.file_name().unwrap_or_default().to_string_lossy();
+                    if let Some(m) = self.manifests.get_mut(&folder) {
+                        m.entries.insert(name.into_owned(), entry);
+                    }
+                }
+                None => {}
+            }
+        }
+        let mut old = Vec::new();
+        for (folder, manifest) in &mut self.manifests {
+            manifest.entries.retain(|file, entry| {
+                let ended = of_ended(entry);
+                if ended {
+                    old.push(folder.join(file));
+                }
+                !ended
+            });
+        }
+        dumps += old.iter().filter(|p| self.waiting.contains_key(*p)).count();
+        for path in old {
+            self.read(&path);
+        }
+        self.processes.retain(|_, ended| !*ended);
+        (dumps, ended.len())
     }
 
     fn add_folder(&mut self, folder: &Path) {

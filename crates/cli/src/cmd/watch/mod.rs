@@ -51,6 +51,18 @@ pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
         );
     }
     let mut watcher = Watcher::new(&args.paths, &args.live, &args.report, trend, Say::Stdout)?;
+    // A folder used again: its ended runs are not the one to follow.
+    let (ready, unreadable) = watcher.follower.poll(false);
+    watcher.unreadable.extend(unreadable);
+    let (dumps, runs) = watcher.follower.pass_over_ended_runs(ready);
+    if dumps > 0 {
+        eprintln!(
+            "snapdiff: passed over {dumps} dump{} of {runs} process{} that had ended before \
+             the watch began; waiting for a new run (snapdiff fleet judges the ended ones)",
+            if dumps == 1 { "" } else { "s" },
+            if runs == 1 { "" } else { "es" },
+        );
+    }
     let failed_fast = watcher.follow(&args.live, &stop, || false)?;
     let (fleet, verdicts) = watcher.finish();
     if fleet.files == 0 && fleet.unreadable.is_empty() {
@@ -247,6 +259,11 @@ impl Watcher {
     fn poll(&mut self, last: bool) -> anyhow::Result<bool> {
         let (ready, unreadable) = self.follower.poll(last);
         self.unreadable.extend(unreadable);
+        // Before the dumps: a run that ended is replaced by a later one of
+        // its name, not followed beside it.
+        for (pid, host) in self.follower.ended_runs() {
+            self.watch.run_ended(Some(pid), host);
+        }
         let stacks = self.watch.stacks();
         let read: Vec<(Ready, DumpRead)> = ready
             .into_par_iter()
@@ -385,7 +402,7 @@ fn read_dump(ready: &Ready, stacks: &snapdiff_fleet::StackStore) -> DumpRead {
         stacks,
         owners.as_ref(),
     );
-    Ok((rows, (snap.meta.pid, snap.meta.host.clone())))
+    Ok((rows, Run::of(&snap.meta)))
 }
 
 /// The lines holding most at a device's last dump: (culprit, live bytes),
