@@ -488,6 +488,49 @@ fn dumps_that_arrive_in_pieces_are_read_once_each_when_whole() {
 }
 
 #[test]
+fn a_dump_written_in_six_pieces_with_long_pauses_is_read_whole() {
+    // A slow file system: each dump written in place in six pieces, each
+    // pause longer than two polls. Before, the second failed read gave
+    // the dump up for good (all lost, no verdict).
+    let made = tempdir();
+    let files = leaking_training_job(made.path(), 24, 4);
+    let dir = tempdir();
+    let watched = dir.path().join("job");
+    std::fs::create_dir(&watched).unwrap();
+    let watch = Running::start(
+        [
+            "watch".as_ref(),
+            watched.as_os_str(),
+            "--poll".as_ref(),
+            "50ms".as_ref(),
+            "--no-status".as_ref(),
+        ]
+        .map(std::ffi::OsStr::to_owned)
+        .to_vec(),
+    );
+    for file in &files {
+        let bytes = std::fs::read(file).unwrap();
+        let mut f = std::fs::File::create(watched.join(file.file_name().unwrap())).unwrap();
+        for piece in bytes.chunks(bytes.len().div_ceil(6)) {
+            f.write_all(piece).unwrap();
+            f.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(watch.child.id() as i32, libc::SIGINT) };
+    let (code, stdout, stderr) = watch.finish();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("1 rank read from {} snapshots", files.len())),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stdout.contains("could not be read"), "{stdout}");
+    assert!(!stderr.contains("cannot"), "{stderr}");
+}
+
+#[test]
 fn capture_watch_judges_only_its_own_jobs_dumps() {
     // A Rust job (the built-in trainer, dumping at once from its first
     // steps) captured with --watch into a folder holding an earlier,

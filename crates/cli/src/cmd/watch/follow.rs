@@ -176,22 +176,27 @@ impl Follower {
         self.done.insert(path_hash(path));
     }
 
-    /// `path` could not be read: tried again once it changes (it was
-    /// still being written, by a writer that does not rename into place);
-    /// true when it had not changed since its last poll, and is given up.
-    pub(crate) fn failed(&mut self, path: &Path) -> bool {
+    /// `path` could not be read: tried again each time it changes (a
+    /// writer that does not rename into place may write it in many pieces,
+    /// with long pauses on a slow file system), and at the last poll, which
+    /// names it unreadable if it still cannot be read.
+    pub(crate) fn failed(&mut self, path: &Path) {
         let now = std::fs::metadata(path).ok().map(|m| stamp(&m));
         match (self.waiting.get_mut(path), now) {
-            (Some(w), Some(now)) if w.seen != now || w.failed.is_none() => {
+            (Some(w), Some(now)) => {
                 w.failed = Some(now);
                 w.seen = now;
-                false
             }
-            _ => {
-                self.read(path);
-                true
-            }
+            _ => self.read(path), // gone, or never waited for
         }
+    }
+
+    /// Whether every dump waiting failed to read and has not changed
+    /// since: nothing more will come of them before the last poll.
+    fn only_failed_wait(&self) -> bool {
+        self.waiting.iter().all(|(path, w)| {
+            w.failed.is_some() && std::fs::metadata(path).ok().map(|m| stamp(&m)) == w.failed
+        })
     }
 
     /// Whether every process the manifests name has ended (its exit dump
@@ -199,7 +204,7 @@ impl Follower {
     /// waits to be read. False while no manifest named a process: a job
     /// without manifests is followed until interrupted.
     pub(crate) fn job_ended(&mut self) -> bool {
-        if self.processes.is_empty() || !self.waiting.is_empty() {
+        if self.processes.is_empty() || !self.only_failed_wait() {
             return false;
         }
         self.note_ended_here();

@@ -281,7 +281,9 @@ impl Watcher {
                     changes.extend(self.watch.add(rows, run, ready.bytes));
                 }
                 Err(error) => {
-                    if last || self.follower.failed(&ready.path) {
+                    self.follower.failed(&ready.path);
+                    if last {
+                        self.follower.read(&ready.path);
                         eprintln!("snapdiff: {error}");
                         self.unreadable.push(Unreadable {
                             source: ready.path.to_string_lossy().into_owned(),
