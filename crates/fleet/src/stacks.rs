@@ -48,6 +48,27 @@ impl Stacks {
         sites
     }
 
+    /// How many sites are known.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether no site is known.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Keeps only the sites `keep` says to, with their frames and
+    /// categories: a watch of a long job holds the stacks of the sites its
+    /// rows still name, not of every site it ever saw.
+    pub fn retain(&mut self, keep: impl Fn(StackKey) -> bool) {
+        let old = std::mem::take(self);
+        for (key, stack) in old.sites().into_iter().filter(|(k, _)| keep(*k)) {
+            let frames = stack.map(|s| old.snapshot.stack_frames(Some(s)));
+            self.insert(key, frames, old.categories.get(&key).copied());
+        }
+    }
+
     /// Adds site `key` with `frames` (innermost first), unless known.
     pub fn insert<'f>(
         &mut self,

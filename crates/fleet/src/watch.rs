@@ -83,10 +83,16 @@ pub struct Watch {
     left: HashSet<(String, Run)>,
     options: FleetOptions,
     keep: usize,
+    /// Sites known after the stacks were last trimmed to those in use.
+    stacks_trimmed_to: usize,
     notes: Vec<String>,
     dumps: usize,
     bytes: u64,
 }
+
+/// Sites known before the first trim of the stacks (see
+/// [`Watch::trim_stacks`]): below it, nothing is dropped.
+const STACKS_BEFORE_TRIM: usize = 4096;
 
 impl Watch {
     /// Nothing followed yet; each device keeps at most `keep` checkpoints
@@ -100,6 +106,7 @@ impl Watch {
             left: HashSet::new(),
             options: FleetOptions { trend: options },
             keep: keep.max(16),
+            stacks_trimmed_to: 0,
             notes: Vec::new(),
             dumps: 0,
             bytes: 0,
@@ -192,6 +199,7 @@ impl Watch {
         followed.rows.append(dump);
         followed.rows.put_in_order();
         followed.rows.thin(self.keep);
+        self.trim_stacks(&followed);
         let verdict = judge(
             followed.rows.clone(),
             &self.stacks.read(),
@@ -202,6 +210,30 @@ impl Watch {
         followed.verdict = verdict;
         self.processes.insert(name, followed);
         found
+    }
+
+    /// Drops the stacks of sites no process's rows or verdict names any
+    /// more (`also`: one taken out to be added to), once the sites known
+    /// have doubled since the last trim: memory stays flat in the number
+    /// of stacks a long job ever had, at a cost spread over its dumps.
+    fn trim_stacks(&mut self, also: &Followed) {
+        let known = self.stacks.read().len();
+        if known < STACKS_BEFORE_TRIM.max(2 * self.stacks_trimmed_to) {
+            return;
+        }
+        let mut used = HashSet::new();
+        for f in self.processes.values().chain(std::iter::once(also)) {
+            for d in &f.rows.devices {
+                used.extend(d.sites.iter().flatten().map(|s| s.key));
+                used.extend(d.owners.iter().flatten().flat_map(|o| o.keys().copied()));
+            }
+            for d in &f.verdict.devices {
+                used.extend(d.last.iter().map(|s| s.key));
+            }
+        }
+        let mut stacks = self.stacks.write();
+        stacks.retain(|key| used.contains(&key));
+        self.stacks_trimmed_to = stacks.len();
     }
 
     fn start(&mut self, name: String, mut rows: ProcessRows, run: Run) -> Vec<Change> {
@@ -439,6 +471,54 @@ mod tests {
             "{leaks:?}"
         );
         assert!(!leaks.is_empty());
+    }
+
+    #[test]
+    fn six_thousand_new_stacks_leave_the_stacks_of_the_sites_in_use() {
+        // Each dump holds a site never seen before (a new stack each time:
+        // generated code, a changing call path) beside the steady one.
+        let mut watch = Watch::new(TrendOptions::default(), 64);
+        let frame = |line| snapdiff_format::Frame {
+            name: "step".into(),
+            file: "train.py".into(),
+            line,
+            extra: Vec::new(),
+        };
+        let mut most = 0;
+        for step in 1..=6_000u64 {
+            let key = StackKey(1_000 + step);
+            let frames = [frame(step as u32), frame(1)];
+            watch
+                .stacks()
+                .write()
+                .insert(key, Some(frames.iter()), None);
+            watch
+                .stacks()
+                .write()
+                .insert(SITE, Some([frame(7)].iter()), None);
+            let mut rows = dump("rank0", step, 1 << 20);
+            rows.devices[0].sites[0].push(SiteRow {
+                key,
+                totals: SiteTotals {
+                    blocks: 1,
+                    bytes: 512,
+                    allocated: 512,
+                },
+            });
+            watch.add(rows, Run::default(), 0);
+            most = most.max(watch.stacks().read().len());
+        }
+        assert!(most <= STACKS_BEFORE_TRIM, "{most} stacks held at once");
+        let stacks = watch.stacks().read();
+        // The sites still in the kept checkpoints keep their frames.
+        assert!(stacks.stack(SITE).is_some());
+        let last = stacks.stack(StackKey(7_000)).expect("the newest site");
+        let frames: Vec<u32> = stacks
+            .snapshot()
+            .stack_frames(Some(last))
+            .map(|f| f.line)
+            .collect();
+        assert_eq!(frames, [6_000, 1]);
     }
 
     #[test]
