@@ -1598,8 +1598,14 @@ fn two_jobs_writing_one_folder_under_one_name_at_once_are_each_judged_alone() {
         exited.id()
     ));
     std::fs::write(&theirs, b"half a dump").unwrap();
+    // Each waits at step 10 until both are there: their dumps overlap in
+    // time however busy the machine.
+    let go = dir.path().join("go").display().to_string();
+    let progress = |leak: bool| dir.path().join(format!("progress-{leak}"));
     let job = |leak: bool| {
-        let mut script = vec!["--steps", "40", "--step-seconds", "0.05"];
+        let progress = progress(leak).display().to_string();
+        let mut script = vec!["--steps", "40", "--step-seconds", "0.02", "--wait-at", "10"];
+        script.extend(["--wait-for", &go, "--progress", &progress]);
         if leak {
             script.extend(["--leak", "cache-dict"]);
         }
@@ -1616,6 +1622,18 @@ fn two_jobs_writing_one_folder_under_one_name_at_once_are_each_judged_alone() {
             .unwrap()
     };
     let (leaking, steady) = (job(true), job(false));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while ![true, false]
+        .iter()
+        .all(|&l| std::fs::read_to_string(progress(l)).is_ok_and(|s| s.trim() == "10"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the two jobs did not reach step 10"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&go, "").unwrap();
     let (leaking, steady) = (wait_bounded(leaking), wait_bounded(steady));
     let text = |o: &std::process::Output| {
         format!(
