@@ -84,17 +84,19 @@ pub fn overlap(a: (i64, i64), b: (i64, i64)) -> bool {
     a.0 <= b.1 && b.0 <= a.1
 }
 
+/// A run told by its process id and machine alone (for tests).
+#[cfg(test)]
+pub(crate) fn run(pid: Option<u32>, host: Option<&str>) -> Run {
+    Run {
+        pid,
+        host: host.map(str::to_owned),
+        id: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn run(pid: Option<u32>, host: Option<&str>) -> Run {
-        Run {
-            pid,
-            host: host.map(str::to_owned),
-            id: None,
-        }
-    }
 
     #[test]
     fn runs_are_named_by_what_tells_them_apart() {

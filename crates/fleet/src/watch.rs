@@ -339,6 +339,7 @@ fn changes(before: &ProcessVerdict, now: &ProcessVerdict, run: &Run, out: &mut V
 mod tests {
     use super::*;
     use crate::rows::{CheckpointRow, DeviceRows, SiteRow};
+    use crate::runs::run;
     use snapdiff_analyze::{SiteTotals, StackKey};
 
     const SITE: StackKey = StackKey(7);
@@ -396,14 +397,6 @@ mod tests {
         assert_eq!(stopped.len(), 1, "{stopped:?}");
         assert_eq!(stopped[0].event, ChangeKind::Stopped);
         assert_eq!(watch.fleet(Vec::new()).leaking, 0);
-    }
-
-    fn run(pid: Option<u32>, host: Option<&str>) -> Run {
-        Run {
-            pid,
-            host: host.map(str::to_owned),
-            id: None,
-        }
     }
 
     #[test]
