@@ -313,5 +313,39 @@ def test_another_profiler_on_the_recording_thread_is_said_and_no_stack_is_wrong(
         recorder.stop()
     (segment,) = [s for s in snapshot["segments"] if s["total_size"] == 68]
     assert segment["frames"] == []
-    assert len(said) == 1 and "without stacks since" in said[0], said
+    assert len(said) == 1 and "without stacks" in said[0], said
+    del kept
+
+
+def test_a_profiler_the_job_runs_is_never_replaced_by_the_recorder():
+    """A job profiled (cProfile, `sys.setprofile`) when recording starts
+    keeps its profiler: the recorder does without stacks and says so."""
+    calls = []
+
+    def profiler(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    def inner():
+        return torch.empty(19)
+
+    said = []
+    sys.setprofile(profiler)
+    try:
+        recorder = CpuRecorder(warn=said.append)
+        assert isinstance(recorder, AllocatorRecorder)
+        recorder.start()
+        try:
+            kept = inner()
+            assert sys.getprofile() is profiler
+            snapshot = recorder.snapshot()
+        finally:
+            recorder.stop()
+        assert sys.getprofile() is profiler  # stopping leaves it too
+    finally:
+        sys.setprofile(None)
+    assert "inner" in calls
+    (segment,) = [s for s in snapshot["segments"] if s["total_size"] == 76]
+    assert segment["frames"] == []
+    assert len(said) == 1 and "left to it" in said[0], said
     del kept

@@ -199,7 +199,6 @@ impl Watch {
         followed.rows.append(dump);
         followed.rows.put_in_order();
         followed.rows.thin(self.keep);
-        self.trim_stacks(&followed);
         let verdict = judge(
             followed.rows.clone(),
             &self.stacks.read(),
@@ -213,16 +212,17 @@ impl Watch {
     }
 
     /// Drops the stacks of sites no process's rows or verdict names any
-    /// more (`also`: one taken out to be added to), once the sites known
-    /// have doubled since the last trim: memory stays flat in the number
-    /// of stacks a long job ever had, at a cost spread over its dumps.
-    fn trim_stacks(&mut self, also: &Followed) {
+    /// more, once the sites known have doubled since the last trim: memory
+    /// stays flat in the number of stacks a long job ever had, at a cost
+    /// spread over its dumps. Called between polls, never while dumps read
+    /// but not yet added hold keys in the stacks.
+    pub fn trim_stacks(&mut self) {
         let known = self.stacks.read().len();
         if known < STACKS_BEFORE_TRIM.max(2 * self.stacks_trimmed_to) {
             return;
         }
         let mut used = HashSet::new();
-        for f in self.processes.values().chain(std::iter::once(also)) {
+        for f in self.processes.values() {
             for d in &f.rows.devices {
                 used.extend(d.sites.iter().flatten().map(|s| s.key));
                 used.extend(d.owners.iter().flatten().flat_map(|o| o.keys().copied()));
@@ -499,6 +499,7 @@ mod tests {
                 },
             });
             watch.add(rows, Run::default(), 0);
+            watch.trim_stacks();
             most = most.max(watch.stacks().read().len());
         }
         assert!(most <= STACKS_BEFORE_TRIM, "{most} stacks held at once");

@@ -230,8 +230,15 @@ int on_profile(PyObject*, PyFrameObject* frame, int what, PyObject*) {
   return 0;
 }
 
-// Starts keeping the calling thread's shadow stack. With the GIL.
+// Starts keeping the calling thread's shadow stack. With the GIL. A
+// profiler the job runs there (cProfile, `sys.setprofile`) is never
+// replaced: its storages are then noted without stacks, and the dump says so.
 void follow_this_thread() {
+  PyThreadState* thread = PyThreadState_Get();
+  if (thread->c_profilefunc != nullptr && thread->c_profilefunc != on_profile) {
+    state->stacks_lost = true;
+    return;
+  }
   fill_shadow(PyEval_GetFrame());
   PyEval_SetProfile(on_profile, nullptr);
 }
@@ -929,7 +936,9 @@ void snapdiff_cpu_stop() {
   // Another thread's profile function removes itself at its next call.
   if (static_cast<unsigned long>(pthread_self()) == state->recording_thread.load() &&
       PyGILState_Check()) {
-    PyEval_SetProfile(nullptr, nullptr);
+    if (PyThreadState_Get()->c_profilefunc == on_profile) {  // never the job's own
+      PyEval_SetProfile(nullptr, nullptr);
+    }
     clear_shadow();
   }
 }

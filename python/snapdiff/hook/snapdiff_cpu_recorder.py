@@ -520,8 +520,8 @@ class AllocatorRecorder:
             if not self._stacks_lost_said and self._library.snapdiff_cpu_stacks_lost():
                 self._stacks_lost_said = True
                 self._warn(
-                    "another profiler (sys.setprofile, cProfile) took the recording thread's "
-                    "profile hook: its CPU storages are recorded without stacks since"
+                    "another profiler (sys.setprofile, cProfile) holds the recording thread's "
+                    "profile hook, and is left to it: CPU storages are recorded without stacks"
                 )
             return done
 

@@ -293,6 +293,8 @@ impl Watcher {
                 }
             }
         }
+        // Every dump of this poll is added: stacks no row names can go.
+        self.watch.trim_stacks();
         let mut leaks = false;
         for change in &changes {
             leaks |= change.event == ChangeKind::Leaks;
