@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use snapdiff_analyze::Culprit;
 use snapdiff_format::units::format_size as size;
 
@@ -556,5 +556,94 @@ fn ranks_dumping_plain_pytorch_names_into_folders_of_their_own_are_never_one_ser
     assert!(
         text.contains("4 ranks read from 36 snapshots (93.4 KiB): 2 steady, 2 leaking"),
         "{text}"
+    );
+}
+
+#[test]
+fn two_runs_in_sibling_folders_without_manifests_are_never_one_series() {
+    // Before, `fleet` merged them into one series and the leaking run
+    // disappeared: "1 steady, 0 leaking", exit 0.
+    let dir = tempdir();
+    let (job, files) = crate::util::sibling_runs(dir.path());
+    let fleet = snapdiff(["fleet".as_ref(), "--json".as_ref(), job.as_os_str()])
+        .expect_code(0)
+        .json();
+    assert_eq!(
+        (&fleet["processes"], &fleet["leaking"]),
+        (&json!(2), &json!(1)),
+        "{fleet:#}"
+    );
+    let judged: Vec<(&str, &str)> = fleet["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["process"].as_str().unwrap(),
+                m["verdict"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        judged,
+        [("rank1@runA", "leaking"), ("rank1@runB", "steady")]
+    );
+    assert_eq!(fleet["leaks"][0]["site"]["culprit"]["line"], 31);
+    // `trend` and `report` of the same files, given one by one.
+    let args = |command: &str| -> Vec<std::ffi::OsString> {
+        std::iter::once(command.into())
+            .chain(files.iter().map(|f| f.as_os_str().to_owned()))
+            .collect()
+    };
+    let mut trend_args = args("trend");
+    trend_args.push("--json".into());
+    let trend = snapdiff(trend_args).expect_code(0).json();
+    let processes: Vec<(&str, usize)> = trend["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let suspects = p["trend"]["suspects"].as_array().unwrap().len();
+            (p["process"].as_str().unwrap(), suspects)
+        })
+        .collect();
+    assert_eq!(
+        processes,
+        [("rank1@runA", 1), ("rank1@runB", 0)],
+        "{trend:#}"
+    );
+    let page = dir.path().join("page.html");
+    let mut report_args = args("report");
+    report_args.extend(["-o".into(), page.clone().into_os_string()]);
+    snapdiff(report_args).expect_code(0);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("rank1@runA") && html.contains("rank1@runB"));
+}
+
+#[test]
+fn folders_of_one_dump_each_are_one_runs_steps() {
+    // `_dump_snapshot(f"{out}/step{n}/rank1.pickle")`: a folder a step.
+    let dir = tempdir();
+    let from = crate::util::fixture("torch-format").join("backward");
+    for step in 0..9 {
+        let to = dir.path().join(format!("step{step}"));
+        std::fs::create_dir(&to).unwrap();
+        std::fs::copy(
+            from.join(format!("step{step}.pickle")),
+            to.join("rank1-step.pickle"),
+        )
+        .unwrap();
+    }
+    let fleet = snapdiff(["fleet".as_ref(), "--json".as_ref(), dir.path().as_os_str()])
+        .expect_code(0)
+        .json();
+    assert_eq!(
+        (&fleet["processes"], &fleet["leaking"]),
+        (&json!(1), &json!(1)),
+        "{fleet:#}"
+    );
+    assert_eq!(
+        fleet["members"][0]["checkpoints"].as_array().unwrap().len(),
+        9
     );
 }

@@ -1663,7 +1663,7 @@ fn two_jobs_writing_one_folder_under_one_name_at_once_are_each_judged_alone() {
     assert_eq!(leak["members"][0]["rank"], 0);
     let notes = fleet["notes"].to_string();
     assert!(
-        notes.contains("ran at the same time under one name"),
+        notes.contains("are runs under one name that ran at the same time"),
         "{notes}"
     );
 }

@@ -265,3 +265,28 @@ pub fn plant_link(target: &Path, link: &Path) {
     );
     assert!(link.is_symlink());
 }
+
+/// Two runs of one job in sibling folders, as PyTorch's own dumps without
+/// a manifest (`job/runA/rank1-step3.pickle`, `job/runB/rank1-step3.pickle`):
+/// run A leaks (the `backward` series, at line 31), run B is steady (the
+/// `graph-pool` series). Returns `job` and the files, run A's first.
+pub fn sibling_runs(parent: &Path) -> (PathBuf, Vec<PathBuf>) {
+    let job = parent.join("job");
+    let mut files = Vec::new();
+    for (run, series) in [("runA", "backward"), ("runB", "graph-pool")] {
+        let to = job.join(run);
+        std::fs::create_dir_all(&to).unwrap();
+        let mut from: Vec<PathBuf> = std::fs::read_dir(fixture("torch-format").join(series))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        from.sort();
+        for file in from {
+            let name = file.file_name().unwrap().to_str().unwrap();
+            let to = to.join(format!("rank1-{name}"));
+            std::fs::copy(&file, &to).unwrap();
+            files.push(to);
+        }
+    }
+    (job, files)
+}

@@ -780,3 +780,38 @@ fn watch_of_a_folder_used_again_follows_the_new_run_not_the_old_verdict() {
     );
     assert!(stdout.contains("1 leaking"), "{stdout}");
 }
+
+#[test]
+fn two_runs_in_sibling_folders_without_manifests_are_followed_apart() {
+    let dir = tempdir();
+    let (job, files) = crate::util::sibling_runs(dir.path());
+    let alerts = dir.path().join("alerts.jsonl");
+    let exec = format!("cat >> {}", quoted(&alerts));
+    let watch = Running::start(
+        [
+            "watch".as_ref(),
+            job.as_os_str(),
+            "--poll".as_ref(),
+            "100ms".as_ref(),
+            "--no-status".as_ref(),
+            "--exec".as_ref(),
+            exec.as_ref(),
+        ]
+        .map(std::ffi::OsStr::to_owned)
+        .to_vec(),
+    );
+    wait_until("an alert for run A", || {
+        std::fs::read_to_string(&alerts).is_ok_and(|a| a.contains("rank1@runA"))
+    });
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(watch.child.id() as i32, libc::SIGINT) };
+    let (code, stdout, stderr) = watch.finish();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("2 ranks read from {} snapshots", files.len()))
+            && stdout.contains("1 steady, 1 leaking"),
+        "{stdout}\n{stderr}"
+    );
+    let alerts = std::fs::read_to_string(&alerts).unwrap();
+    assert!(!alerts.contains("rank1@runB"), "{alerts}");
+}

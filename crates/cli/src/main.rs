@@ -8,11 +8,9 @@ mod args;
 mod cmd;
 mod exit;
 mod input;
-mod manifest;
 mod output;
 mod owners;
 mod pictures;
-mod processes;
 
 use std::process::ExitCode;
 

@@ -25,15 +25,13 @@
 #![warn(unreachable_pub)]
 
 mod rows;
-mod runs;
 mod stacks;
 mod tables;
 mod tally;
 mod verdict;
 mod watch;
 
-pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, rank_of};
-pub use crate::runs::{Run, names_apart, overlap};
+pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow};
 pub use crate::stacks::{StackStore, Stacks};
 pub use crate::tables::{TABLE_FILES, TableError, TableWriter, is_table_folder, read_tables};
 pub use crate::tally::{FleetTally, Rows};

@@ -176,13 +176,6 @@ pub struct ProcessRows {
     pub devices: Vec<DeviceRows>,
 }
 
-/// The rank a process name gives: 7 for `rank7`.
-pub fn rank_of(process: &str) -> Option<u32> {
-    // `rank7@pid812`: rank 7, one of two runs at once (see `runs`).
-    let name = process.split_once('@').map_or(process, |(name, _)| name);
-    name.strip_prefix("rank")?.parse().ok()
-}
-
 impl ProcessRows {
     /// A process with no checkpoints yet.
     pub fn new(process: impl Into<String>) -> ProcessRows {

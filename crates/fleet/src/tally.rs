@@ -9,12 +9,12 @@ use std::cmp::Reverse;
 use rustc_hash::{FxHashMap, FxHashSet};
 use snapdiff_analyze::{Site, StackKey, Trend, describe_site};
 
-use crate::rows::rank_of;
 use crate::stacks::Stacks;
 use crate::verdict::{
     Fleet, FleetLeak, FleetOptions, Imbalance, MIN_IMBALANCE_BYTES, Member, MemberExcess,
     MemberGrowth, MemberRow, ProcessVerdict, Unreadable, Verdict,
 };
+use snapdiff_runs::rank_of;
 
 /// Which ranks' rows ([`Fleet::members`]) a [`FleetTally`] keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::Serialize;
 use snapdiff_analyze::{HeldBy, Suspect, TrendOptions};
 
-use crate::rows::{ProcessRows, rank_of};
-use crate::runs::{Run, names_apart};
+use crate::rows::ProcessRows;
 use crate::stacks::StackStore;
 use crate::verdict::{Fleet, FleetOptions, ProcessVerdict, Unreadable, fleet_verdict, judge};
+use snapdiff_runs::{Run, names_apart, rank_of};
 
 /// The most checkpoints a device keeps by default: past it, every other of
 /// its older checkpoints is dropped (see [`ProcessRows::thin`]), so that a
@@ -81,6 +81,9 @@ pub struct Watch {
     /// Runs left behind for a newer run of their name: their late dumps
     /// are passed over.
     left: HashSet<(String, Run)>,
+    /// Processes whose runs are told by folders, each dump in a folder of
+    /// its own: the folders are its steps, and its dumps one run.
+    folder_steps: HashSet<String>,
     options: FleetOptions,
     keep: usize,
     /// Sites known after the stacks were last trimmed to those in use.
@@ -104,6 +107,7 @@ impl Watch {
             apart: HashMap::new(),
             ended: HashSet::new(),
             left: HashSet::new(),
+            folder_steps: HashSet::new(),
             options: FleetOptions { trend: options },
             keep: keep.max(16),
             stacks_trimmed_to: 0,
@@ -132,10 +136,26 @@ impl Watch {
     /// began after the followed one ended replaces it, with a note (a late
     /// dump of the run left behind is passed over); two that run at once
     /// are followed apart, each under a name that tells it.
-    pub fn add(&mut self, mut dump: ProcessRows, run: Run, bytes: u64) -> Vec<Change> {
+    pub fn add(&mut self, mut dump: ProcessRows, mut run: Run, bytes: u64) -> Vec<Change> {
         self.dumps += 1;
         self.bytes = self.bytes.saturating_add(bytes);
         let process = dump.process.clone();
+        if let Some(followed) = self.processes.get(&process) {
+            // Told by folders, a second folder whose first holds one dump:
+            // folders of steps (see `snapdiff_runs::folder_steps_are_one_run`).
+            let folders = |a: &Run, b: &Run| a.folder.is_some() && b.folder.is_some() && a != b;
+            if folders(&followed.run, &run)
+                && (self.folder_steps.contains(&process)
+                    || followed
+                        .rows
+                        .devices
+                        .iter()
+                        .all(|d| d.checkpoints.len() == 1))
+            {
+                self.folder_steps.insert(process.clone());
+                run = followed.run.clone();
+            }
+        }
         let key = (process, run);
         if self.left.contains(&key) {
             return Vec::new(); // a late file of a run already left behind

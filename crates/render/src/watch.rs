@@ -7,8 +7,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use snapdiff_analyze::Culprit;
-use snapdiff_fleet::{Change, ChangeKind, Fleet, ProcessVerdict, Run};
+use snapdiff_fleet::{Change, ChangeKind, Fleet, ProcessVerdict};
 use snapdiff_format::visible::escaped;
+use snapdiff_runs::Run;
 use std::sync::atomic::AtomicU64;
 
 use crate::text::{duration, paths_base, size};
@@ -165,7 +166,7 @@ pub fn metrics_text(input: &MetricsInput<'_>) -> String {
             let who = DeviceLabels {
                 run: run_label(run),
                 process: verdict.process.clone(),
-                rank: snapdiff_fleet::rank_of(&verdict.process)
+                rank: snapdiff_runs::rank_of(&verdict.process)
                     .map_or_else(String::new, |r| r.to_string()),
                 device: d.device.to_string(),
             };

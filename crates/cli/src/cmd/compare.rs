@@ -5,8 +5,8 @@ use snapdiff_format::Parts;
 
 use crate::args::CompareArgs;
 use crate::exit::Exit;
-use crate::processes::process_of_snapshot;
 use snapdiff_render::text::size;
+use snapdiff_runs::process_of;
 
 /// Files up to this size together are read at the same time, on two
 /// threads. Reading a pickle peaks at about 1.25 times its size and keeps
@@ -38,10 +38,10 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     options.rules = rules;
     let mut cmp = compare(&before, &after, &options);
     let mut pair = [(&args.before, before), (&args.after, after)];
-    let writers = crate::manifest::describe(&mut pair);
+    let writers = snapdiff_runs::manifest::describe(&mut pair);
     let [(_, before), (_, after)] = pair;
-    let process_a = process_of_snapshot(&args.before, &before, writers[0].as_deref());
-    let process_b = process_of_snapshot(&args.after, &after, writers[1].as_deref());
+    let process_a = process_of(&args.before, &before, writers[0].as_deref());
+    let process_b = process_of(&args.after, &after, writers[1].as_deref());
     if !process_a.is_empty() && !process_b.is_empty() && process_a != process_b {
         cmp.notes.push(format!(
             "the two files are from different processes ({process_a}, {process_b}): what one \

@@ -29,7 +29,7 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     // manifest or recorded process id.
     let mut trends = Vec::new();
     let mut errored = false;
-    for (_, files) in crate::processes::by_process(files) {
+    for (_, files) in snapdiff_runs::by_process(files) {
         let (read, e) = read_all(&files);
         errored |= e;
         for (process, snapshots) in split_by_process(read) {
@@ -196,12 +196,12 @@ fn read_all(files: &[PathBuf]) -> (Vec<(Read<'_>, String)>, bool) {
             }
         }
     }
-    let writers = crate::manifest::describe(&mut read);
+    let writers = snapdiff_runs::manifest::describe(&mut read);
     let read = read
         .into_iter()
         .zip(writers)
         .map(|((path, snapshot), writer)| {
-            let process = crate::processes::process_of_snapshot(path, &snapshot, writer.as_deref());
+            let process = snapdiff_runs::process_of(path, &snapshot, writer.as_deref());
             let read = Read {
                 path,
                 snapshot,
@@ -216,70 +216,63 @@ fn read_all(files: &[PathBuf]) -> (Vec<(Read<'_>, String)>, bool) {
 /// Snapshots grouped by the process that wrote them, each process's runs
 /// to judge (see [`runs_to_judge`]).
 fn split_by_process(read: Vec<(Read<'_>, String)>) -> Vec<(String, Vec<Read<'_>>)> {
-    crate::processes::group(read.into_iter().map(|(r, process)| (process, r)))
+    snapdiff_runs::group(read.into_iter().map(|(r, process)| (process, r)))
         .into_iter()
         .flat_map(|(process, reads)| runs_to_judge(process, reads))
         .collect()
 }
 
 /// The runs of one process name to judge, as `fleet` judges them (see
-/// [`snapdiff_fleet::Run`]): two runs of one job under one folder name
-/// their ranks alike, but another process id, machine or capture run
-/// wrote each, and the files of different runs are never one series. The
-/// run with the latest time (else step) is judged, with a note that the
-/// earlier ones were left; runs whose dumps span the same time as it are
-/// judged too, each under a name that tells it apart (`rank0@pid812`).
+/// [`snapdiff_runs::Run`]): two runs of one job under one name (another
+/// process id, machine, capture run, or sibling folder) are never one
+/// series. The latest run is judged with every run that dumped while it
+/// did, or of which nothing says when, each under a name that tells it
+/// apart (`rank0@pid812`, `rank1@runA`); the note of the earlier ones
+/// left out is on the first file of each run judged.
 fn runs_to_judge(process: String, reads: Vec<Read<'_>>) -> Vec<(String, Vec<Read<'_>>)> {
-    let mut runs: Vec<(snapdiff_fleet::Run, Vec<Read<'_>>)> = Vec::new();
+    let mut runs: Vec<(snapdiff_runs::Run, Vec<Read<'_>>)> = Vec::new();
     for r in reads {
-        let run = snapdiff_fleet::Run::of(&r.snapshot.meta);
+        let run = snapdiff_runs::Run::of(&r.snapshot.meta, r.path);
         match runs.iter_mut().find(|(k, _)| *k == run) {
             Some((_, members)) => members.push(r),
             None => runs.push((run, vec![r])),
         }
     }
-    let all = runs.len();
-    let times = |reads: &[Read<'_>]| -> Vec<i64> {
-        reads
-            .iter()
-            .filter_map(|r| r.snapshot.meta.created_us)
-            .collect()
-    };
-    let span = |reads: &[Read<'_>]| {
-        let times = times(reads);
-        Some((*times.iter().min()?, *times.iter().max()?))
-    };
-    let last = |reads: &[Read<'_>]| {
-        let step = reads.iter().filter_map(|r| r.snapshot.meta.step).max();
-        (times(reads).into_iter().max(), step)
-    };
-    let latest = (0..all)
-        .max_by_key(|&i| (last(&runs[i].1), i))
-        .expect("a process has files");
-    let latest_span = span(&runs[latest].1);
-    let mut i = 0;
-    runs.retain(|(_, reads)| {
-        i += 1;
-        i - 1 == latest
-            || latest_span
-                .zip(span(reads))
-                .is_some_and(|(a, b)| snapdiff_fleet::overlap(a, b))
-    });
-    let left_out = all - runs.len();
-    if left_out > 0 {
-        for (_, reads) in &mut runs {
-            reads[0].earlier_runs = left_out;
-        }
+    let each: Vec<&snapdiff_runs::Run> = runs.iter().map(|(run, _)| run).collect();
+    let dumps: Vec<usize> = runs.iter().map(|(_, reads)| reads.len()).collect();
+    if snapdiff_runs::folder_steps_are_one_run(&each, &dumps) {
+        let reads = runs.into_iter().flat_map(|(_, reads)| reads).collect();
+        return vec![(process, reads)];
     }
-    let names = if runs.len() > 1 {
-        let each: Vec<&snapdiff_fleet::Run> = runs.iter().map(|(run, _)| run).collect();
-        snapdiff_fleet::names_apart(&process, &each)
+    let spans: Vec<snapdiff_runs::Span> = runs
+        .iter()
+        .map(|(_, reads)| {
+            let mut span = snapdiff_runs::Span::default();
+            for r in reads {
+                span.add(r.snapshot.meta.created_us, r.snapshot.meta.step);
+            }
+            span
+        })
+        .collect();
+    let choice = snapdiff_runs::choose(&spans);
+    let mut runs: Vec<_> = runs.into_iter().map(Some).collect();
+    let mut judged: Vec<(snapdiff_runs::Run, Vec<Read<'_>>)> = choice
+        .judged
+        .iter()
+        .filter_map(|&i| runs[i].take())
+        .collect();
+    for (_, reads) in &mut judged {
+        reads[0].earlier_runs = choice.left_out.len();
+    }
+    let names = if judged.len() > 1 {
+        let each: Vec<&snapdiff_runs::Run> = judged.iter().map(|(run, _)| run).collect();
+        snapdiff_runs::names_apart(&process, &each)
     } else {
         vec![process]
     };
     names
         .into_iter()
-        .zip(runs.into_iter().map(|(_, reads)| reads))
+        .zip(judged.into_iter().map(|(_, reads)| reads))
         .collect()
 }
 

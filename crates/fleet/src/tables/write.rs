@@ -19,7 +19,9 @@ use super::{
     TABLE_FILES, TableError, checkpoints_schema, file_error, owners_schema, sites_schema,
     stacks_schema,
 };
-use crate::rows::{DeviceRows, ProcessRows, rank_of};
+use snapdiff_runs::rank_of;
+
+use crate::rows::{DeviceRows, ProcessRows};
 use crate::stacks::Stacks;
 
 /// Rows per row group: large enough for fast scans, small enough that a

@@ -16,7 +16,7 @@ use snapdiff_runtime::config::{
 use super::signals;
 use crate::args::CaptureArgs;
 use crate::exit::Exit;
-use crate::manifest;
+use snapdiff_runs::manifest;
 
 /// The Python start-up hook, put on the command's PYTHONPATH: records
 /// PyTorch's memory history once torch is imported (see the files' own notes).

@@ -48,7 +48,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     }
     // Snapshots of different processes (ranks, or a job and its children)
     // are never mixed: each process is reported on its own.
-    let processes = crate::processes::by_process(captured.snapshots.clone());
+    let processes = snapdiff_runs::by_process(captured.snapshots.clone());
     if processes.len() > 1 {
         let names: Vec<&str> = processes.iter().map(|(p, _)| p.as_str()).collect();
         snapdiff_render::capture::write_processes(&names, &mut *out)?;

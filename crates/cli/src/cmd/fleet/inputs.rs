@@ -15,8 +15,7 @@ use snapdiff_fleet::{Unreadable, is_table_folder};
 
 use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
-use crate::cmd::fleet::read::wanted;
-use crate::processes::process_named;
+use snapdiff_runs::{process_named, wanted};
 
 /// What a file or folder is, whatever path reaches it: its device and
 /// inode, or elsewhere its canonical path.

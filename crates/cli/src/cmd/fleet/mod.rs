@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use snapdiff_analyze::TrendOptions;
 use snapdiff_fleet::{
     Fleet, FleetOptions, FleetTally, Member, ProcessRows, ProcessVerdict, Rows, StackStore, Stacks,
-    Unreadable, judge, rank_of, read_tables,
+    Unreadable, judge, read_tables,
 };
 use snapdiff_render::text::size;
 
@@ -177,7 +177,7 @@ pub(crate) fn read_table_folders(
     let _at_once = crate::input::ReturnAtOnce::new();
     for folder in folders {
         let read = read_tables(folder, stacks, |rows| {
-            if read::wanted(&rows.process, only) {
+            if snapdiff_runs::wanted(&rows.process, only) {
                 done(rows);
             }
         });
@@ -226,7 +226,7 @@ impl ExitFacts {
             {
                 self.over += 1;
                 let member = Member {
-                    rank: rank_of(&verdict.process),
+                    rank: snapdiff_runs::rank_of(&verdict.process),
                     process: verdict.process.clone(),
                     device: d.device,
                 };

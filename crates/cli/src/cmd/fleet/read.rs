@@ -7,11 +7,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
-use snapdiff_fleet::{ProcessRows, Run, StackStore, Unreadable};
+use snapdiff_fleet::{ProcessRows, StackStore, Unreadable};
+use snapdiff_runs::{Run, Span, wanted};
 
 use crate::cmd::fleet::inputs::Census;
-use crate::manifest::Manifests;
-use crate::processes::process_of_fleet_file;
+use snapdiff_runs::manifest::Manifests;
 
 /// What reading the files came to, besides the processes' rows.
 #[derive(Debug, Default)]
@@ -25,8 +25,9 @@ pub(crate) struct Outcome {
     /// Processes whose files came from more than one run (another process
     /// id or machine under the same rank): only the latest run is judged.
     pub(crate) earlier_runs: Vec<String>,
-    /// Runs of one process name that dumped at the same time, each judged
-    /// apart: the names they are judged under.
+    /// Runs of one process name that dumped at the same time (or of which
+    /// nothing says when), each judged apart: the names they are judged
+    /// under.
     pub(crate) runs_at_once: Vec<Vec<String>>,
 }
 
@@ -61,15 +62,16 @@ impl Outcome {
             n => format!(" (and {} other processes alike)", n - 1),
         };
         Some(format!(
-            "{} ran at the same time under one name{more}: each is judged on its own files",
+            "{} are runs under one name that ran at the same time, or of which nothing says \
+             when{more}: each is judged on its own files",
             first.join(" and ")
         ))
     }
 }
 
 /// The files of one process name, by the run they are from (see
-/// [`snapdiff_fleet::Run`]): two runs of one job under one folder have the
-/// same rank names and different processes; their files are never one
+/// [`snapdiff_runs::Run`]): two runs of one job under one name (another
+/// process id, machine, capture run, or sibling folder) are never one
 /// series.
 #[derive(Default)]
 struct Runs(Vec<(Run, ProcessRows)>);
@@ -82,53 +84,59 @@ impl Runs {
         }
     }
 
-    /// The runs to judge, and whether earlier runs were left out: the
-    /// latest run (by the time of its last checkpoint, else its last
-    /// step, else the order read), and every run that dumped while it did,
-    /// each then under a name that tells it apart (`rank0@pid812`); runs
-    /// that ended before the latest began are left out.
+    /// The runs to judge (see [`snapdiff_runs::choose`]), each under a
+    /// name that tells it apart when there are several (`rank0@pid812`),
+    /// and whether earlier runs were left out.
     fn into_judged(self) -> (Vec<ProcessRows>, bool) {
-        let span = |rows: &ProcessRows| {
-            let times = rows.devices.iter().flat_map(|d| &d.checkpoints);
-            Some((
-                times.clone().filter_map(|c| c.time_us).min()?,
-                times.filter_map(|c| c.time_us).max()?,
-            ))
-        };
-        let last = |rows: &ProcessRows| {
-            let checkpoints = rows.devices.iter().flat_map(|d| &d.checkpoints);
-            let time = checkpoints.clone().filter_map(|c| c.time_us).max();
-            (time, checkpoints.filter_map(|c| c.step).max())
-        };
         let mut runs = self.0;
-        let Some(latest) = (0..runs.len()).max_by_key(|&i| (last(&runs[i].1), i)) else {
-            return (Vec::new(), false);
-        };
-        let latest_span = span(&runs[latest].1);
-        let at_once = |i: usize, rows: &ProcessRows| {
-            i == latest
-                || latest_span
-                    .zip(span(rows))
-                    .is_some_and(|(a, b)| snapdiff_fleet::overlap(a, b))
-        };
-        let all = runs.len();
-        let mut i = 0;
-        runs.retain(|(_, rows)| {
-            i += 1;
-            at_once(i - 1, rows)
-        });
-        let left_out = runs.len() < all;
-        if runs.len() > 1 {
-            let names = snapdiff_fleet::names_apart(
-                &runs[0].1.process,
-                &runs.iter().map(|(run, _)| run).collect::<Vec<_>>(),
+        let each: Vec<&Run> = runs.iter().map(|(run, _)| run).collect();
+        let dumps: Vec<usize> = runs.iter().map(|(_, rows)| dumps_of(rows)).collect();
+        if snapdiff_runs::folder_steps_are_one_run(&each, &dumps) {
+            let (_, mut one) = runs.remove(0);
+            for (_, rows) in runs {
+                one.append(rows);
+            }
+            return (vec![one], false);
+        }
+        let spans: Vec<Span> = runs
+            .iter()
+            .map(|(_, rows)| {
+                let mut span = Span::default();
+                for c in rows.devices.iter().flat_map(|d| &d.checkpoints) {
+                    span.add(c.time_us, c.step);
+                }
+                span
+            })
+            .collect();
+        let choice = snapdiff_runs::choose(&spans);
+        let mut runs: Vec<_> = runs.into_iter().map(Some).collect();
+        let mut judged: Vec<(Run, ProcessRows)> = choice
+            .judged
+            .iter()
+            .filter_map(|&i| runs[i].take())
+            .collect();
+        if judged.len() > 1 {
+            let names = snapdiff_runs::names_apart(
+                &judged[0].1.process,
+                &judged.iter().map(|(run, _)| run).collect::<Vec<_>>(),
             );
-            for ((_, rows), name) in runs.iter_mut().zip(names) {
+            for ((_, rows), name) in judged.iter_mut().zip(names) {
                 rows.process = name;
             }
         }
-        (runs.into_iter().map(|(_, rows)| rows).collect(), left_out)
+        let left_out = !choice.left_out.is_empty();
+        (judged.into_iter().map(|(_, rows)| rows).collect(), left_out)
     }
+}
+
+/// The dumps a process's rows were read from: its most checkpoints on one
+/// device.
+fn dumps_of(rows: &ProcessRows) -> usize {
+    rows.devices
+        .iter()
+        .map(|d| d.checkpoints.len())
+        .max()
+        .unwrap_or(0)
 }
 
 /// Reads the files of `census` on the current rayon pool and hands each
@@ -260,31 +268,19 @@ impl FileReader<'_> {
         };
         let writer = self.manifests.describe(path, &mut snap);
         let process = process.map_or_else(
-            || process_of_fleet_file(path, &snap, writer.as_deref()),
+            || snapdiff_runs::process_of(path, &snap, writer.as_deref()),
             str::to_owned,
         );
         if wanted(&process, only) {
             let mut rows = ProcessRows::new(process);
             let owners = crate::owners::by_site(path, &snap);
             rows.add_snapshot(&path.to_string_lossy(), &snap, self.stacks, owners.as_ref());
-            add(rows, Run::of(&snap.meta));
+            add(rows, Run::of(&snap.meta, path));
         }
         drop(snap);
         let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
         outcome.files += 1;
         outcome.bytes += len;
-    }
-}
-
-/// Whether `process` is the one `only` asks for: all when `None`; a number
-/// `7` asks for `rank7`.
-pub(crate) fn wanted(process: &str, only: Option<&str>) -> bool {
-    match only {
-        None => true,
-        Some(r) if !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()) => {
-            r.parse().ok() == snapdiff_fleet::rank_of(process)
-        }
-        Some(name) => process == name,
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use snapdiff_fleet::{Unreadable, is_table_folder};
 use snapdiff_format::names::{MANIFEST_FILE_NAME, is_capture_file, is_snapshot_name};
 
-use crate::manifest::{self, Entry};
+use snapdiff_runs::manifest::{self, Entry};
 
 /// How long a dump in a folder with a manifest waits for its line there
 /// (the capture hook writes it just after the dump) before it is read

@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use snapdiff_analyze::{Culprit, CulpritRules, TrendOptions};
-use snapdiff_fleet::{
-    Change, ChangeKind, Fleet, ProcessRows, ProcessVerdict, Run, Unreadable, Watch,
-};
+use snapdiff_fleet::{Change, ChangeKind, Fleet, ProcessRows, ProcessVerdict, Unreadable, Watch};
 use snapdiff_format::visible::escaped;
 
 use crate::args::{LiveArgs, ReportArgs, WatchArgs};
@@ -386,7 +384,7 @@ impl Watcher {
 }
 
 /// One dump read: its process's rows and run, or why it could not be.
-type DumpRead = Result<(ProcessRows, Run), String>;
+type DumpRead = Result<(ProcessRows, snapdiff_runs::Run), String>;
 
 /// Reads one dump into its process's rows, with what its manifest line
 /// says; an error is one line naming the file.
@@ -396,8 +394,8 @@ fn read_dump(ready: &Ready, stacks: &snapdiff_fleet::StackStore) -> DumpRead {
     let writer = ready
         .entry
         .as_ref()
-        .and_then(|e| crate::manifest::apply(e, &mut snap));
-    let process = crate::processes::process_of_fleet_file(&ready.path, &snap, writer.as_deref());
+        .and_then(|e| snapdiff_runs::manifest::apply(e, &mut snap));
+    let process = snapdiff_runs::process_of(&ready.path, &snap, writer.as_deref());
     let mut rows = ProcessRows::new(process);
     let owners = crate::owners::by_site(&ready.path, &snap);
     rows.add_snapshot(
@@ -406,7 +404,7 @@ fn read_dump(ready: &Ready, stacks: &snapdiff_fleet::StackStore) -> DumpRead {
         stacks,
         owners.as_ref(),
     );
-    Ok((rows, Run::of(&snap.meta)))
+    Ok((rows, snapdiff_runs::Run::of(&snap.meta, &ready.path)))
 }
 
 /// The lines holding most at a device's last dump: (culprit, live bytes),

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use snapdiff_format::{Extra, Snapshot, Value};
 
 /// The manifest's file name.
-pub(crate) const FILE_NAME: &str = snapdiff_format::names::MANIFEST_FILE_NAME;
+pub const FILE_NAME: &str = snapdiff_format::names::MANIFEST_FILE_NAME;
 
 /// A manifest larger than this is not read (a real one has a line per dump,
 /// about 150 bytes each).
@@ -21,44 +21,47 @@ const MAX_BYTES: u64 = 64 << 20;
 
 /// One dump, as the hook described it.
 #[derive(Debug, Deserialize)]
-pub(crate) struct Entry {
+pub struct Entry {
     /// The dump's file name in the folder; `None` for a dump that failed.
-    pub(crate) file: Option<String>,
-    pub(crate) rank: Option<u32>,
-    pub(crate) pid: Option<u32>,
-    pub(crate) step: Option<u64>,
+    pub file: Option<String>,
+    /// The rank of the process that dumped it, if distributed.
+    pub rank: Option<u32>,
+    /// The process id.
+    pub pid: Option<u32>,
+    /// The training step (optimizer steps counted by the hook).
+    pub step: Option<u64>,
     /// Unix time in seconds.
-    pub(crate) time: Option<f64>,
+    pub time: Option<f64>,
     /// step, interval, signal, oom or exit.
-    pub(crate) reason: Option<String>,
+    pub reason: Option<String>,
     /// Why the dump failed.
-    pub(crate) error: Option<String>,
+    pub error: Option<String>,
     /// How long writing the dump (and its owners) held the process.
-    pub(crate) seconds: Option<f64>,
+    pub seconds: Option<f64>,
     /// How much of it finding and writing the owners took (`--owners`).
-    pub(crate) owners_seconds: Option<f64>,
+    pub owners_seconds: Option<f64>,
     /// Interval dumps the process skipped so far, a dump being written.
-    pub(crate) skipped: Option<u64>,
+    pub skipped: Option<u64>,
     /// The interval in seconds, where this dump widened it.
-    pub(crate) interval: Option<f64>,
+    pub interval: Option<f64>,
     /// `cpu` (capture's recorder) or `cuda:N`.
-    pub(crate) device: Option<String>,
+    pub device: Option<String>,
     /// The machine the process ran on.
-    pub(crate) host: Option<String>,
+    pub host: Option<String>,
     /// The run of `snapdiff capture` it was part of.
-    pub(crate) run: Option<String>,
+    pub run: Option<String>,
     /// Why the recording had stopped by this dump (the job replaced the
     /// allocator the recorder wraps), when it had.
-    pub(crate) stopped: Option<String>,
+    pub stopped: Option<String>,
     /// The process's resident memory when the dump was taken.
-    pub(crate) rss_bytes: Option<u64>,
+    pub rss_bytes: Option<u64>,
     /// Bytes in use on the device then, by every user of it.
-    pub(crate) device_used_bytes: Option<u64>,
+    pub device_used_bytes: Option<u64>,
 }
 
 /// The entries of the manifest at `path` after its first `from` bytes; lines
 /// that are not entries are passed over.
-pub(crate) fn entries(path: &Path, from: u64) -> Vec<Entry> {
+pub fn entries(path: &Path, from: u64) -> Vec<Entry> {
     let Ok(text) = read_bounded(path) else {
         return Vec::new();
     };
@@ -73,7 +76,7 @@ pub(crate) fn entries(path: &Path, from: u64) -> Vec<Entry> {
 /// first `from` bytes, and where the last whole line ends: a line being
 /// appended is left for the next read, unless it is longer than a manifest
 /// may be (no entry: passed over, so that it is not read again).
-pub(crate) fn new_entries(path: &Path, from: u64) -> (Vec<Entry>, u64) {
+pub fn new_entries(path: &Path, from: u64) -> (Vec<Entry>, u64) {
     use std::io::{Read, Seek};
     let mut text = Vec::new();
     let read = snapdiff_format::open_regular(path).and_then(|mut f| {
@@ -111,7 +114,7 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
 /// beside its file describes, where the snapshot does not say them itself.
 /// Returns, for each snapshot, the process the manifest says wrote it
 /// (`rank3`, or `pid812` without a rank).
-pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) -> Vec<Option<String>> {
+pub fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) -> Vec<Option<String>> {
     let manifests = Manifests::default();
     snapshots
         .iter_mut()
@@ -124,11 +127,11 @@ pub(crate) fn describe(snapshots: &mut [(&PathBuf, Snapshot)]) -> Vec<Option<Str
 /// file is described once, so its entry is let go once used: what is held
 /// is the entries of the files not yet read.
 #[derive(Default)]
-pub(crate) struct Manifests(Mutex<HashMap<PathBuf, HashMap<String, Entry>>>);
+pub struct Manifests(Mutex<HashMap<PathBuf, HashMap<String, Entry>>>);
 
 impl Manifests {
     /// What [`describe`] does for one snapshot read from `path`.
-    pub(crate) fn describe(&self, path: &Path, snap: &mut Snapshot) -> Option<String> {
+    pub fn describe(&self, path: &Path, snap: &mut Snapshot) -> Option<String> {
         let folder = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let name = path.file_name()?.to_string_lossy().into_owned();
         let entry = {
@@ -154,7 +157,7 @@ impl Manifests {
 /// Fills in what `entry` says of its dump where `snap` does not say it
 /// itself, and returns the process it says wrote it (`rank3`, or `pid812`
 /// without a rank).
-pub(crate) fn apply(entry: &Entry, snap: &mut Snapshot) -> Option<String> {
+pub fn apply(entry: &Entry, snap: &mut Snapshot) -> Option<String> {
     let meta = &mut snap.meta;
     meta.step = meta.step.or(entry.step);
     meta.created_us = meta
