@@ -13,7 +13,7 @@ use crate::util::{
 };
 
 /// Runs `tests/support/inject_leak.py` and returns what it injected.
-fn inject(
+pub(crate) fn inject(
     mode: &str,
     input: &Path,
     output: &Path,
@@ -323,8 +323,12 @@ fn trend_over_several_snapshots_of_a_growing_job() {
         return;
     };
     let dir = tempdir();
-    // Snapshots after 0, 2, 4, ... leaked blocks: a job leaking 2 MiB per step.
-    let mut files = vec![file.clone()];
+    // Snapshots after 0, 2, 4, ... leaked blocks: a job leaking 2 MiB per
+    // step, its files in one folder (files nothing names in two folders
+    // are two runs).
+    let first = dir.path().join("step-0.pickle");
+    std::fs::copy(&file, &first).unwrap();
+    let mut files = vec![first];
     let mut injected = None;
     for step in 1..6 {
         let out = dir.path().join(format!("step-{step}.pickle"));

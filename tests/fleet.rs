@@ -647,3 +647,77 @@ fn folders_of_one_dump_each_are_one_runs_steps() {
         9
     );
 }
+
+/// A job of three ranks that each left one file with a trace: ranks 0 and
+/// 1 leak (allocations injected into real traces), rank 2 does not.
+/// Returns the job's folder and its files in rank order.
+pub(crate) fn ranks_of_one_file(parent: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
+    let training = shared_torch("cs336-medium-128-training.pickle")?;
+    let job = parent.join("job");
+    std::fs::create_dir(&job).unwrap();
+    let mut files = Vec::new();
+    for (rank, fixture, leaks) in [
+        (0, "eor-nn-counterfactuals.pickle", true),
+        (1, "cs336-medium-128-inference.pickle", true),
+        (2, "cs336-medium-128-inference.pickle", false),
+    ] {
+        let file = job.join(format!("rank{rank}-step30-exit.pickle"));
+        let from = shared_torch(fixture)?;
+        if leaks {
+            crate::analyze::inject("trace", &from, &file, 30, 1 << 20, Some(&training));
+        } else {
+            std::fs::copy(&from, &file).unwrap();
+        }
+        files.push(file);
+    }
+    Some((job, files))
+}
+
+#[test]
+fn a_rank_of_one_file_is_judged_by_its_trace_as_trend_judges_it() {
+    // Before, `fleet` judged such a rank by its one dump: "no verdict",
+    // while `trend` of the same file named the leaking line.
+    let dir = tempdir();
+    let Some((job, files)) = ranks_of_one_file(dir.path()) else {
+        return crate::util::skip("one-file ranks", "../shared/fixtures/torch is not here");
+    };
+    let fleet = snapdiff(["fleet".as_ref(), "--json".as_ref(), job.as_os_str()])
+        .expect_code(0)
+        .json();
+    assert_eq!(
+        (&fleet["processes"], &fleet["leaking"]),
+        (&json!(3), &json!(2)),
+        "{fleet:#}"
+    );
+    for (member, file) in fleet["members"].as_array().unwrap().iter().zip(&files) {
+        let trend = snapdiff(["trend".as_ref(), "--json".as_ref(), file.as_os_str()])
+            .expect_code(0)
+            .json();
+        let name = file.display();
+        assert_eq!(
+            member["suspected_bytes"], trend["suspected_bytes"],
+            "{name}"
+        );
+        for field in ["culprit", "series", "floor", "growth_bytes"] {
+            let of = |suspects: &Value| -> Vec<Value> {
+                suspects
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s[field].clone())
+                    .collect()
+            };
+            assert_eq!(
+                of(&member["suspects"]),
+                of(&trend["suspects"]),
+                "{name}: {field}"
+            );
+        }
+        let leaks = !trend["suspects"].as_array().unwrap().is_empty();
+        assert_eq!(
+            member["verdict"],
+            if leaks { "leaking" } else { "steady" },
+            "{name}"
+        );
+    }
+}

@@ -33,7 +33,7 @@ mod pytorch_rules;
 mod verdicts;
 
 // A generated job of many ranks, and the fleet verdict on it.
-mod fleet;
+pub(crate) mod fleet;
 mod fleet_job;
 
 // capture and demo.

@@ -815,3 +815,46 @@ fn two_runs_in_sibling_folders_without_manifests_are_followed_apart() {
     let alerts = std::fs::read_to_string(&alerts).unwrap();
     assert!(!alerts.contains("rank1@runB"), "{alerts}");
 }
+
+#[test]
+fn a_rank_of_one_file_is_judged_by_its_trace_when_the_watch_ends() {
+    let dir = tempdir();
+    let Some((job, files)) = crate::fleet::ranks_of_one_file(dir.path()) else {
+        return crate::util::skip("one-file ranks", "../shared/fixtures/torch is not here");
+    };
+    let watch = Running::start(
+        [
+            "watch".as_ref(),
+            job.as_os_str(),
+            "--json".as_ref(),
+            "--poll".as_ref(),
+            "100ms".as_ref(),
+            "--no-status".as_ref(),
+            "--metrics".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ]
+        .map(std::ffi::OsStr::to_owned)
+        .to_vec(),
+    );
+    let url = watch.metrics_url();
+    wait_until("the three dumps read", || {
+        samples(&scrape(&url), "snapdiff_dumps_read", None)[0]["value"].as_f64() == Some(3.0)
+    });
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(watch.child.id() as i32, libc::SIGINT) };
+    let (code, stdout, stderr) = watch.finish();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let verdict: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(verdict["leaking"], 2, "{stdout}");
+    let trend =
+        crate::util::snapdiff(["trend".as_ref(), "--json".as_ref(), files[0].as_os_str()]).json();
+    assert_eq!(
+        verdict["members"][0]["suspected_bytes"],
+        trend["suspected_bytes"]
+    );
+    // Each leaking line was said as it was found.
+    let said = stdout
+        .lines()
+        .filter(|l| l.starts_with(r#"{"event":"leaks""#));
+    assert_eq!(said.count(), 2, "{stdout}");
+}

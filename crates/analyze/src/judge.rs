@@ -1,33 +1,171 @@
-//! The verdict on one process's checkpoints, as every caller gives it:
-//! `trend`, `report` and `capture` on files, the Rust
-//! `snapdiff::trend_files`, and the fleet on each rank's site tables.
+//! The verdict on one process, as every caller gives it: `trend`, `report`
+//! and `capture` on files, the Rust `snapdiff::trend_files`, the fleet and
+//! `watch` on each rank.
 //!
-//! [`judge_series`] is the judge: checkpoints in order and the owners
-//! files' sites in, the trend with each suspect's "held by" out.
-//! [`judge_dumps`] brings a process's dumps to it: exit dumps are left out
-//! among enough others (by their names); one dump is judged by its trace,
-//! several as checkpoints in order. The fleet brings site tables to it.
+//! [`judge()`] is the judge: one device's [`DeviceRows`] in (see
+//! [`rows`](crate::rows)), whoever built them; exit dumps left out among
+//! enough others (by their names), the checkpoints put in order, the floor
+//! rule applied, and each suspect's "held by" filled in. [`judge_dumps`]
+//! brings a process's snapshots to it: one dump (exit dumps left out) is
+//! judged by its trace, cut into checkpoints; several, a checkpoint each.
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::Owners;
+use snapdiff_format::{Owners, Snapshot, StackId};
 
 use crate::error::TraceError;
 use crate::group::{culprit_line, describe_site};
 use crate::held_by::{CulpritLine, SiteOwners, add_held_by, owners_by_site};
-use crate::series_order::{NamedSnapshot, SnapshotOrder, without_exit_dumps};
-use crate::stack_key::StackKey;
+use crate::outside::OutsidePoint;
+use crate::private_pools::idle_private_pools;
+use crate::rows::{DeviceRows, Devices, ProcessRows, SiteStacks};
+use crate::series_order::{
+    NamedSnapshot, OrderKey, SnapshotOrder, snapshot_order, without_exit_dumps,
+};
+use crate::stack_key::{StackKey, StackKeys};
 use crate::trend::{
-    SiteSeries, Trend, TrendOptions, judge_named, trend_of_snapshot_series, trend_trace,
+    Checkpoint, CheckpointSource, SiteSeries, Trend, TrendOptions, merge_device_trends,
+    trend_of_series, trend_of_snapshot_series,
 };
 
-/// A process's verdict, and which dump was its last checkpoint.
+/// A verdict, and the checkpoints it was judged on.
 #[derive(Debug)]
 pub struct Judged {
     /// The trend, suspects' owners filled in.
     pub trend: Trend,
-    /// The index, among the dumps judged, of the last checkpoint in order
-    /// (exit dumps left out): the dump a report describes.
-    pub last: usize,
+    /// The checkpoints judged, by their index in the order given, in the
+    /// order judged (exit dumps left out).
+    pub order: Vec<usize>,
+}
+
+impl Judged {
+    /// The index of the last checkpoint judged, in the order given: the
+    /// dump a report describes. `None` when none was.
+    pub fn last(&self) -> Option<usize> {
+        self.order.last().copied()
+    }
+}
+
+/// Where the judge finds a site's frames: the snapshot holding its stack,
+/// and the stack's id there.
+pub type Describe<'a, 'b> = &'b dyn Fn(StackKey) -> Option<(&'a Snapshot, Option<StackId>)>;
+
+/// Judges one device's `rows`: exit dumps left out among enough others
+/// (told by their file names), checkpoints in order (by step, else time,
+/// else name), the floor rule, then each suspect's owners from
+/// `owners_at(i)`, what kept the sites' blocks alive at checkpoint `i` of
+/// `rows` (asked for at most two checkpoints, and only when there are
+/// suspects). Sites are described from `describe`. Rows cut from a trace
+/// are judged in their own order, with what their cut says.
+pub fn judge<'a>(
+    rows: &DeviceRows,
+    describe: Describe<'a, '_>,
+    owners_at: &mut dyn FnMut(usize) -> Option<SiteOwners>,
+    options: &TrendOptions,
+) -> Judged {
+    let n = rows.checkpoints.len();
+    let (order, by, exit_note) = match rows.cut {
+        Some(_) => ((0..n).collect(), None, None),
+        None => {
+            let names: Vec<&str> = rows.checkpoints.iter().map(|c| c.file_name()).collect();
+            let (keep, exit_note) = without_exit_dumps(&names);
+            let kept: Vec<usize> = (0..n).filter(|&i| keep[i]).collect();
+            let keys: Vec<OrderKey<'_>> = kept
+                .iter()
+                .map(|&i| OrderKey {
+                    step: rows.checkpoints[i].step,
+                    time_us: rows.checkpoints[i].time_us,
+                    name: names[i],
+                })
+                .collect();
+            let (order, by) = snapshot_order(&keys);
+            (
+                order.iter().map(|&k| kept[k]).collect::<Vec<_>>(),
+                Some(by),
+                exit_note,
+            )
+        }
+    };
+    let series = series_of(rows, &order, describe);
+    let mut trend = match by {
+        None => judge_cut(rows, series, options),
+        Some(by) => judge_series(series, by, |k| owners_at(order[k]), options),
+    };
+    trend.notes.extend(exit_note);
+    Judged { trend, order }
+}
+
+/// The series the floor rule judges: `rows`' checkpoints in `order`.
+fn series_of<'a>(rows: &DeviceRows, order: &[usize], describe: Describe<'a, '_>) -> SiteSeries<'a> {
+    let at = |i: usize| &rows.checkpoints[i];
+    let last = order.last().map(|&i| at(i));
+    let mut sites = FxHashMap::default();
+    for &i in order {
+        for row in &rows.sites[i] {
+            if let std::collections::hash_map::Entry::Vacant(site) = sites.entry(row.key)
+                && let Some(described) = describe(row.key)
+            {
+                site.insert(described);
+            }
+        }
+    }
+    SiteSeries {
+        points: order
+            .iter()
+            .map(|&i| Checkpoint {
+                time_us: at(i).time_us,
+                step: at(i).step,
+                event_index: at(i).event_index,
+            })
+            .collect(),
+        totals: order
+            .iter()
+            .map(|&i| rows.sites[i].iter().map(|r| (r.key, r.totals)).collect())
+            .collect(),
+        sites,
+        before_recording: rows
+            .cut
+            .as_ref()
+            .map(|cut| cut.before_recording.clone())
+            .unwrap_or_default(),
+        allocated_bytes: last.map_or(0, |c| c.allocated_bytes),
+        device_memory: last.and_then(|c| c.device_memory),
+        pinned_host: order.iter().map(|&i| at(i).pinned_host).collect(),
+        outside: order
+            .iter()
+            .map(|&i| at(i).outside(rows.device))
+            .collect::<Vec<Option<OutsidePoint>>>(),
+    }
+}
+
+/// Judges rows cut from one trace: the floor rule, with what the cut says.
+fn judge_cut(rows: &DeviceRows, series: SiteSeries<'_>, options: &TrendOptions) -> Trend {
+    let cut = rows.cut.as_ref().expect("rows cut from a trace");
+    let mut trend = trend_of_series(series, cut.source, options);
+    if cut.freed_unseen > 0 {
+        trend.notes.push(format!(
+            "{}'s trace frees {} block{} it never saw allocated: recording \
+             began mid-run, or the trace's ring buffer (max_entries) wrapped; only the recorded \
+             window is judged, and blocks from before it are labelled, never counted as growth",
+            cut.device_name,
+            cut.freed_unseen,
+            if cut.freed_unseen == 1 { "" } else { "s" }
+        ));
+    }
+    if cut.source == CheckpointSource::EvenlySpaced {
+        // Evenly spaced cuts fall at different phases of different steps, so
+        // a working set that is still being built looks like growth.
+        trend.suspects.clear();
+        trend.suspected_bytes = 0;
+        trend.growth_per_second = trend.growth_per_second.map(|_| 0.0);
+        trend.seconds_to_full = None;
+        let why = "no verdict: one pass, not enough iterations to tell a leak from the working \
+                   set (the trace has no step or snapshot markers, and its memory never falls \
+                   back between iterations); dump snapshots at several steps (snapdiff capture \
+                   --every N) or mark steps";
+        trend.notes.insert(0, why.to_owned());
+        trend.no_verdict = Some(why.to_owned());
+    }
+    trend
 }
 
 /// Judges one process's `dumps` (see the module documentation).
@@ -52,17 +190,76 @@ pub fn judge_dumps(
     let (keep, exit_note) = without_exit_dumps(&names);
     let kept: Vec<usize> = (0..dumps.len()).filter(|&i| keep[i]).collect();
     if let [only] = kept[..] {
-        let mut trend = trend_trace(dumps[only].snapshot, options)?;
+        let snap = dumps[only].snapshot;
+        let mut trend = judge_trace(snap, &StackKeys::new(snap), options)?;
         trend.notes.extend(exit_note);
-        return Ok(Judged { trend, last: only });
+        return Ok(Judged {
+            trend,
+            order: vec![only],
+        });
     }
     let mut owners_at =
         |i: usize| owners_of(i).map(|owners| owners_by_site(dumps[i].snapshot, &owners));
-    let (trend, last) = judge_named(dumps, &mut owners_at, options);
-    Ok(Judged {
-        trend,
-        last: last.expect("two or more dumps"),
-    })
+    Ok(judge_snapshots(dumps, &mut owners_at, options))
+}
+
+/// Judges `dumps`, one process's snapshots, a checkpoint each, all its
+/// devices as one (see [`Devices::AsOne`]); `owners_at(i)`: as in
+/// [`judge()`], by index in `dumps`.
+pub(crate) fn judge_snapshots(
+    dumps: &[NamedSnapshot<'_>],
+    owners_at: &mut dyn FnMut(usize) -> Option<SiteOwners>,
+    options: &TrendOptions,
+) -> Judged {
+    use rayon::prelude::*;
+    let read: Vec<(ProcessRows, SiteStacks)> = dumps
+        .par_iter()
+        .map(|d| {
+            let mut rows = ProcessRows::new("");
+            let stacks = rows.add_snapshot(d.name, d.snapshot, None, Devices::AsOne);
+            (rows, stacks)
+        })
+        .collect();
+    let mut sites: FxHashMap<StackKey, (&Snapshot, Option<StackId>)> = FxHashMap::default();
+    let mut rows = ProcessRows::new("");
+    for ((one, stacks), dump) in read.into_iter().zip(dumps) {
+        for (key, stack) in stacks {
+            sites.insert(key, (dump.snapshot, stack));
+        }
+        rows.append(one);
+    }
+    let device = rows.device_mut(0);
+    let describe = |key: StackKey| sites.get(&key).copied();
+    let mut judged = judge(device, &describe, owners_at, options);
+    let in_order: Vec<&Snapshot> = judged.order.iter().map(|&i| dumps[i].snapshot).collect();
+    judged.trend.idle_private_pools = idle_private_pools(&in_order);
+    judged
+}
+
+/// Judges the trace of one snapshot (its stack keys `keys`), each busy
+/// device's cut into checkpoints and judged on its own, their verdicts
+/// told together.
+///
+/// # Errors
+///
+/// When the snapshot recorded no allocation in its traces.
+pub(crate) fn judge_trace(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    options: &TrendOptions,
+) -> Result<Trend, TraceError> {
+    let mut rows = ProcessRows::new("");
+    let stacks: FxHashMap<StackKey, Option<StackId>> = rows
+        .add_trace("", snap, keys, options)?
+        .into_iter()
+        .collect();
+    let describe = |key: StackKey| Some((snap, stacks.get(&key).copied().flatten()));
+    let trends = rows
+        .devices
+        .iter()
+        .map(|device| judge(device, &describe, &mut |_| None, options).trend)
+        .collect();
+    Ok(merge_device_trends(snap, trends))
 }
 
 /// Judges `series`, its checkpoints put in order `by` (see
@@ -70,7 +267,7 @@ pub fn judge_dumps(
 /// each suspect's `held_by` from `owners_at(k)`, the owners by site at
 /// checkpoint `k` (asked for the last checkpoint and the one at the end of
 /// warm-up, and only when there are suspects).
-pub fn judge_series(
+fn judge_series(
     series: SiteSeries<'_>,
     by: SnapshotOrder,
     mut owners_at: impl FnMut(usize) -> Option<SiteOwners>,

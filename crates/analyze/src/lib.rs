@@ -37,6 +37,7 @@ pub mod held_by;
 mod iterations;
 mod judge;
 mod kept;
+mod limit;
 pub mod oom;
 pub mod outside;
 pub mod peak;
@@ -46,6 +47,7 @@ mod profile;
 mod recorded;
 mod replay;
 mod rising;
+pub mod rows;
 pub mod series_order;
 mod stack_key;
 pub mod steps;
@@ -62,8 +64,9 @@ pub use crate::group::{
     Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
 };
 pub use crate::held_by::HeldBy;
-pub use crate::judge::{Judged, judge_dumps, judge_series};
+pub use crate::judge::{Describe, Judged, judge, judge_dumps};
 pub use crate::kept::kept_since;
+pub use crate::limit::{Limit, Over, ParseLimitError, Per};
 pub use crate::oom::{Oom, OomOptions, oom};
 pub use crate::outside::Outside;
 pub use crate::peak::{Peak, PeakOptions, peak};

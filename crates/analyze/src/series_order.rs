@@ -63,20 +63,6 @@ pub fn snapshot_order(keys: &[OrderKey<'_>]) -> (Vec<usize>, SnapshotOrder) {
     (order, by)
 }
 
-/// [`snapshot_order`] of named snapshots, by the steps and times they
-/// record and their names.
-pub(crate) fn named_order(snaps: &[NamedSnapshot<'_>]) -> (Vec<usize>, SnapshotOrder) {
-    let keys: Vec<OrderKey<'_>> = snaps
-        .iter()
-        .map(|s| OrderKey {
-            step: s.snapshot.meta.step,
-            time_us: s.snapshot.meta.created_us,
-            name: s.name,
-        })
-        .collect();
-    snapshot_order(&keys)
-}
-
 /// Which snapshots of a series to judge, by their files' names: exit dumps
 /// (a name ending in `-exit`, or `-exit-N` where the name was taken, as
 /// capture names them) are taken after the

@@ -27,19 +27,17 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use snapdiff_format::{Action, DeviceName, PINNED_HOST_DEVICE, Snapshot, StackId};
+use snapdiff_format::{Action, PINNED_HOST_DEVICE, Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
-use crate::cuts::{Cuts, cuts_for};
 use crate::error::TraceError;
-use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, live_groups, merge_rows};
-use crate::held_by::{HeldBy, SiteOwners};
-use crate::judge::judge_series;
+use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, merge_rows};
+use crate::held_by::HeldBy;
+use crate::judge::{judge_snapshots, judge_trace};
 use crate::outside::{Outside, OutsidePoint};
-use crate::pinned_host::{PinnedHost, PinnedHostTrend, pinned_host};
-use crate::private_pools::{IdlePool, idle_private_pools};
-use crate::replay::replay;
-use crate::series_order::{NamedSnapshot, SnapshotOrder, named_order, without_exit_dumps};
+use crate::pinned_host::{PinnedHost, PinnedHostTrend};
+use crate::private_pools::IdlePool;
+use crate::series_order::{NamedSnapshot, SnapshotOrder};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Adds suspect `other` to `into`: two stacks whose culprit is the same
@@ -532,63 +530,7 @@ pub(crate) fn device_memory_of(snap: &Snapshot) -> Option<u64> {
 /// numbers compared as numbers; [`Trend::order`] says which, with a note
 /// when it is not by step or time.
 pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend {
-    judge_named(snaps, &mut |_| None, options).0
-}
-
-/// [`trend_named`], its suspects' owners from `owners_at(i)`, the owners
-/// by site of `snaps[i]` (asked for at most two snapshots, and only when
-/// there are suspects). Returns the trend and the index in `snaps` of the
-/// last checkpoint's snapshot (None when there is none).
-pub(crate) fn judge_named(
-    snaps: &[NamedSnapshot<'_>],
-    owners_at: &mut dyn FnMut(usize) -> Option<SiteOwners>,
-    options: &TrendOptions,
-) -> (Trend, Option<usize>) {
-    use rayon::prelude::*;
-    // Exit dumps, told by their names, as everywhere (see `without_exit_dumps`).
-    let names: Vec<&str> = snaps.iter().map(|s| s.name).collect();
-    let (keep, exit_note) = without_exit_dumps(&names);
-    let kept: Vec<usize> = (0..snaps.len()).filter(|&i| keep[i]).collect();
-    let kept_snaps: Vec<NamedSnapshot<'_>> = kept.iter().map(|&i| snaps[i]).collect();
-    let (order, by) = named_order(&kept_snaps);
-    // Indices into `snaps`, in checkpoint order.
-    let order: Vec<usize> = order.iter().map(|&i| kept[i]).collect();
-    let in_order: Vec<&Snapshot> = order.iter().map(|&i| snaps[i].snapshot).collect();
-    let grouped: Vec<_> = in_order
-        .par_iter()
-        .map(|&snap| live_groups(snap, &StackKeys::new(snap)))
-        .collect();
-    let mut sites = FxHashMap::default();
-    for (&snap, g) in in_order.iter().zip(&grouped) {
-        for (&key, &stack) in &g.stacks {
-            sites.insert(key, (snap, stack));
-        }
-    }
-    let last = in_order.last().copied();
-    let series = SiteSeries {
-        points: in_order
-            .iter()
-            .map(|snap| Checkpoint {
-                time_us: snap.meta.created_us,
-                step: snap.meta.step,
-                event_index: None,
-            })
-            .collect(),
-        totals: grouped.into_iter().map(|g| g.totals).collect(),
-        sites,
-        before_recording: Default::default(),
-        allocated_bytes: last.map_or(0, |s| s.totals().allocated_bytes),
-        device_memory: last.and_then(device_memory_of),
-        pinned_host: in_order.iter().map(|&snap| pinned_host(snap)).collect(),
-        outside: in_order
-            .iter()
-            .map(|&snap| OutsidePoint::of(snap))
-            .collect(),
-    };
-    let mut trend = judge_series(series, by, |k| owners_at(order[k]), options);
-    trend.idle_private_pools = idle_private_pools(&in_order);
-    trend.notes.extend(exit_note);
-    (trend, order.last().copied())
+    judge_snapshots(snaps, &mut |_| None, options).trend
 }
 
 /// The trend within one snapshot's trace, cut into checkpoints.
@@ -603,7 +545,7 @@ pub(crate) fn judge_named(
 ///
 /// When the snapshot recorded no allocation in its traces.
 pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, TraceError> {
-    trend_trace_with_keys(snap, &StackKeys::new(snap), options)
+    judge_trace(snap, &StackKeys::new(snap), options)
 }
 
 /// [`trend_trace`] with `snap`'s stack keys already computed, for analyses
@@ -613,29 +555,34 @@ pub(crate) fn trend_trace_with_keys(
     keys: &StackKeys,
     options: &TrendOptions,
 ) -> Result<Trend, TraceError> {
-    let allocates = |i: &usize| {
-        snap.traces[*i]
-            .events
-            .iter()
-            .any(|e| e.action == Action::Alloc)
-    };
-    // Pinned host memory is no device: its trace is not judged with theirs.
-    let is_host = |i: &usize| snap.traces[*i].device == PINNED_HOST_DEVICE;
-    let busy: Vec<usize> = (0..snap.traces.len())
-        .filter(|i| allocates(i) && !is_host(i))
-        .collect();
-    if busy.is_empty() {
-        return Err(TraceError::NoAllocations);
-    }
+    judge_trace(snap, keys, options)
+}
+
+/// The traces of `snap` that record an allocation on a device (pinned
+/// host memory is none): those a trend judges.
+pub(crate) fn busy_traces(snap: &Snapshot) -> Vec<usize> {
+    (0..snap.traces.len())
+        .filter(|&i| {
+            let trace = &snap.traces[i];
+            trace.device != PINNED_HOST_DEVICE
+                && trace.events.iter().any(|e| e.action == Action::Alloc)
+        })
+        .collect()
+}
+
+/// The verdicts of `snap`'s busy devices, each judged on its own, told as
+/// one: the first device's checkpoints, every device's suspects, and a
+/// note of the devices judged and of those left idle.
+pub(crate) fn merge_device_trends(snap: &Snapshot, mut trends: Vec<Trend>) -> Trend {
+    let busy = busy_traces(snap);
     let mut idle: Vec<String> = (0..snap.traces.len())
-        .filter(|i| !busy.contains(i) && !is_host(i) && !snap.traces[*i].events.is_empty())
+        .filter(|i| {
+            let trace = &snap.traces[*i];
+            !busy.contains(i) && trace.device != PINNED_HOST_DEVICE && !trace.events.is_empty()
+        })
         .map(|i| snap.traces[i].device.to_string())
         .collect();
     idle.dedup();
-    let mut trends: Vec<Trend> = busy
-        .iter()
-        .map(|&t| trend_of_device(snap, keys, t, options))
-        .collect::<Result<_, _>>()?;
     let mut trend = trends.remove(0);
     for other in trends {
         trend.suspected_bytes = trend.suspected_bytes.saturating_add(other.suspected_bytes);
@@ -674,74 +621,7 @@ pub(crate) fn trend_trace_with_keys(
             if idle.len() == 1 { "is" } else { "are" }
         ));
     }
-    Ok(trend)
-}
-
-/// The trend of the trace at `trace_index` alone.
-fn trend_of_device(
-    snap: &Snapshot,
-    keys: &StackKeys,
-    trace_index: usize,
-    options: &TrendOptions,
-) -> Result<Trend, TraceError> {
-    let Cuts {
-        source,
-        at: cuts,
-        steps,
-    } = cuts_for(snap, keys, trace_index, options)?;
-    let trace = &snap.traces[trace_index];
-    let replayed = replay(snap, keys, trace, &cuts);
-    let freed_unseen = replayed.freed_unseen;
-    let points = cuts
-        .iter()
-        .enumerate()
-        .map(|(k, &idx)| Checkpoint {
-            time_us: idx
-                .checked_sub(1)
-                .and_then(|i| trace.events.get(i)?.time_us),
-            step: steps.as_ref().map(|steps| steps[k]),
-            event_index: Some(idx),
-        })
-        .collect();
-    let series = SiteSeries {
-        points,
-        totals: replayed.points,
-        sites: replayed
-            .stacks
-            .into_iter()
-            .map(|(key, stack)| (key, (snap, stack)))
-            .collect(),
-        before_recording: replayed.before_recording,
-        allocated_bytes: snap.totals().allocated_bytes,
-        device_memory: device_memory_of(snap),
-        pinned_host: Vec::new(),
-        outside: Vec::new(),
-    };
-    let mut trend = trend_of_series(series, source, options);
-    if freed_unseen > 0 {
-        trend.notes.push(format!(
-            "{}'s trace frees {freed_unseen} block{} it never saw allocated: recording \
-             began mid-run, or the trace's ring buffer (max_entries) wrapped; only the recorded \
-             window is judged, and blocks from before it are labelled, never counted as growth",
-            DeviceName(trace.device),
-            if freed_unseen == 1 { "" } else { "s" }
-        ));
-    }
-    if source == CheckpointSource::EvenlySpaced {
-        // Evenly spaced cuts fall at different phases of different steps, so
-        // a working set that is still being built looks like growth.
-        trend.suspects.clear();
-        trend.suspected_bytes = 0;
-        trend.growth_per_second = trend.growth_per_second.map(|_| 0.0);
-        trend.seconds_to_full = None;
-        let why = "no verdict: one pass, not enough iterations to tell a leak from the working \
-                   set (the trace has no step or snapshot markers, and its memory never falls \
-                   back between iterations); dump snapshots at several steps (snapdiff capture \
-                   --every N) or mark steps";
-        trend.notes.insert(0, why.to_owned());
-        trend.no_verdict = Some(why.to_owned());
-    }
-    Ok(trend)
+    trend
 }
 
 #[cfg(test)]

@@ -130,18 +130,21 @@ impl Drop for ReturnAtOnce {
     }
 }
 
-/// [`read_parts`], with its progress bar.
-/// Reads the state of `path` at dump time (its traces' events are not
-/// read: a fleet judges a rank by its series of dumps), whatever its size,
-/// without a progress bar of its own (a fleet shows one for all its files).
-pub(crate) fn read_state_quietly(
+/// Reads `path` on one thread (a fleet reads many files at once), without
+/// a progress bar of its own (a fleet shows one for all its files): its
+/// state at dump time, and its traces' events too when `whole` (a fleet
+/// judges a rank by its series of dumps, and a rank of one file by its
+/// trace).
+pub(crate) fn read_quietly(
     path: &std::path::Path,
+    whole: bool,
 ) -> snapdiff_format::Result<snapdiff_format::Snapshot> {
-    // A fleet reads many files at once.
-    Reader::new()
-        .one_thread()
-        .parts(Parts::WithoutEvents)
-        .read_path(path)
+    let parts = if whole {
+        Parts::All
+    } else {
+        Parts::WithoutEvents
+    };
+    Reader::new().one_thread().parts(parts).read_path(path)
 }
 
 fn read_with_progress(

@@ -31,7 +31,6 @@ mod tally;
 mod verdict;
 mod watch;
 
-pub use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow};
 pub use crate::stacks::{StackStore, Stacks};
 pub use crate::tables::{TABLE_FILES, TableError, TableWriter, is_table_folder, read_tables};
 pub use crate::tally::{FleetTally, Rows};
@@ -41,3 +40,4 @@ pub use crate::verdict::{
     judge,
 };
 pub use crate::watch::{Change, ChangeKind, DEFAULT_KEEP_CHECKPOINTS, Watch};
+pub use snapdiff_analyze::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow};

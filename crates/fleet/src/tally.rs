@@ -158,7 +158,7 @@ impl FleetTally {
     fn verdict_of(&self, trend: &Trend) -> Verdict {
         if !trend.suspects.is_empty() {
             Verdict::Leaking
-        } else if trend.checkpoints < self.options.trend.warmup + 3 {
+        } else if trend.no_verdict.is_some() || trend.checkpoints < self.options.trend.warmup + 3 {
             Verdict::TooFewCheckpoints
         } else {
             Verdict::Steady
@@ -482,9 +482,9 @@ fn median_f(values: &[u64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow, empty_checkpoint};
     use crate::verdict::judge;
     use snapdiff_analyze::TrendOptions;
+    use snapdiff_analyze::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow};
     use snapdiff_format::Frame;
 
     #[test]
@@ -527,7 +527,7 @@ mod tests {
                     step: Some(step),
                     time_us: Some(step as i64 * 1_000_000),
                     source: format!("rank{rank}-step{step}.pickle"),
-                    ..empty_checkpoint()
+                    ..CheckpointRow::default()
                 })
                 .collect(),
             sites: steps
@@ -538,6 +538,7 @@ mod tests {
                 })
                 .collect(),
             owners: Vec::new(),
+            cut: None,
         });
         rows
     }

@@ -1,11 +1,9 @@
 //! Judging each rank as `trend` does, then the whole job across ranks.
 
 use serde::Serialize;
-use snapdiff_analyze::series_order::without_exit_dumps;
-use snapdiff_analyze::trend::{Checkpoint, SiteSeries};
-use snapdiff_analyze::{HeldBy, Outside, Site, Suspect, Trend, TrendOptions, judge_series};
+use snapdiff_analyze::rows::{CheckpointRow, ProcessRows, SiteRow};
+use snapdiff_analyze::{HeldBy, Outside, Site, Suspect, Trend, TrendOptions};
 
-use crate::rows::{CheckpointRow, ProcessRows, SiteRow};
 use crate::stacks::Stacks;
 use crate::tally::{FleetTally, Rows};
 
@@ -39,66 +37,31 @@ pub struct ProcessVerdict {
     pub devices: Vec<DeviceVerdict>,
 }
 
-/// Judges the rows of one process as `trend` judges its snapshots: each
-/// device on its own, its checkpoints in snapshot order, exit dumps left
-/// out among enough others, sites named from `stacks`.
+/// Judges the rows of one process as `trend` judges its files: each
+/// device on its own, by the analyzer's [`judge`](snapdiff_analyze::judge()),
+/// sites named from `stacks`.
 pub fn judge(rows: ProcessRows, stacks: &Stacks, options: &TrendOptions) -> ProcessVerdict {
+    let describe = |key| Some((stacks.snapshot(), stacks.stack(key)));
     let devices = rows
         .devices
         .into_iter()
         .map(|mut device| {
-            let names: Vec<&str> = device.checkpoints.iter().map(|c| c.file_name()).collect();
-            let (keep, exit_note) = without_exit_dumps(&names);
-            let mut judged = device.clone();
-            judged.owners.resize(judged.checkpoints.len(), None);
-            let mut kept = keep.iter();
-            judged.checkpoints.retain(|_| *kept.next().unwrap_or(&true));
-            let mut kept = keep.iter();
-            judged.sites.retain(|_| *kept.next().unwrap_or(&true));
-            let mut kept = keep.iter();
-            judged.owners.retain(|_| *kept.next().unwrap_or(&true));
-            let by = judged.put_in_order();
+            let judged = snapdiff_analyze::judge(
+                &device,
+                &describe,
+                &mut |k| device.owners.get(k).cloned().flatten(),
+                options,
+            );
+            let last = judged
+                .last()
+                .map(|i| std::mem::take(&mut device.sites[i]))
+                .unwrap_or_default();
             device.put_in_order();
-            let last_checkpoint = judged.checkpoints.last();
-            let series = SiteSeries {
-                points: judged
-                    .checkpoints
-                    .iter()
-                    .map(|c| Checkpoint {
-                        time_us: c.time_us,
-                        step: c.step,
-                        event_index: None,
-                    })
-                    .collect(),
-                totals: judged
-                    .sites
-                    .iter()
-                    .map(|rows| rows.iter().map(|r| (r.key, r.totals)).collect())
-                    .collect(),
-                sites: judged
-                    .sites
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.key, (stacks.snapshot(), stacks.stack(r.key))))
-                    .collect(),
-                before_recording: Default::default(),
-                allocated_bytes: last_checkpoint.map_or(0, |c| c.allocated_bytes),
-                device_memory: last_checkpoint.and_then(|c| c.device_memory),
-                pinned_host: Vec::new(),
-                outside: judged
-                    .checkpoints
-                    .iter()
-                    .map(|c| c.outside(device.device))
-                    .collect(),
-            };
-            let owners = &judged.owners;
-            let mut trend = judge_series(series, by, |k| owners.get(k).cloned().flatten(), options);
-            trend.notes.extend(exit_note);
             DeviceVerdict {
                 device: device.device,
-                trend,
+                trend: judged.trend,
                 checkpoints: device.checkpoints,
-                last: judged.sites.pop().unwrap_or_default(),
+                last,
             }
         })
         .collect();

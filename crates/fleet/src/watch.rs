@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 use snapdiff_analyze::{HeldBy, Suspect, TrendOptions};
+use snapdiff_format::Snapshot;
 
-use crate::rows::ProcessRows;
 use crate::stacks::StackStore;
 use crate::verdict::{Fleet, FleetOptions, ProcessVerdict, Unreadable, fleet_verdict, judge};
+use snapdiff_analyze::rows::ProcessRows;
 use snapdiff_runs::{Run, names_apart, rank_of};
 
 /// The most checkpoints a device keeps by default: past it, every other of
@@ -265,6 +266,36 @@ impl Watch {
         found
     }
 
+    /// Judges each process followed that left one dump by that dump's
+    /// trace, cut into checkpoints as `trend` and `fleet` judge a process's
+    /// one file, where `read(source)` gives the whole file and its trace
+    /// records allocations; says what changed. For the end of a job: a
+    /// process that may dump again is judged by its dumps.
+    pub fn judge_one_dumps_by_trace(
+        &mut self,
+        read: impl Fn(&str) -> Option<Snapshot>,
+    ) -> Vec<Change> {
+        let mut found = Vec::new();
+        for (name, followed) in &mut self.processes {
+            let Some(source) = followed.rows.one_dump() else {
+                continue;
+            };
+            let Some(snap) = read(source) else {
+                continue;
+            };
+            let mut rows = ProcessRows::new(name.clone());
+            let cut = (self.stacks).add_trace(&mut rows, source, &snap, &self.options.trend);
+            if cut.is_err() {
+                continue;
+            }
+            let verdict = judge(rows.clone(), &self.stacks.read(), &self.options.trend);
+            changes(&followed.verdict, &verdict, &followed.run, &mut found);
+            followed.rows = rows;
+            followed.verdict = verdict;
+        }
+        found
+    }
+
     /// Each process's latest verdict, by name.
     pub fn verdicts(&self) -> impl Iterator<Item = &ProcessVerdict> {
         self.processes.values().map(|f| &f.verdict)
@@ -358,9 +389,17 @@ fn changes(before: &ProcessVerdict, now: &ProcessVerdict, run: &Run, out: &mut V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rows::{CheckpointRow, DeviceRows, SiteRow};
-    use crate::runs::run;
+    use snapdiff_analyze::rows::{CheckpointRow, DeviceRows, SiteRow};
     use snapdiff_analyze::{SiteTotals, StackKey};
+
+    /// A run told by its process id and machine.
+    fn run(pid: Option<u32>, host: Option<&str>) -> Run {
+        Run {
+            pid,
+            host: host.map(str::to_owned),
+            ..Run::default()
+        }
+    }
 
     const SITE: StackKey = StackKey(7);
 
@@ -380,6 +419,7 @@ mod tests {
                 rss_bytes: None,
                 device_used_bytes: None,
                 recorded_on_cpu: false,
+                ..CheckpointRow::default()
             }],
             sites: vec![vec![SiteRow {
                 key: SITE,
@@ -390,6 +430,7 @@ mod tests {
                 },
             }]],
             owners: Vec::new(),
+            cut: None,
         });
         rows
     }

@@ -43,7 +43,7 @@ pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     };
     let (unreadable, outcome) = in_pool(&args.threads, || {
         let unreadable = read_table_folders(&table_folders, None, &stacks, write);
-        (unreadable, read_processes(census, &stacks, write))
+        (unreadable, read_processes(census, &stacks, None, write))
     })?;
     if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e.into());

@@ -304,6 +304,7 @@ fn judge(read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Trend, 
         options,
     );
     let judged = judged.map_err(|e| anyhow::anyhow!("{}: {e}", read[0].path.display()))?;
+    let last = read[judged.last().unwrap_or(0)].path.clone();
     let mut trend = judged.trend;
     if earlier_runs > 0 {
         trend.notes.push(format!(
@@ -313,7 +314,6 @@ fn judge(read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Trend, 
             if earlier_runs == 1 { "" } else { "s" }
         ));
     }
-    let last = read[judged.last].path.clone();
     crate::input::release(read.into_iter().map(|r| r.snapshot).collect::<Vec<_>>());
     Ok((trend, last))
 }

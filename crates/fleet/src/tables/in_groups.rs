@@ -8,8 +8,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::read::{Batches, Placing, ProcessBuilder, checkpoint_rows, owner_rows, site_rows};
 use super::{TABLE_FILES, TableError, checkpoints_schema, file_error, owners_schema, sites_schema};
-use crate::rows::ProcessRows;
 use crate::stacks::StackStore;
+use snapdiff_analyze::rows::ProcessRows;
 
 /// Checkpoint rows read in one pass over a folder's tables: the ranks of
 /// larger folders are read a group at a time, so that what is held is one

@@ -14,8 +14,8 @@ use super::read::{
     Batches, Placing, ProcessBuilder, Texts, checkpoint_rows, owner_rows, site_rows,
 };
 use super::{TABLE_FILES, TableError, checkpoints_schema, file_error, owners_schema, sites_schema};
-use crate::rows::ProcessRows;
 use crate::stacks::StackStore;
+use snapdiff_analyze::rows::ProcessRows;
 
 /// Whether the tables in `dir` are in process order: each process's rows
 /// together, the processes in the same order in every table, and every

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use crate::rows::ProcessRows;
 use crate::stacks::StackStore;
+use snapdiff_analyze::rows::ProcessRows;
 
 pub use write::TableWriter;
 
@@ -153,11 +153,11 @@ pub fn read_tables(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::rows::{CheckpointRow, DeviceRows, SiteRow, empty_checkpoint};
     use crate::stacks::Stacks;
     use arrow_array::{Array, UInt32Array};
     use parquet::arrow::ArrowWriter;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use snapdiff_analyze::rows::{CheckpointRow, DeviceRows, SiteRow};
     use snapdiff_analyze::{CulpritRules, HeldBy, StackKey};
     use snapdiff_format::Frame;
 
@@ -172,7 +172,7 @@ pub(super) mod tests {
                 .map(|step| CheckpointRow {
                     step: Some(step),
                     source: format!("rank{rank}-step{step}.pickle"),
-                    ..empty_checkpoint()
+                    ..CheckpointRow::default()
                 })
                 .collect(),
             sites: (0..checkpoints)
@@ -199,6 +199,7 @@ pub(super) mod tests {
                     })
                 })
                 .collect(),
+            cut: None,
         });
         rows
     }

@@ -20,8 +20,8 @@ use snapdiff_analyze::{HeldBy, SiteTotals, StackKey};
 use snapdiff_format::Frame;
 
 use super::{ADDED_COLUMNS, TABLE_FILES, TableError, file_error, stacks_schema};
-use crate::rows::{CheckpointRow, ProcessRows, SiteRow};
 use crate::stacks::{StackStore, Stacks};
+use snapdiff_analyze::rows::{CheckpointRow, ProcessRows, SiteRow};
 
 /// The record batches of one table file, each checked against its schema,
 /// one at a time.
@@ -238,6 +238,7 @@ pub(super) fn checkpoint_rows(batch: &RecordBatch) -> impl Fn(usize) -> Checkpoi
         rss_bytes: rss.and_then(|c| option(c.is_valid(i), c.value(i))),
         device_used_bytes: used.and_then(|c| option(c.is_valid(i), c.value(i))),
         recorded_on_cpu: on_cpu.is_some_and(|c| c.is_valid(i) && c.value(i)),
+        ..CheckpointRow::default()
     }
 }
 

@@ -21,8 +21,8 @@ use super::{
 };
 use snapdiff_runs::rank_of;
 
-use crate::rows::{DeviceRows, ProcessRows};
 use crate::stacks::Stacks;
+use snapdiff_analyze::rows::{DeviceRows, ProcessRows};
 
 /// Rows per row group: large enough for fast scans, small enough that a
 /// writer buffers tens of megabytes, not the whole table.

@@ -98,7 +98,7 @@ fn read_judging(
     };
     let (mut unreadable, files, bytes, run_notes) = in_pool(threads, || {
         let unreadable = read_table_folders(&table_folders, only, &stacks, keep);
-        let outcome = read_processes(census, &stacks, keep);
+        let outcome = read_processes(census, &stacks, Some(trend), keep);
         let notes = outcome.run_notes();
         let mut all = unreadable;
         all.extend(outcome.unreadable);

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
+use snapdiff_analyze::TrendOptions;
 use snapdiff_fleet::{ProcessRows, StackStore, Unreadable};
 use snapdiff_runs::{Run, Span, wanted};
 
@@ -146,9 +147,15 @@ fn dumps_of(rows: &ProcessRows) -> usize {
 /// process's files in turn on one thread. Files whose names say no
 /// process are told apart after reading (manifest, recorded process id)
 /// and handed on at the end.
+///
+/// With `trace` (how to cut a trace), a process (a run) that left one file
+/// is read by its trace, cut into checkpoints as `trend` cuts it, where
+/// that trace records allocations; else, and without `trace` (site tables
+/// hold one checkpoint a dump), by its one dump.
 pub(crate) fn read_processes(
     census: Census,
     stacks: &StackStore,
+    trace: Option<&TrendOptions>,
     done: impl Fn(ProcessRows) + Sync,
 ) -> Outcome {
     let progress = Progress::new(census.files, census.bytes);
@@ -159,6 +166,7 @@ pub(crate) fn read_processes(
         outcome: Mutex::new(Outcome::default()),
         progress: &progress,
         stacks,
+        trace,
     };
     let unnamed: Mutex<BTreeMap<String, Runs>> = Mutex::new(BTreeMap::new());
     let hand_on = |runs: Runs| {
@@ -178,13 +186,13 @@ pub(crate) fn read_processes(
         }
         drop(outcome);
         for rows in judged.into_iter().filter(|r| r.checkpoint_count() > 0) {
-            done(rows);
+            done(reader.by_trace(rows));
         }
     };
     let read_group = |(name, files): (String, Vec<PathBuf>)| {
         if name.is_empty() {
             files.par_iter().for_each(|path| {
-                reader.read(path, None, only, |one, run| {
+                reader.read(path, None, only, false, |one, run| {
                     let mut unnamed = unnamed.lock().unwrap_or_else(|e| e.into_inner());
                     unnamed
                         .entry(one.process.clone())
@@ -194,8 +202,11 @@ pub(crate) fn read_processes(
             });
         } else {
             let mut runs = Runs::default();
+            let whole = files.len() == 1;
             for path in &files {
-                reader.read(path, Some(&name), only, |one, run| runs.add(run, one));
+                reader.read(path, Some(&name), only, whole, |one, run| {
+                    runs.add(run, one);
+                });
             }
             hand_on(runs);
         }
@@ -236,21 +247,27 @@ struct FileReader<'a> {
     outcome: Mutex<Outcome>,
     progress: &'a Progress,
     stacks: &'a StackStore,
+    /// How to cut the trace of a process's one file, when it is judged so.
+    trace: Option<&'a TrendOptions>,
 }
 
 impl FileReader<'_> {
     /// Reads `path` and hands its rows, as one process's (`process`, else
     /// as the manifest or the snapshot says), to `add`, unless `only` wants
-    /// another process. The snapshot is dropped before this returns.
+    /// another process; `whole`: the process's only file, its rows cut
+    /// from its trace where it can be (see [`read_processes`]). The
+    /// snapshot is dropped before this returns.
     fn read(
         &self,
         path: &PathBuf,
         process: Option<&str>,
         only: Option<&str>,
+        whole: bool,
         add: impl FnOnce(ProcessRows, Run),
     ) {
         let len = std::fs::metadata(path).map_or(0, |m| m.len());
-        let result = crate::input::read_state_quietly(path);
+        let whole = whole && self.trace.is_some();
+        let result = crate::input::read_quietly(path, whole);
         self.progress.file_done(len);
         let mut snap = match result {
             Ok(snap) => snap,
@@ -273,14 +290,42 @@ impl FileReader<'_> {
         );
         if wanted(&process, only) {
             let mut rows = ProcessRows::new(process);
-            let owners = crate::owners::by_site(path, &snap);
-            rows.add_snapshot(&path.to_string_lossy(), &snap, self.stacks, owners.as_ref());
+            let source = path.to_string_lossy();
+            let by_trace = (self.trace.filter(|_| whole)).is_some_and(|cut| {
+                self.stacks
+                    .add_trace(&mut rows, &source, &snap, cut)
+                    .is_ok()
+            });
+            if !by_trace {
+                let owners = crate::owners::by_site(path, &snap);
+                (self.stacks).add_snapshot(&mut rows, &source, &snap, owners.as_ref());
+            }
             add(rows, Run::of(&snap.meta, path));
         }
         drop(snap);
         let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
         outcome.files += 1;
         outcome.bytes += len;
+    }
+}
+
+impl FileReader<'_> {
+    /// `rows` of a process, or of its one file read again and cut from its
+    /// trace, where it left one file that was not read so (its name did
+    /// not tell its process) and its trace records allocations.
+    fn by_trace(&self, rows: ProcessRows) -> ProcessRows {
+        let (Some(cut), Some(source)) = (self.trace, rows.one_dump()) else {
+            return rows;
+        };
+        let source = source.to_owned();
+        let Ok(snap) = crate::input::read_quietly(std::path::Path::new(&source), true) else {
+            return rows;
+        };
+        let mut by_trace = ProcessRows::new(rows.process.clone());
+        match self.stacks.add_trace(&mut by_trace, &source, &snap, cut) {
+            Ok(()) => by_trace,
+            Err(_) => rows,
+        }
     }
 }
 

@@ -11,7 +11,7 @@ mod follow;
 mod metrics;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -372,6 +372,13 @@ impl Watcher {
         if let Some(bar) = self.status.take() {
             bar.finish_and_clear();
         }
+        // A process that left one dump is judged by its trace, as `fleet`
+        // and `trend` judge it.
+        let read = |source: &str| crate::input::read_quietly(Path::new(source), true).ok();
+        for change in self.watch.judge_one_dumps_by_trace(read) {
+            // Said as any change; a closed stdout is the reader's choice.
+            let _ = self.say(&change);
+        }
         if let Some(alerts) = &mut self.alerts {
             alerts.wait(ALERTS_GRACE);
         }
@@ -389,7 +396,7 @@ type DumpRead = Result<(ProcessRows, snapdiff_runs::Run), String>;
 /// Reads one dump into its process's rows, with what its manifest line
 /// says; an error is one line naming the file.
 fn read_dump(ready: &Ready, stacks: &snapdiff_fleet::StackStore) -> DumpRead {
-    let mut snap = crate::input::read_state_quietly(&ready.path)
+    let mut snap = crate::input::read_quietly(&ready.path, false)
         .map_err(|e| escaped(&e.to_string()).into_owned())?;
     let writer = ready
         .entry
@@ -398,10 +405,10 @@ fn read_dump(ready: &Ready, stacks: &snapdiff_fleet::StackStore) -> DumpRead {
     let process = snapdiff_runs::process_of(&ready.path, &snap, writer.as_deref());
     let mut rows = ProcessRows::new(process);
     let owners = crate::owners::by_site(&ready.path, &snap);
-    rows.add_snapshot(
+    stacks.add_snapshot(
+        &mut rows,
         &ready.path.to_string_lossy(),
         &snap,
-        stacks,
         owners.as_ref(),
     );
     Ok((rows, snapdiff_runs::Run::of(&snap.meta, &ready.path)))
