@@ -192,9 +192,11 @@ fn warm_up_allocations_are_not_leaks_only_with_warmup() {
     let run = |warmup: Option<usize>| {
         let a = allocator();
         let mut optimizer_state: Option<DeviceBuffer> = None;
+        // The strict rule: one-time allocations count unless in warm-up
+        // (the floor rule never takes them for a leak).
         let check = match warmup {
-            Some(n) => LeakCheck::begin(&a).warmup(n),
-            None => LeakCheck::begin(&a),
+            Some(n) => LeakCheck::begin(&a).strict().warmup(n),
+            None => LeakCheck::begin(&a).strict(),
         };
         for _ in 0..5 {
             clean_training_step(&a);
@@ -228,17 +230,21 @@ fn allow_bytes_and_ignore_do_what_they_say() {
         check.step();
     }
     check.assert_no_leaks(); // 192 KiB kept, 256 KiB allowed
-    let strict = LeakCheck::begin(&a).allow_bytes(32 << 10);
+    // One step: judged by the strict rule (the floor rule has no verdict).
+    let strict = LeakCheck::begin(&a).strict().allow_bytes(32 << 10);
     leaky_training_step(&a, &mut history);
     assert!(panic_message(|| strict.assert_no_leaks()).contains("(allowed: 32.0 KiB)"));
+    let no_verdict = LeakCheck::begin(&a);
+    leaky_training_step(&a, &mut history);
+    assert!(panic_message(|| no_verdict.assert_no_leaks()).starts_with("snapdiff: no verdict: "));
 
-    let ignoring = LeakCheck::begin(&a).ignore("leaky_training_step");
+    let ignoring = LeakCheck::begin(&a).strict().ignore("leaky_training_step");
     leaky_training_step(&a, &mut history);
     ignoring.assert_no_leaks();
-    let only_other = LeakCheck::begin(&a).only("clean_training_step");
+    let only_other = LeakCheck::begin(&a).strict().only("clean_training_step");
     leaky_training_step(&a, &mut history);
     only_other.assert_no_leaks();
-    let only_this = LeakCheck::begin(&a).only("leaky_training_step");
+    let only_this = LeakCheck::begin(&a).strict().only("leaky_training_step");
     leaky_training_step(&a, &mut history);
     assert_eq!(only_this.finish().leaked_bytes(), 64 << 10);
 }

@@ -48,6 +48,9 @@ mod watch;
 // The snapdiff library: leak assertions, from a user's point of view.
 mod library;
 
+// One limit, one exit: trend, fleet, LeakCheck and the pytest plugin.
+mod limits;
+
 // Flame graphs, folded stacks and pprof profiles, read by their tools.
 mod pictures;
 

@@ -2,7 +2,10 @@
 more: shared by the pytest plugin and the training callbacks, and free of
 both pytest and the frameworks, so that each imports without the others."""
 
+import json
 import re
+
+from snapdiff._cli import run
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4,
           "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
@@ -40,39 +43,47 @@ def size_text(n):
 class Limit:
     """What may be kept: `max_growth` bytes in all after warm-up (the
     limit `--max-growth` is for the command), or `max_leak` bytes a step.
-    `options` holds at most one of them; neither is `default` in all."""
+    `options` holds at most one of them; neither is `default` in all.
+
+    The command judges by it: `args()` passes it through as `--max-growth`,
+    and `trend --json` says its verdict (`limit`), which `over` and `says`
+    read. No rule of "over" is kept here."""
 
     def __init__(self, options, default=0):
         given = {k: v for k, v in options.items() if k in ("max_growth", "max_leak")
                  and v is not None}
         if len(given) > 1:
             raise ValueError("give max_growth or max_leak, not both")
-        self.in_all = "max_leak" not in given
-        self.name = "max_growth" if self.in_all else "max_leak"
+        self.name = "max_growth" if "max_leak" not in given else "max_leak"
         value = given.get(self.name, default)
+        # `max_growth` takes the command's text ("1 MiB", "256 B/step",
+        # "4 KiB/checkpoint"); `max_leak` is a size a step.
+        size, per = value, ("step" if self.name == "max_leak" else "")
+        if isinstance(value, str) and "/" in value and self.name == "max_growth":
+            size, per = (part.strip() for part in value.split("/", 1))
         try:
-            self.bytes = None if value is None else parse_size(value)
+            if per not in ("", "step", "checkpoint"):
+                raise ValueError(f"{value!r}: a limit is in all, /step or /checkpoint")
+            self.bytes = None if value is None else parse_size(size)
         except ValueError as e:
             raise ValueError(f"{self.name}={e}") from None
+        self.per = per
 
-    def kept(self, report):
-        """What the verdict `report` (`snapdiff trend --json`) says the
-        suspects kept, as this limit counts it: in all, or a step."""
-        if self.in_all:
-            return report["suspected_bytes"]
-        return sum(s.get("growth_per_step") or s["growth_per_checkpoint"]
-                   for s in report["suspects"])
+    def args(self):
+        """`--max-growth` as the command reads it (none without a limit)."""
+        if self.bytes is None:
+            return []
+        return ["--max-growth", f"{self.bytes}/{self.per}" if self.per else str(self.bytes)]
 
     def over(self, report):
-        """Whether `report` keeps more than allowed (never, without a limit)."""
-        return self.bytes is not None and self.kept(report) > self.bytes
+        """Whether `report` (`snapdiff trend --json` given `args()`) keeps
+        more than allowed (never, without a limit)."""
+        return bool(self.bytes is not None and report.get("limit", {}).get("over"))
 
     def says(self, report):
-        """`8.00 KiB a step kept after warm-up, over the 256 B allowed
+        """`8.00 KiB a step kept after warm-up, over the 256 B a step allowed
         (max_leak); most by forward (model.py:42), 6.00 KiB a step`."""
-        said = "kept after warm-up" if self.in_all else "a step kept after warm-up"
-        text = (f"{size_text(self.kept(report))} {said}, over the "
-                f"{size_text(self.bytes)} allowed ({self.name})")
+        text = f"{report['limit']['said']} ({self.name})"
         if report["suspects"]:
             top = report["suspects"][0]
             c = top["culprit"]
@@ -82,3 +93,14 @@ class Limit:
                     else f"{size_text(top['growth_per_checkpoint'])} a checkpoint")
             text += f"; most by {c['name']} ({where}), {rate}"
         return text
+
+
+def judge(paths, warmup, limit):
+    """`snapdiff trend --json` of `paths` (files, or a folder) with
+    `warmup`, judged against `limit` by the command: the report, its
+    `limit` the verdict `Limit.over` reads. None when the files hold
+    several processes (no one verdict)."""
+    _, out, _ = run(["trend", "--warmup", str(warmup), "--json", "--top", "0",
+                     *limit.args(), "--", *paths])
+    report = json.loads(out)
+    return None if "processes" in report else report

@@ -17,7 +17,6 @@ step, its stack) as the failure message. `--snapdiff-dir DIR` keeps the
 snapshots of failing tests in DIR, for `snapdiff report`.
 """
 
-import json
 import os
 import re
 import shutil
@@ -26,7 +25,7 @@ import tempfile
 import pytest
 
 from snapdiff._cli import run
-from snapdiff._limits import MESSAGE_WIDTH, Limit
+from snapdiff._limits import MESSAGE_WIDTH, Limit, judge
 
 def pytest_addoption(parser):
     parser.addoption(
@@ -108,8 +107,7 @@ class Steps:
 
     def judge(self):
         args = ["trend", self.folder, "--warmup", str(self.warmup)]
-        _, out, _ = run([*args, "--json"])
-        report = json.loads(out)
+        report = judge([self.folder], self.warmup, self.limit)
         self.report = report
         if self.limit.over(report):
             _, text, _ = run([*args, "--frames", "6", "--full-paths",

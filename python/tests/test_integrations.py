@@ -110,7 +110,7 @@ def test_the_lightning_callback_names_the_leak_and_logs_it(tmp_path, leak, capsy
         # The limit, the measured rate and the line, and the verdict said
         # once: in the error, not printed before it too.
         said = str(raised.value)
-        assert "a step kept after warm-up, over the 256 B allowed (max_leak)" in said, said
+        assert "a step kept after warm-up, over the 256 B a step allowed (max_leak)" in said, said
         assert f"most by keep_activations ({__file__}:{KEEP_LINE}), 512 B a step" in said, said
         assert said.count("keeps growing") == 1, said
         assert "keeps growing" not in capsys.readouterr().out

@@ -66,7 +66,7 @@ pub use crate::group::{
 pub use crate::held_by::HeldBy;
 pub use crate::judge::{Describe, Judged, judge, judge_dumps};
 pub use crate::kept::kept_since;
-pub use crate::limit::{Limit, Over, ParseLimitError, Per};
+pub use crate::limit::{Gate, Limit, Over, ParseLimitError, Per};
 pub use crate::oom::{Oom, OomOptions, oom};
 pub use crate::outside::Outside;
 pub use crate::peak::{Peak, PeakOptions, peak};

@@ -76,32 +76,75 @@ impl Limit {
     }
 }
 
-impl fmt::Display for Limit {
-    /// `1.00 MiB`, `256 B a step`, `4.00 KiB a checkpoint`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&format_size(self.bytes))?;
-        f.write_str(match self.per {
+impl Limit {
+    /// `bytes` as this limit counts them: `8.00 KiB a step`.
+    pub fn amount(&self, bytes: u64) -> String {
+        let per = match self.per {
             Per::All => "",
             Per::Step => " a step",
             Per::Checkpoint => " a checkpoint",
-        })
+        };
+        format!("{}{per}", format_size(bytes))
+    }
+}
+
+impl fmt::Display for Limit {
+    /// `1.00 MiB`, `256 B a step`, `4.00 KiB a checkpoint`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.amount(self.bytes))
     }
 }
 
 impl fmt::Display for Over {
     /// `8.00 KiB a step kept after warm-up, over the 256 B a step allowed`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let per = match self.limit.per {
-            Per::All => "",
-            Per::Step => " a step",
-            Per::Checkpoint => " a checkpoint",
-        };
         write!(
             f,
-            "{}{per} kept after warm-up, over the {} allowed",
-            format_size(self.kept),
+            "{} kept after warm-up, over the {} allowed",
+            self.limit.amount(self.kept),
             self.limit
         )
+    }
+}
+
+/// A limit's verdict on a trend, as `--json` gives it beside the trend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Gate {
+    /// The limit, in words: `256 B a step`.
+    pub limit: String,
+    /// What it counts.
+    pub per: Per,
+    /// The most that may be kept.
+    pub bytes: u64,
+    /// What the suspects kept, as it counts.
+    pub kept: u64,
+    /// Whether that is over the limit (the command then exits with 1).
+    pub over: bool,
+    /// In words: `16.00 KiB a step kept after warm-up, over the 1.00 KiB
+    /// a step allowed`, or what was kept within it.
+    pub said: String,
+}
+
+impl Limit {
+    /// This limit's verdict on `trend`.
+    pub fn gate(&self, trend: &Trend) -> Gate {
+        let kept = self.kept(trend);
+        let said = match self.over(trend) {
+            Some(over) => over.to_string(),
+            None => format!(
+                "{} kept after warm-up, within the {} allowed",
+                self.amount(kept),
+                self
+            ),
+        };
+        Gate {
+            limit: self.to_string(),
+            per: self.per,
+            bytes: self.bytes,
+            kept,
+            over: kept > self.bytes,
+            said,
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use snapdiff_analyze::Limit;
 
 /// Find GPU memory leaks in training jobs.
 ///
@@ -105,17 +106,18 @@ pub(crate) struct CaptureArgs {
     pub(crate) live: LiveArgs,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
-    /// Exit with code 1 when suspected growth in any process exceeds SIZE,
-    /// and with 2 when dumps failed so the evidence is incomplete (the
-    /// command's own failure comes first).
+    /// Exit with code 1 when suspected growth in any process exceeds LIMIT
+    /// (1MiB in all after warm-up, 256B/step a step), and with 2 when dumps
+    /// failed so the evidence is incomplete (the command's own failure
+    /// comes first).
     #[arg(
         long,
         visible_alias = "fail-over",
-        value_name = "SIZE",
-        value_parser = parse_size,
+        value_name = "LIMIT",
+        value_parser = parse_limit,
         conflicts_with = "no_report"
     )]
-    pub(crate) max_growth: Option<u64>,
+    pub(crate) max_growth: Option<Limit>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub(crate) command: Vec<std::ffi::OsString>,
@@ -387,9 +389,10 @@ pub(crate) struct TrendArgs {
     pub(crate) files: Vec<PathBuf>,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
-    /// Exit with code 1 when suspected growth exceeds SIZE (e.g. 1MiB).
-    #[arg(long, visible_alias = "fail-over", value_name = "SIZE", value_parser = parse_size)]
-    pub(crate) max_growth: Option<u64>,
+    /// Exit with code 1 when suspected growth exceeds LIMIT: 1MiB in all
+    /// after warm-up, 256B/step a step, 4KiB/checkpoint a checkpoint.
+    #[arg(long, visible_alias = "fail-over", value_name = "LIMIT", value_parser = parse_limit)]
+    pub(crate) max_growth: Option<Limit>,
     /// Checkpoints at the start that are warm-up (what they allocate is not growth).
     #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
     pub(crate) warmup: usize,
@@ -468,9 +471,10 @@ pub(crate) struct WatchArgs {
 /// (`fleet`, `watch`).
 #[derive(Debug, Args)]
 pub(crate) struct JudgeArgs {
-    /// Exit with code 1 when a rank's suspected growth exceeds SIZE (e.g. 1GiB).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub(crate) max_growth: Option<u64>,
+    /// Exit with code 1 when a rank's suspected growth exceeds LIMIT: 1GiB
+    /// in all after warm-up, 256B/step a step, 4KiB/checkpoint a checkpoint.
+    #[arg(long, value_name = "LIMIT", value_parser = parse_limit)]
+    pub(crate) max_growth: Option<Limit>,
     /// Checkpoints at the start of each rank's series that are warm-up.
     #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
     pub(crate) warmup: usize,
@@ -643,6 +647,11 @@ pub(crate) struct ManArgs {}
 
 fn parse_size(text: &str) -> Result<u64, String> {
     snapdiff_format::units::parse_size(text).map_err(|e| e.to_string())
+}
+
+fn parse_limit(text: &str) -> Result<Limit, String> {
+    text.parse()
+        .map_err(|e: snapdiff_analyze::ParseLimitError| e.to_string())
 }
 
 fn parse_interval(text: &str) -> Result<std::time::Duration, String> {

@@ -22,10 +22,13 @@
 //! use snapdiff::{Allocator, HostBackend, Stream};
 //!
 //! let a = Allocator::new(HostBackend::with_capacity(1 << 30));
-//! let check = LeakCheck::begin(&a);
-//! let scratch = a.alloc(1 << 20, Stream::DEFAULT).unwrap();
-//! drop(scratch);
-//! check.assert_no_leaks(); // passes: nothing is left
+//! let check = LeakCheck::begin(&a).warmup(1);
+//! for _ in 0..4 {
+//!     let scratch = a.alloc(1 << 20, Stream::DEFAULT).unwrap();
+//!     drop(scratch);
+//!     check.step();
+//! }
+//! check.assert_no_leaks(); // passes: nothing keeps growing
 //! ```
 //!
 //! # Reading the output

@@ -2,22 +2,29 @@
 //!
 //! [`LeakCheck`] watches an [`Allocator`](crate::Allocator) during a test:
 //! it takes a snapshot when it begins, one at each [`LeakCheck::step`], and
-//! one when it finishes. A site (the allocations of one code path) leaks when
-//! it holds more memory at the end than at the end of warm-up, and holds it:
-//! the memory counted is the least the site holds from each checkpoint to the
-//! end, so activations that come and go between steps do not count, and what
-//! warm-up allocates once (weights, optimizer state) does not either.
+//! one when it finishes, and judges them as `snapdiff trend` and the pytest
+//! plugin do: a site leaks when its memory keeps growing after warm-up (the
+//! floor rule: the least it holds from each checkpoint on rises again and
+//! again), and the check fails when the suspects kept more than the
+//! [`Limit`] (`--max-growth`'s: in all, a step or a checkpoint). That rule
+//! needs warm-up and three checkpoints more; with fewer there is no
+//! verdict, and the check fails saying so.
 //!
-//! [`assert_no_leaks_between`] does the same for two snapshot files from any
-//! producer, PyTorch pickles included.
+//! [`LeakOptions::strict`] is the stricter rule, for checks of a step or
+//! two: every site that holds more at the end than at the end of warm-up
+//! fails it, one-time allocations included (activations that come and go
+//! still do not count). [`assert_no_leaks_between`] judges two snapshot
+//! files from any producer, PyTorch pickles included, by it.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
-use snapdiff_analyze::{Culprit, CulpritRules, GroupDiff, Site, SiteFrame, StackKey, kept_since};
+use snapdiff_analyze::{
+    Change, Culprit, CulpritRules, GroupDiff, Limit, Site, SiteFrame, StackKey, Suspect,
+    TrendOptions, kept_since, trend_snapshots,
+};
 use snapdiff_format::Snapshot;
-use snapdiff_format::units::format_size;
 use snapdiff_render::TextOptions;
 
 /// How much growth to allow and which sites to leave out of a check.
@@ -27,11 +34,23 @@ use snapdiff_render::TextOptions;
 /// let options = LeakOptions::new().max_growth(1 << 20).ignore("warm_cache");
 /// # let _ = options;
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LeakOptions {
-    max_growth: u64,
+    limit: Limit,
+    strict: bool,
     ignore: Vec<Regex>,
     only: Vec<Regex>,
+}
+
+impl Default for LeakOptions {
+    fn default() -> Self {
+        LeakOptions {
+            limit: Limit::in_all(0),
+            strict: false,
+            ignore: Vec::new(),
+            only: Vec::new(),
+        }
+    }
 }
 
 /// Compiles a pattern given to [`LeakOptions`], panicking with a clear
@@ -59,8 +78,34 @@ impl LeakOptions {
     /// let options = snapdiff::testing::LeakOptions::new().max_growth(4096);
     /// # let _ = options;
     /// ```
-    pub fn max_growth(mut self, bytes: u64) -> LeakOptions {
-        self.max_growth = bytes;
+    pub fn max_growth(self, bytes: u64) -> LeakOptions {
+        self.limit(Limit::in_all(bytes))
+    }
+
+    /// Passes when the sites kept at most `limit`: in all, a step or a
+    /// checkpoint, as `--max-growth LIMIT` reads it (`"256B/step"`).
+    ///
+    /// ```
+    /// let limit = "256B/step".parse().unwrap();
+    /// let options = snapdiff::testing::LeakOptions::new().limit(limit);
+    /// # let _ = options;
+    /// ```
+    pub fn limit(mut self, limit: Limit) -> LeakOptions {
+        self.limit = limit;
+        self
+    }
+
+    /// Judges by the strict rule (see the [module documentation](self)):
+    /// every site holding more at the end than at the end of warm-up
+    /// counts, growing once or again and again; a check of two checkpoints
+    /// has a verdict. The limit counts in all.
+    ///
+    /// ```
+    /// let options = snapdiff::testing::LeakOptions::new().strict();
+    /// # let _ = options;
+    /// ```
+    pub fn strict(mut self) -> LeakOptions {
+        self.strict = true;
         self
     }
 
@@ -191,7 +236,11 @@ impl LeakGroup {
 #[derive(Clone, Debug)]
 pub struct LeakReport {
     groups: Vec<LeakGroup>,
-    allowed: u64,
+    limit: Limit,
+    /// What the sites kept, as the limit counts it.
+    kept: u64,
+    /// Why there is no verdict (too few checkpoints for the floor rule).
+    no_verdict: Option<String>,
     checkpoints: usize,
     /// The two snapshots compared, when written to files.
     files: Option<(PathBuf, PathBuf)>,
@@ -203,21 +252,39 @@ impl LeakReport {
     ///
     /// ```
     /// use snapdiff::testing::{LeakOptions, LeakReport};
-    /// let same = vec![snapdiff::Snapshot::default(); 3];
+    /// let same = vec![snapdiff::Snapshot::default(); 4];
     /// assert!(LeakReport::between(&same, 1, &LeakOptions::new()).is_clean());
     /// ```
     pub fn between(points: &[Snapshot], warmup: usize, options: &LeakOptions) -> LeakReport {
-        let rules = CulpritRules::default();
-        let groups = kept_since(points, warmup, &rules, |site| options.keeps(site))
-            .into_iter()
-            .map(|diff| LeakGroup { diff })
-            .collect();
-        LeakReport {
-            groups,
-            allowed: options.max_growth,
+        let mut report = LeakReport {
+            groups: Vec::new(),
+            limit: options.limit,
+            kept: 0,
+            no_verdict: None,
             checkpoints: points.len(),
             files: None,
+        };
+        if options.strict {
+            let rules = CulpritRules::default();
+            let kept = kept_since(points, warmup, &rules, |site| options.keeps(site));
+            report.kept = kept.iter().map(|d| d.delta_bytes.unsigned_abs()).sum();
+            report.limit.per = snapdiff_analyze::Per::All;
+            report.groups = kept.into_iter().map(|diff| LeakGroup { diff }).collect();
+            return report;
         }
+        let mut trend_options = TrendOptions::default();
+        trend_options.warmup = warmup;
+        let mut trend = trend_snapshots(points, &trend_options);
+        trend.suspects.retain(|s| options.keeps(&s.site));
+        trend.suspected_bytes = trend.suspects.iter().map(|s| s.growth_bytes).sum();
+        report.kept = options.limit.kept(&trend);
+        report.no_verdict = trend.no_verdict.take();
+        report.groups = (trend.suspects.iter())
+            .map(|s| LeakGroup {
+                diff: kept_row(s, trend.warmup),
+            })
+            .collect();
+        report
     }
 
     /// Bytes kept by all sites together.
@@ -231,6 +298,18 @@ impl LeakReport {
         self.groups.iter().map(|g| g.delta_bytes()).sum()
     }
 
+    /// What the sites kept as the limit counts it: [`leaked_bytes`](Self::leaked_bytes)
+    /// for a limit in all, or their growth a step or a checkpoint.
+    pub fn kept(&self) -> u64 {
+        self.kept
+    }
+
+    /// Why the check has no verdict, when it has none: too few checkpoints
+    /// for the floor rule (see the [module documentation](self)).
+    pub fn no_verdict(&self) -> Option<&str> {
+        self.no_verdict.as_deref()
+    }
+
     /// The sites that kept memory, most first.
     ///
     /// ```
@@ -242,15 +321,15 @@ impl LeakReport {
         &self.groups
     }
 
-    /// Whether at most the allowed bytes leaked.
+    /// Whether there is a verdict and at most the allowed bytes leaked.
     ///
     /// ```
     /// # use snapdiff::testing::*;
-    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new());
+    /// # let report = LeakReport::between(&[snapdiff::Snapshot::default(), snapdiff::Snapshot::default()], 0, &LeakOptions::new().strict());
     /// assert!(report.is_clean());
     /// ```
     pub fn is_clean(&self) -> bool {
-        self.leaked_bytes() <= self.allowed
+        self.no_verdict.is_none() && self.kept <= self.limit.bytes
     }
 }
 
@@ -260,6 +339,13 @@ impl fmt::Display for LeakReport {
     /// site's bytes are the least it held from that checkpoint on.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.groups.len();
+        if let Some(why) = &self.no_verdict {
+            return write!(
+                f,
+                "snapdiff: no verdict: {why}; take more steps, or judge by the strict rule \
+                 (LeakOptions::strict)"
+            );
+        }
         if n == 0 {
             return write!(
                 f,
@@ -271,8 +357,8 @@ impl fmt::Display for LeakReport {
             f,
             "snapdiff: {n} site{} kept {} more (allowed: {}):",
             if n == 1 { "" } else { "s" },
-            format_size(self.leaked_bytes()),
-            format_size(self.allowed)
+            self.limit.amount(self.kept),
+            self.limit
         )?;
         let diffs: Vec<GroupDiff> = self.groups.iter().map(|g| g.diff.clone()).collect();
         let options = TextOptions {
@@ -302,6 +388,32 @@ impl fmt::Display for LeakReport {
     }
 }
 
+/// A suspect as a failure's row: from the end of warm-up to the end, each
+/// figure the least the site held from that checkpoint on.
+fn kept_row(suspect: &Suspect, warmup: usize) -> GroupDiff {
+    let floor_blocks = |at: usize| suspect.blocks[at..].iter().copied().min().unwrap_or(0);
+    let last = suspect.floor.len().saturating_sub(1);
+    let from = warmup.min(last);
+    let (before, after) = (suspect.floor[from], suspect.floor[last]);
+    GroupDiff {
+        site: suspect.site.clone(),
+        change: if before == 0 {
+            Change::New
+        } else {
+            Change::Grown
+        },
+        blocks_before: floor_blocks(from),
+        blocks_after: floor_blocks(last),
+        bytes_before: before,
+        bytes_after: after,
+        delta_bytes: suspect.growth_bytes as i64,
+        allocated_before: before,
+        allocated_after: after,
+        blocks_kept: 0,
+        held_by: suspect.held_by.clone(),
+    }
+}
+
 /// Frames of each site's stack a failure message shows under its culprit.
 const STACK_FRAMES: usize = 4;
 /// The columns a failure's table fits in: test runners show messages where
@@ -316,8 +428,10 @@ fn assert_clean(report: LeakReport) {
 }
 
 /// Asserts that no site holds more memory in snapshot file `after` than in
-/// `before`, beyond what `options` allow. The files can come from any
-/// producer: `snapdiff-runtime`, or PyTorch's `_dump_snapshot`.
+/// `before`, beyond what `options` allow, by the strict rule (two
+/// snapshots have no trend; see [`LeakOptions::strict`]). The files can
+/// come from any producer: `snapdiff-runtime`, or PyTorch's
+/// `_dump_snapshot`.
 ///
 /// # Panics
 ///
@@ -339,7 +453,8 @@ pub fn assert_no_leaks_between(
 ) {
     let (before, after) = (before.as_ref(), after.as_ref());
     let read = |p: &Path| snapdiff_format::read_path(p).unwrap_or_else(|e| panic!("snapdiff: {e}"));
-    let mut report = LeakReport::between(&[read(before), read(after)], 0, options);
+    let strict = options.clone().strict();
+    let mut report = LeakReport::between(&[read(before), read(after)], 0, &strict);
     report.files = Some((before.to_path_buf(), after.to_path_buf()));
     assert_clean(report);
 }
@@ -385,7 +500,7 @@ mod check {
         /// ```
         /// # use snapdiff::{Allocator, HostBackend};
         /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
-        /// let check = snapdiff::testing::LeakCheck::begin(&a);
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).strict();
         /// check.assert_no_leaks();
         /// ```
         pub fn begin(alloc: &'a Allocator) -> LeakCheck<'a> {
@@ -422,12 +537,45 @@ mod check {
         /// # use snapdiff::{Allocator, HostBackend, Stream};
         /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
         /// let check = snapdiff::testing::LeakCheck::begin(&a).max_growth(4096);
-        /// let small = a.alloc(100, Stream::DEFAULT).unwrap();
-        /// check.assert_no_leaks(); // 512 bytes kept, 4096 allowed
-        /// # drop(small);
+        /// let mut kept = Vec::new();
+        /// for _ in 0..4 {
+        ///     kept.push(a.alloc(100, Stream::DEFAULT).unwrap());
+        ///     check.step();
+        /// }
+        /// check.assert_no_leaks(); // 400 bytes kept, 4096 allowed
         /// ```
         pub fn max_growth(mut self, bytes: u64) -> LeakCheck<'a> {
             self.options = self.options.max_growth(bytes);
+            self
+        }
+
+        /// Passes when the sites kept at most `limit`: in all, a step or a
+        /// checkpoint (see [`LeakOptions::limit`]).
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).limit("1KiB/step".parse().unwrap());
+        /// # let _ = check;
+        /// ```
+        pub fn limit(mut self, limit: snapdiff_analyze::Limit) -> LeakCheck<'a> {
+            self.options = self.options.limit(limit);
+            self
+        }
+
+        /// Judges by the strict rule (see [`LeakOptions::strict`]): a check
+        /// of a step or two has a verdict.
+        ///
+        /// ```should_panic
+        /// # use snapdiff::{Allocator, HostBackend, Stream};
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).strict();
+        /// let kept = a.alloc(1000, Stream::DEFAULT).unwrap();
+        /// check.assert_no_leaks(); // panics: 1 site kept 1000 B more
+        /// # drop(kept);
+        /// ```
+        pub fn strict(mut self) -> LeakCheck<'a> {
+            self.options = self.options.strict();
             self
         }
 
@@ -487,7 +635,7 @@ mod check {
         /// ```
         /// # use snapdiff::{Allocator, HostBackend, Stream};
         /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
-        /// let check = snapdiff::testing::LeakCheck::begin(&a);
+        /// let check = snapdiff::testing::LeakCheck::begin(&a).strict();
         /// let kept = a.alloc(1000, Stream::DEFAULT).unwrap();
         /// let report = check.finish();
         /// assert_eq!(report.leaked_bytes(), 1000); // requested; the allocator rounded it to 1 KiB
@@ -511,8 +659,12 @@ mod check {
         /// # use snapdiff::{Allocator, HostBackend, Stream};
         /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
         /// let check = snapdiff::testing::LeakCheck::begin(&a);
-        /// let kept = a.alloc(1000, Stream::DEFAULT).unwrap();
-        /// check.assert_no_leaks(); // panics: 1 site kept 1000 B more
+        /// let mut kept = Vec::new();
+        /// for _ in 0..4 {
+        ///     kept.push(a.alloc(1000, Stream::DEFAULT).unwrap());
+        ///     check.step();
+        /// }
+        /// check.assert_no_leaks(); // panics: 1 site kept 4000 B more
         /// # drop(kept);
         /// ```
         pub fn assert_no_leaks(&self) {

@@ -7,12 +7,11 @@ it; everything it installs (the recording, the CPU recorder, its signal
 handlers and dump thread) is undone when training ends, normally or by an
 exception."""
 
-import json
 import os
 import sys
 
 from snapdiff._cli import run
-from snapdiff._limits import MESSAGE_WIDTH, Limit, SnapdiffLeak
+from snapdiff._limits import MESSAGE_WIDTH, Limit, SnapdiffLeak, judge
 
 # Suspects whose live bytes are logged as metrics each dump.
 TOP_METRICS = 5
@@ -79,17 +78,10 @@ class Watch:
         if len(mine) < 2:
             return None
         try:
-            code, out, _ = run(
-                ["trend", "--warmup", str(self.warmup), "--json", "--top", "0", "--", *mine],
-                check=False,
-            )
-        except OSError as e:
+            return judge(mine, self.warmup, self.limit)
+        except (OSError, RuntimeError, ValueError) as e:
             warn(f"cannot judge the dumps ({e})")
             return None
-        if code not in (0, 1) or not out.strip():
-            return None
-        report = json.loads(out)
-        return None if "processes" in report else report
 
     def judge_metrics(self):
         """Live bytes of the top growing sites at the last dump, and their

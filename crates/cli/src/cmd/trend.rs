@@ -8,7 +8,6 @@ use snapdiff_format::Snapshot;
 
 use crate::args::{ReportArgs, TrendArgs};
 use crate::exit::Exit;
-use snapdiff_render::text::size;
 use snapdiff_render::trend::{per_process_json, process_name, write_per_process, write_text};
 
 /// The top-level entry point for `snapdiff trend`.
@@ -45,20 +44,30 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
 
 /// The report of one series of snapshots (or one trace).
 fn print_one(trend: &Trend, errored: bool, args: &TrendArgs) -> anyhow::Result<Exit> {
-    let exit = match args.max_growth {
+    let over = args.max_growth.and_then(|limit| limit.over(trend));
+    let exit = match over {
         _ if errored => Exit::Error,
-        Some(limit) if trend.suspected_bytes > limit => {
+        Some(over) => {
             eprintln!(
                 "snapdiff: {} of suspected growth, over the {} limit (--max-growth)",
-                size(trend.suspected_bytes),
-                size(limit)
+                over.limit.amount(over.kept),
+                over.limit
             );
             Exit::OverThreshold
         }
-        _ => Exit::Clean,
+        None => Exit::Clean,
     };
     if args.report.json {
-        crate::output::print_json(trend, args.report.top)?;
+        /// The trend, with the limit's verdict when one was given.
+        #[derive(serde::Serialize)]
+        struct Judged<'a> {
+            #[serde(flatten)]
+            trend: &'a Trend,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            limit: Option<snapdiff_analyze::Gate>,
+        }
+        let limit = args.max_growth.map(|limit| limit.gate(trend));
+        crate::output::print_json(&Judged { trend, limit }, args.report.top)?;
     } else {
         write_text(trend, &args.report.text(), &mut crate::output::text_out())?;
     }
@@ -74,16 +83,18 @@ fn print_per_process(
 ) -> anyhow::Result<Exit> {
     let over: Vec<String> = trends
         .iter()
-        .filter(|(_, t)| {
-            args.max_growth
-                .is_some_and(|limit| t.suspected_bytes > limit)
+        .filter_map(|(p, t)| {
+            let over = args.max_growth?.over(t)?;
+            Some(format!(
+                "{}: {}",
+                process_name(p),
+                over.limit.amount(over.kept)
+            ))
         })
-        .map(|(p, t)| format!("{}: {}", process_name(p), size(t.suspected_bytes)))
         .collect();
     if let (false, Some(limit)) = (over.is_empty(), args.max_growth) {
         eprintln!(
-            "snapdiff: suspected growth over the {} limit (--max-growth) in {}",
-            size(limit),
+            "snapdiff: suspected growth over the {limit} limit (--max-growth) in {}",
             over.join("; ")
         );
     }
@@ -104,13 +115,12 @@ fn print_per_process(
 
 /// The trend report of `files` with default options, as `capture` and `demo`
 /// show it (capture has told processes apart by their files' names already).
-/// Returns the suspected growth in bytes, or `None` when no file could be
-/// read.
+/// Returns the verdict, or `None` when no file could be read.
 pub(crate) fn report(
     files: &[PathBuf],
     report: &ReportArgs,
     out: &mut dyn Write,
-) -> anyhow::Result<Option<u64>> {
+) -> anyhow::Result<Option<Trend>> {
     let mut options = TrendOptions::default();
     options.rules = report.rules()?;
     let (read, _) = read_all(files);
@@ -123,7 +133,7 @@ pub(crate) fn report(
     } else {
         write_text(&trend, &report.text(), out)?;
     }
-    Ok(Some(trend.suspected_bytes))
+    Ok(Some(trend))
 }
 
 /// One process's trend, for the report.

@@ -60,14 +60,12 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         if processes.len() > 1 {
             writeln!(out, "{process}:")?;
         }
-        let suspected = crate::cmd::trend::report(files, &args.report, &mut out)?;
-        if suspected.is_some_and(|bytes| bytes > 0) {
+        let trend = crate::cmd::trend::report(files, &args.report, &mut out)?;
+        if trend.as_ref().is_some_and(|t| t.suspected_bytes > 0) {
             growing.push(process.as_str());
         }
-        if let (Some(bytes), Some(limit)) = (suspected, args.max_growth)
-            && bytes > limit
-        {
-            over.push(format!("{process}: {}", snapdiff_render::text::size(bytes)));
+        if let Some(o) = (trend.as_ref()).and_then(|t| args.max_growth?.over(t)) {
+            over.push(format!("{process}: {}", o.limit.amount(o.kept)));
         }
         // A job that died of an out-of-memory error: what it asked for and
         // what held the memory, from the dump taken at the error.
@@ -114,8 +112,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     };
     if !over.is_empty() {
         eprintln!(
-            "snapdiff: suspected growth over the {} limit (--max-growth) in {}",
-            snapdiff_render::text::size(limit),
+            "snapdiff: suspected growth over the {limit} limit (--max-growth) in {}",
             over.join("; ")
         );
         return Ok(Exit::OverThreshold);

@@ -8,12 +8,11 @@ use std::io::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use snapdiff_analyze::TrendOptions;
+use snapdiff_analyze::{Limit, Over, TrendOptions};
 use snapdiff_fleet::{
     Fleet, FleetOptions, FleetTally, Member, ProcessRows, ProcessVerdict, Rows, StackStore, Stacks,
     Unreadable, judge, read_tables,
 };
-use snapdiff_render::text::size;
 
 use crate::args::{FleetArgs, ThreadArgs};
 use crate::exit::Exit;
@@ -132,7 +131,7 @@ pub(crate) fn judge_fleet(
     trend: TrendOptions,
     threads: &ThreadArgs,
     rows: Rows,
-    max_growth: Option<u64>,
+    max_growth: Option<Limit>,
 ) -> anyhow::Result<(Fleet, ExitFacts)> {
     let mut options = FleetOptions::default();
     options.trend = trend;
@@ -193,13 +192,13 @@ pub(crate) fn read_table_folders(
 
 /// What the exit code rests on, gathered as each rank is judged.
 pub(crate) struct ExitFacts {
-    max_growth: Option<u64>,
+    max_growth: Option<Limit>,
     /// Whether any rank's device had checkpoints enough to judge.
     judged: bool,
     /// Devices whose suspected growth exceeds `max_growth`: how many, and
     /// the first few in rank order.
     over: usize,
-    first_over: Vec<(Member, u64)>,
+    first_over: Vec<(Member, Over)>,
 }
 
 /// Devices over `--max-growth` named in its line; the rest are counted.
@@ -207,7 +206,7 @@ const OVER_NAMED: usize = 5;
 
 impl ExitFacts {
     /// No rank yet, judged against `max_growth` (`--max-growth`).
-    pub(crate) fn new(max_growth: Option<u64>) -> ExitFacts {
+    pub(crate) fn new(max_growth: Option<Limit>) -> ExitFacts {
         ExitFacts {
             max_growth,
             judged: false,
@@ -220,18 +219,15 @@ impl ExitFacts {
     pub(crate) fn add(&mut self, verdict: &ProcessVerdict) {
         for d in &verdict.devices {
             self.judged |= d.trend.no_verdict.is_none();
-            if self
-                .max_growth
-                .is_some_and(|limit| d.trend.suspected_bytes > limit)
-            {
+            if let Some(over) = self.max_growth.and_then(|limit| limit.over(&d.trend)) {
                 self.over += 1;
                 let member = Member {
                     rank: snapdiff_runs::rank_of(&verdict.process),
                     process: verdict.process.clone(),
                     device: d.device,
                 };
-                self.first_over.push((member, d.trend.suspected_bytes));
-                self.first_over.sort();
+                self.first_over.push((member, over));
+                self.first_over.sort_by(|a, b| a.0.cmp(&b.0));
                 self.first_over.truncate(OVER_NAMED);
             }
         }
@@ -252,11 +248,17 @@ impl ExitFacts {
             return Exit::Clean;
         };
         let shown: Vec<String> = (self.first_over.iter())
-            .map(|(m, bytes)| format!("{} {}: {}", m.process, DeviceName(m.device), size(*bytes)))
+            .map(|(m, o)| {
+                format!(
+                    "{} {}: {}",
+                    m.process,
+                    DeviceName(m.device),
+                    limit.amount(o.kept)
+                )
+            })
             .collect();
         eprintln!(
-            "snapdiff: suspected growth over the {} limit (--max-growth) in {} rank{}: {}{}",
-            size(limit),
+            "snapdiff: suspected growth over the {limit} limit (--max-growth) in {} rank{}: {}{}",
             self.over,
             if self.over == 1 { "" } else { "s" },
             shown.join("; "),
@@ -270,7 +272,7 @@ impl ExitFacts {
 pub(crate) fn exit_code(
     verdicts: &[ProcessVerdict],
     unreadable: &[Unreadable],
-    max_growth: Option<u64>,
+    max_growth: Option<Limit>,
 ) -> Exit {
     let mut facts = ExitFacts::new(max_growth);
     verdicts.iter().for_each(|v| facts.add(v));
