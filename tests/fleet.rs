@@ -721,3 +721,61 @@ fn a_rank_of_one_file_is_judged_by_its_trace_as_trend_judges_it() {
         );
     }
 }
+
+#[test]
+fn one_folder_of_two_runs_far_apart_in_time_is_two_runs() {
+    // Snapshots that record their time but no process (another tool's
+    // JSON): a steady run, then 1157 days later a leaking one, in one
+    // folder under one rank's names. Each is a run of its own; the latest
+    // is judged, said.
+    let dir = tempdir();
+    let made = dir.path().join("made");
+    let steady = made.join("steady");
+    let leaking = made.join("leaking");
+    let job = dir.path().join("job");
+    std::fs::create_dir_all(&job).unwrap();
+    let steady_files = crate::util::steady_training_job(&steady, 40, 4);
+    let leaking_files = crate::util::leaking_training_job(&leaking, 40, 4);
+    let day_us: i64 = 86_400 * 1_000_000;
+    for (files, shift, first) in [(&steady_files, 0, 0), (&leaking_files, 1157 * day_us, 100)] {
+        for (i, file) in files.iter().enumerate() {
+            let json = job.join(format!("rank1-step{}.json", first + i));
+            snapdiff(["convert".as_ref(), file.as_os_str(), json.as_os_str()]).expect_code(0);
+            let mut value: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            let meta = value["snapshot"]["meta"].as_object_mut().unwrap();
+            for key in ["pid", "host", "run_id"] {
+                meta.remove(key);
+            }
+            let t = meta["created_us"].as_i64().unwrap();
+            meta.insert("created_us".into(), json!(t + shift));
+            std::fs::write(&json, serde_json::to_vec(&value).unwrap()).unwrap();
+        }
+    }
+    let fleet = snapdiff(["fleet".as_ref(), "--json".as_ref(), job.as_os_str()])
+        .expect_code(0)
+        .json();
+    assert_eq!(
+        (&fleet["processes"], &fleet["leaking"]),
+        (&json!(1), &json!(1)),
+        "{fleet:#}"
+    );
+    let member = &fleet["members"][0];
+    assert_eq!(
+        member["checkpoints"].as_array().unwrap().len(),
+        leaking_files.len()
+    );
+    let notes = fleet["notes"].to_string();
+    assert!(
+        notes.contains("a pause far longer than their spacing"),
+        "{notes}"
+    );
+    let trend = snapdiff(["trend".as_ref(), "--json".as_ref(), job.as_os_str()])
+        .expect_code(0)
+        .json();
+    assert_eq!(trend["checkpoints"], leaking_files.len(), "{trend:#}");
+    assert_eq!(trend["suspected_bytes"], member["suspected_bytes"]);
+    assert!(
+        trend["notes"].to_string().contains("earlier run"),
+        "{trend:#}"
+    );
+}

@@ -204,8 +204,19 @@ pub fn pickle4(body: &[u8]) -> Vec<u8> {
 /// (`keep-activations`) for `steps` steps under capture, one every `every`
 /// steps, written into `dir`, in step order.
 pub fn leaking_training_job(dir: &Path, steps: u32, every: u32) -> Vec<PathBuf> {
+    training_job(dir, steps, every, &["--leak", "keep-activations"])
+}
+
+/// [`leaking_training_job`] without a leak.
+pub fn steady_training_job(dir: &Path, steps: u32, every: u32) -> Vec<PathBuf> {
+    training_job(dir, steps, every, &[])
+}
+
+/// The built-in training job under capture with `flags` (see
+/// [`leaking_training_job`]).
+fn training_job(dir: &Path, steps: u32, every: u32, flags: &[&str]) -> Vec<PathBuf> {
     let (steps, every) = (steps.to_string(), every.to_string());
-    snapdiff([
+    let mut args: Vec<&std::ffi::OsStr> = vec![
         "capture".as_ref(),
         "-o".as_ref(),
         dir.as_os_str(),
@@ -217,12 +228,11 @@ pub fn leaking_training_job(dir: &Path, steps: u32, every: u32) -> Vec<PathBuf> 
         "train".as_ref(),
         "--steps".as_ref(),
         steps.as_ref(),
-        "--leak".as_ref(),
-        "keep-activations".as_ref(),
         "--log-every".as_ref(),
         "0".as_ref(),
-    ] as [&std::ffi::OsStr; 15])
-    .expect_code(0);
+    ];
+    args.extend(flags.iter().map(std::ffi::OsStr::new));
+    snapdiff(args).expect_code(0);
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -1,7 +1,7 @@
 """The command's reports as plain dataclasses, read from its `--json`."""
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 import os
 
@@ -73,7 +73,7 @@ class _AsReport:
     verdict with the same options; a notebook shows the offline report of
     its files (see `snapdiff._notebook`)."""
 
-    _options = ()  # the command's options the report was made with
+    _options: Sequence[str] = ()  # the command's options the report was made with
 
     def __str__(self):
         from snapdiff._notebook import text_of
@@ -302,16 +302,23 @@ def compare(before: PathArg, after: PathArg) -> Comparison:
         ],
         notes=r["notes"],
         pinned_host=r.get("pinned_host"),
-        files=[os.fspath(before), os.fspath(after)],
+        files=[os.fsdecode(before), os.fsdecode(after)],
     )
+
+
+def path_list(paths: Union[PathArg, Iterable[PathArg]]) -> List[str]:
+    """One path or several, as text."""
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        return [os.fsdecode(paths)]
+    return [os.fsdecode(p) for p in paths]
 
 
 def trend(files: Union[PathArg, Iterable[PathArg]], warmup: Optional[int] = None) -> Trend:
     """The sites whose memory keeps growing over `files` (snapshots, a
     folder of them, or one trace)."""
-    one = isinstance(files, (str, bytes)) or hasattr(files, "__fspath__")
+    paths = path_list(files)
     options = [] if warmup is None else ["--warmup", str(warmup)]
-    r = run_json("trend", [files] if one else list(files), options)
+    r = run_json("trend", paths, options)
     if "processes" in r:
         raise ValueError(
             "the files come from several processes; give one process's files at a time"
@@ -325,7 +332,7 @@ def trend(files: Union[PathArg, Iterable[PathArg]], warmup: Optional[int] = None
         no_verdict=r.get("no_verdict"),
         pinned_host=r.get("pinned_host"),
         outside=r.get("outside"),
-        files=[os.fspath(f) for f in ([files] if one else files)],
+        files=paths,
     )
     result._options = options
     return result
@@ -347,5 +354,5 @@ def peak(file: PathArg) -> Peak:
             for d in r["devices"]
         ],
         notes=r["notes"],
-        files=[os.fspath(file)],
+        files=[os.fsdecode(file)],
     )

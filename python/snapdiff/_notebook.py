@@ -141,15 +141,14 @@ def snapdiff_magic(line, cell=None):
     folder = tempfile.mkdtemp(prefix="snapdiff-cell-")
     # Steps are optimizer steps, counted as capture counts them.
     recording = Recording(folder, every=args.every)
-    capture = recording._capture
     # A first line in place of the magic's, so that lines are the cell's
     # own (a blank one would be stripped).
     code = "# %%snapdiff\n" + cell
     ran = [(running_cell(), code)]
     # The dumps name the cells' files as IPython numbers the cells.
-    capture.settings.file_names = lambda: cell_file_names(ran)
+    recording.file_names = lambda: cell_file_names(ran)
     recording.start()
-    hook = optimizer.register_optimizer_step_post_hook(capture.guarded(capture.after_step))
+    hook = recording.count_steps_of(optimizer)
     try:
         get_ipython().run_cell(code)
     finally:
@@ -159,7 +158,7 @@ def snapdiff_magic(line, cell=None):
     if len(files) < args.warmup + 3:
         shutil.rmtree(folder, ignore_errors=True)
         print(
-            f"snapdiff: the cell took {capture.steps} optimizer steps and {len(files)} dumps; "
+            f"snapdiff: the cell took {recording.steps} optimizer steps and {len(files)} dumps; "
             f"a verdict needs {args.warmup + 3} (--every {args.every}, --warmup {args.warmup})"
         )
         return None

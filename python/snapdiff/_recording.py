@@ -11,7 +11,7 @@ CPU recorder when torch sees no CUDA device. Steps are counted by
 import json
 import os
 import tempfile
-from typing import List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from snapdiff._api import LiveSite, PathArg, live_sites
 from snapdiff._cli import run_json
@@ -64,6 +64,53 @@ class Recording:
     def start(self) -> "Recording":
         self._capture.start_recording()
         return self
+
+    @property
+    def stack_root(self) -> Optional[Tuple[str, str]]:
+        """Where stacks end: `(file, function)` of the frame whose callers
+        are left out (a test function's are pytest's); None: the whole stack."""
+        return self._capture.settings.stack_root
+
+    @stack_root.setter
+    def stack_root(self, frame: Optional[Tuple[str, str]]) -> None:
+        self._capture.settings.stack_root = frame
+
+    @property
+    def dump_owners(self) -> bool:
+        """Whether each dump is followed by its owners file (what keeps its
+        live tensors alive), as `capture --owners` does; settable between
+        dumps."""
+        return bool(self._capture.settings.owners)
+
+    @dump_owners.setter
+    def dump_owners(self, on: bool) -> None:
+        self._capture.settings.owners = bool(on)
+
+    @property
+    def file_names(self) -> Optional[Callable[[], Dict[str, str]]]:
+        """What gives the names the dumps' frames' files take (a notebook's
+        cells: `<ipython-input-3-...>` for `cell 3`); None: their own."""
+        return self._capture.settings.file_names
+
+    @file_names.setter
+    def file_names(self, names: Optional[Callable[[], Dict[str, str]]]) -> None:
+        self._capture.settings.file_names = names
+
+    def dump_on_signals(self) -> None:
+        """Dumps from a thread of its own, and on SIGUSR1 and at SIGTERM as
+        `capture` does; the signals only where this is the main thread."""
+        self._capture.install_dump_thread()
+        try:
+            self._capture.install_signals()
+        except Exception:
+            pass  # off the main thread: dumps still come every N steps
+
+    def count_steps_of(self, optimizer: Any) -> Any:
+        """Counts `optimizer`'s steps as training steps (a dump every
+        `every`), as capture counts them; returns the hook's handle, whose
+        `remove()` stops counting."""
+        capture = self._capture
+        return optimizer.register_optimizer_step_post_hook(capture.guarded(capture.after_step))
 
     @property
     def steps(self) -> int:

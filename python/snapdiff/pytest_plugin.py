@@ -71,9 +71,7 @@ class Steps:
         recording = Recording(self.folder, every=1)
         # Stacks end at the test function: its callers are pytest's.
         function = self.request.node.function
-        recording._capture.settings.stack_root = (
-            function.__code__.co_filename, function.__code__.co_name,
-        )
+        recording.stack_root = (function.__code__.co_filename, function.__code__.co_name)
         recording.start()
         try:
             for i in range(self.warmup + self.steps):
@@ -81,8 +79,7 @@ class Steps:
                 # The objects are alive now: the dumps at the end of
                 # warm-up and at the last step say who holds their live
                 # blocks (and who gained some since), for the failure message.
-                recording._capture.settings.owners = i in (
-                    self.warmup, self.warmup + self.steps - 1)
+                recording.dump_owners = i in (self.warmup, self.warmup + self.steps - 1)
                 recording.step()
                 self.taken += 1
         finally:

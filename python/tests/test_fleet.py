@@ -331,12 +331,12 @@ def test_thirty_thousand_paths_reach_the_command_and_each_file_counts_once(job):
 def test_python_lists_snapshots_by_the_commands_rule():
     """Ray tasks are handed the files Python lists: the extensions it takes
     are those of `snapdiff_format::names`."""
-    from snapdiff import _fleet
+    from snapdiff import _ray
 
     names_rs = (ROOT / "crates" / "format" / "src" / "names.rs").read_text()
     listed = re.search(r"SNAPSHOT_EXTENSIONS: \[&str; \d+\] = \[(.*?)\];", names_rs, re.S).group(1)
     rust = sorted(re.findall(r'"(\w+)"', listed))
-    python = sorted(re.search(r"\\\.\((.*?)\)\$", _fleet._SNAPSHOT.pattern).group(1).split("|"))
+    python = sorted(re.search(r"\\\.\((.*?)\)\$", _ray._SNAPSHOT.pattern).group(1).split("|"))
     assert python == rust
 
 
@@ -494,7 +494,7 @@ def test_object_keys_with_dots_make_folders_only_inside_the_tasks_own():
     `runs/../../../../tmp/x/rank0.pickle` to a folder outside its
     temporary one. Every key's folder now lies inside it, and two keys'
     folders stay apart."""
-    from snapdiff._fleet import _local_folder
+    from snapdiff._ray import _local_folder
 
     under = "/work/in"
     remotes = [

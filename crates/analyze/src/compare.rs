@@ -337,3 +337,22 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         idle_private_pools: idle_private_pools(&[before, after]),
     }
 }
+
+impl Comparison {
+    /// Fills in `held_by` of the sites that grew, from the owners when
+    /// AFTER was dumped and, when known, when BEFORE was (for how many
+    /// blocks each gained a step over `steps`). `line_of` gives the
+    /// culprit line of a site key (see [`SiteLines`](crate::held_by::SiteLines)).
+    pub fn add_held_by(
+        &mut self,
+        after: &crate::held_by::SiteOwners,
+        before: Option<&crate::held_by::SiteOwners>,
+        steps: Option<u64>,
+        rules: &CulpritRules,
+        line_of: impl FnMut(StackKey) -> Option<crate::held_by::CulpritLine>,
+    ) {
+        let grown = self.groups.iter_mut().filter(|g| g.delta_bytes > 0);
+        let rows = grown.map(|g| (&g.site, &mut g.held_by));
+        crate::held_by::fill(rows, after, before, steps, rules, line_of);
+    }
+}

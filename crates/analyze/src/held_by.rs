@@ -10,11 +10,9 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use snapdiff_format::{Owner, Owners, Snapshot, StackId};
 
-use crate::compare::Comparison;
 use crate::culprit::CulpritRules;
 use crate::group::{Site, culprit_line, describe_site, is_live, requested};
 use crate::stack_key::{StackKey, StackKeys};
-use crate::trend::Trend;
 
 /// What keeps some of a suspect's blocks alive: one owner, as the process
 /// named it when it dumped.
@@ -212,66 +210,28 @@ fn of_row_matcher<'a>(
     }
 }
 
-/// Fills in each suspect's `held_by` from the owners at the last
-/// checkpoint and, when known, at the end of warm-up (for how many blocks
-/// each owner gained a step). `line_of` gives the culprit line of a site
+/// Fills in the `held_by` of each row (a site, and where its owners go)
+/// from the owners at the last checkpoint and, when known, at an earlier
+/// one `steps` before (for how many blocks each owner gained a step):
+/// what `trend`'s suspects, `compare`'s sites that grew and `summary`'s
+/// top sites are each given. `line_of` gives the culprit line of a site
 /// key of either.
-pub(crate) fn add_held_by(
-    trend: &mut Trend,
+pub(crate) fn fill<'r>(
+    rows: impl Iterator<Item = (&'r Site, &'r mut Vec<HeldBy>)>,
     last: &SiteOwners,
-    at_warmup: Option<&SiteOwners>,
-    rules: &CulpritRules,
-    mut line_of: impl FnMut(StackKey) -> Option<CulpritLine>,
-) {
-    let warm = trend.warmup.min(trend.points.len().saturating_sub(1));
-    let steps = match (
-        trend.points.get(warm).and_then(|p| p.step),
-        trend.points.last().and_then(|p| p.step),
-    ) {
-        (Some(a), Some(b)) if b > a => Some(b - a),
-        _ => None,
-    };
-    for suspect in &mut trend.suspects {
-        let mut of_row = of_row_matcher(&suspect.site, rules, &mut line_of);
-        suspect.held_by = held_by(last, at_warmup, steps, &mut of_row);
-    }
-}
-
-/// Fills in `held_by` of the comparison's sites that grew, from the
-/// owners when AFTER was dumped and, when known, when BEFORE was (for how
-/// many blocks each gained a step over `steps`).
-pub fn add_held_by_to_comparison(
-    cmp: &mut Comparison,
-    after: &SiteOwners,
-    before: Option<&SiteOwners>,
+    earlier: Option<&SiteOwners>,
     steps: Option<u64>,
     rules: &CulpritRules,
     mut line_of: impl FnMut(StackKey) -> Option<CulpritLine>,
 ) {
-    for group in cmp.groups.iter_mut().filter(|g| g.delta_bytes > 0) {
-        let mut of_row = of_row_matcher(&group.site, rules, &mut line_of);
-        group.held_by = held_by(after, before, steps, &mut of_row);
-    }
-}
-
-impl crate::Summary {
-    /// Fills in each top site's `held_by` from the owners when the
-    /// snapshot was dumped. `line_of` gives the culprit line of a site key.
-    pub fn add_held_by(
-        &mut self,
-        owners: &SiteOwners,
-        rules: &CulpritRules,
-        mut line_of: impl FnMut(StackKey) -> Option<CulpritLine>,
-    ) {
-        for usage in &mut self.top_sites {
-            let mut of_row = of_row_matcher(&usage.site, rules, &mut line_of);
-            usage.held_by = held_by(owners, None, None, &mut of_row);
-        }
+    for (site, held) in rows {
+        let mut of_row = of_row_matcher(site, rules, &mut line_of);
+        *held = held_by(last, earlier, steps, &mut of_row);
     }
 }
 
 /// The culprit lines of the live sites of some snapshots, described once
-/// each: what [`add_held_by_to_comparison`] and
+/// each: what [`Comparison::add_held_by`](crate::Comparison::add_held_by) and
 /// [`Summary::add_held_by`](crate::Summary::add_held_by) match the sites of
 /// owners files by.
 pub struct SiteLines<'a> {

@@ -10,11 +10,11 @@
 //! judged by its trace, cut into checkpoints; several, a checkpoint each.
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::{Owners, Snapshot, StackId};
+use snapdiff_format::{Owners, PINNED_HOST_DEVICE, Snapshot, StackId};
 
 use crate::error::TraceError;
 use crate::group::{culprit_line, describe_site};
-use crate::held_by::{CulpritLine, SiteOwners, add_held_by, owners_by_site};
+use crate::held_by::{CulpritLine, SiteOwners, owners_by_site};
 use crate::outside::OutsidePoint;
 use crate::private_pools::idle_private_pools;
 use crate::rows::{DeviceRows, Devices, ProcessRows, SiteStacks};
@@ -23,8 +23,8 @@ use crate::series_order::{
 };
 use crate::stack_key::{StackKey, StackKeys};
 use crate::trend::{
-    Checkpoint, CheckpointSource, SiteSeries, Trend, TrendOptions, merge_device_trends,
-    trend_of_series, trend_of_snapshot_series,
+    Checkpoint, CheckpointSource, SiteSeries, Trend, TrendOptions, trend_of_series,
+    trend_of_snapshot_series,
 };
 
 /// A verdict, and the checkpoints it was judged on.
@@ -293,12 +293,115 @@ fn judge_series(
             .or_insert_with(|| culprit_line(&describe_site(snap, key, stack, &options.rules)));
         Some(line.clone())
     };
-    add_held_by(
-        &mut trend,
-        &at_last,
-        at_warmup.as_ref(),
-        &options.rules,
-        line_of,
-    );
+    // How many blocks each owner gained a step needs the steps between.
+    let warm = trend.warmup.min(trend.points.len().saturating_sub(1));
+    let steps = match (
+        trend.points.get(warm).and_then(|p| p.step),
+        trend.points.last().and_then(|p| p.step),
+    ) {
+        (Some(a), Some(b)) if b > a => Some(b - a),
+        _ => None,
+    };
+    let rows = trend.suspects.iter_mut().map(|s| (&s.site, &mut s.held_by));
+    let rules = &options.rules;
+    crate::held_by::fill(rows, &at_last, at_warmup.as_ref(), steps, rules, line_of);
+    trend
+}
+
+/// The trend over several snapshots of one job, ordered by their step if
+/// all have one, else by their time if all have one, else as given.
+pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
+    let named: Vec<NamedSnapshot<'_>> = snaps
+        .iter()
+        .map(|snapshot| NamedSnapshot { name: "", snapshot })
+        .collect();
+    trend_named(&named, options)
+}
+
+/// The trend over several named snapshots of one job (exit dumps, told by
+/// their names, left out among three or more others), ordered by their step
+/// if all have one, else by their time if all have one, else by name with
+/// numbers compared as numbers; [`Trend::order`] says which, with a note
+/// when it is not by step or time.
+pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend {
+    judge_snapshots(snaps, &mut |_| None, options).trend
+}
+
+/// The trend within one snapshot's trace, cut into checkpoints.
+///
+/// Each device's trace is cut and judged on its own: devices run their own
+/// streams and steps, so a cut of one says nothing about another. A device
+/// whose trace holds no allocation (an idle GPU, with only markers or
+/// nothing) is left out and changes nothing. With several busy devices the
+/// suspects of each are reported together.
+///
+/// # Errors
+///
+/// When the snapshot recorded no allocation in its traces.
+pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, TraceError> {
+    judge_trace(snap, &StackKeys::new(snap), options)
+}
+
+/// [`trend_trace`] with `snap`'s stack keys already computed, for analyses
+/// that need them too (a snapshot of 20,000 deep stacks takes 40 ms).
+pub(crate) fn trend_trace_with_keys(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    options: &TrendOptions,
+) -> Result<Trend, TraceError> {
+    judge_trace(snap, keys, options)
+}
+
+/// The verdicts of `snap`'s busy devices, each judged on its own, told as
+/// one: the first device's checkpoints, every device's suspects, and a
+/// note of the devices judged and of those left idle.
+pub(crate) fn merge_device_trends(snap: &Snapshot, mut trends: Vec<Trend>) -> Trend {
+    let busy = crate::rows::busy_traces(snap);
+    let mut idle: Vec<String> = (0..snap.traces.len())
+        .filter(|i| {
+            let trace = &snap.traces[*i];
+            !busy.contains(i) && trace.device != PINNED_HOST_DEVICE && !trace.events.is_empty()
+        })
+        .map(|i| snap.traces[i].device.to_string())
+        .collect();
+    idle.dedup();
+    let mut trend = trends.remove(0);
+    for other in trends {
+        trend.suspected_bytes = trend.suspected_bytes.saturating_add(other.suspected_bytes);
+        trend.growth_per_second = match (trend.growth_per_second, other.growth_per_second) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        trend.suspects.extend(other.suspects);
+        trend.notes.extend(other.notes);
+    }
+    if busy.len() > 1 {
+        trend.suspects.sort_by(|a, b| {
+            b.growth_bytes
+                .cmp(&a.growth_bytes)
+                .then(a.site.key.cmp(&b.site.key))
+        });
+        let devices: Vec<String> = busy
+            .iter()
+            .map(|&t| snap.traces[t].device.to_string())
+            .collect();
+        trend.notes.insert(
+            0,
+            format!(
+                "devices {} were each cut and judged on their own; the checkpoints shown are \
+                 device {}'s",
+                devices.join(", "),
+                devices[0]
+            ),
+        );
+    }
+    if !idle.is_empty() {
+        trend.notes.push(format!(
+            "device{} {} recorded no allocation and {} left out",
+            if idle.len() == 1 { "" } else { "s" },
+            idle.join(", "),
+            if idle.len() == 1 { "is" } else { "are" }
+        ));
+    }
     trend
 }

@@ -64,7 +64,9 @@ pub use crate::group::{
     Site, SiteFrame, SiteTotals, describe_site, live_sites_by_device, requested,
 };
 pub use crate::held_by::HeldBy;
-pub use crate::judge::{Describe, Judged, judge, judge_dumps};
+pub use crate::judge::{
+    Describe, Judged, judge, judge_dumps, trend_named, trend_snapshots, trend_trace,
+};
 pub use crate::kept::kept_since;
 pub use crate::limit::{Gate, Limit, Over, ParseLimitError, Per};
 pub use crate::oom::{Oom, OomOptions, oom};
@@ -81,6 +83,4 @@ pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::steps::{Steps, StepsOptions, steps};
 pub use crate::summary::{Summary, SummaryOptions, summarize};
 pub use crate::timeline::{Timeline, timeline};
-pub use crate::trend::{
-    DEFAULT_WARMUP, Suspect, Trend, TrendOptions, trend_named, trend_snapshots, trend_trace,
-};
+pub use crate::trend::{DEFAULT_WARMUP, Suspect, Trend, TrendOptions};

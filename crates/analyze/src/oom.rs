@@ -16,10 +16,11 @@ use snapdiff_format::{Action, BlockState, DeviceTrace, Pool, Segment, Snapshot};
 use crate::category::Categories;
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer};
+use crate::judge::trend_trace_with_keys;
 use crate::peak::{CategoryTotal, PeakSite, live_breakdown, reserved_over};
 use crate::replay::replay;
 use crate::stack_key::StackKeys;
-use crate::trend::{Suspect, TrendOptions, trend_trace_with_keys};
+use crate::trend::{Suspect, TrendOptions};
 
 /// Options of [`oom`].
 #[derive(Clone, Debug, Default)]

@@ -16,9 +16,10 @@ use snapdiff_format::{Action, DeviceTrace, Snapshot};
 use crate::category::{Categories, Category};
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, merge_rows};
+use crate::judge::trend_trace_with_keys;
 use crate::replay::{Replayed, replay};
 use crate::stack_key::{StackKey, StackKeys};
-use crate::trend::{TrendOptions, trend_trace_with_keys};
+use crate::trend::TrendOptions;
 
 /// Options of [`peak`].
 #[derive(Clone, Debug, Default)]

@@ -5,12 +5,12 @@
 //! [`ProcessRows::add_snapshot`] from snapshots, a checkpoint each (`trend`
 //! of files, the fleet, `watch`); [`DeviceRows::from_trace`] from one
 //! snapshot's trace cut into checkpoints (a process that left one file);
-//! the fleet's Parquet tables, read back. [`judge`](crate::judge()) judges
+//! the fleet's Parquet tables, read back. The judge (`judge.rs`) judges
 //! them.
 
 use rustc_hash::FxHashSet;
 use serde::Serialize;
-use snapdiff_format::{DeviceName, Snapshot, StackId};
+use snapdiff_format::{Action, DeviceName, PINNED_HOST_DEVICE, Snapshot, StackId};
 
 use crate::cuts::{Cuts, cuts_for};
 use crate::error::TraceError;
@@ -412,7 +412,7 @@ impl ProcessRows {
         keys: &StackKeys,
         options: &TrendOptions,
     ) -> Result<SiteStacks, TraceError> {
-        let busy = crate::trend::busy_traces(snap);
+        let busy = busy_traces(snap);
         if busy.is_empty() {
             return Err(TraceError::NoAllocations);
         }
@@ -464,6 +464,30 @@ impl ProcessRows {
         }
     }
 
+    /// Moves the checkpoints taken at `time_us` or later, with their sites
+    /// and owners, into rows of their own (of the same process): a later
+    /// run found among these rows.
+    pub fn split_off_from(&mut self, time_us: i64) -> ProcessRows {
+        let mut later = ProcessRows::new(self.process.clone());
+        for device in &mut self.devices {
+            device.owners.resize(device.checkpoints.len(), None);
+            let into = later.device_mut(device.device);
+            let mut at = 0;
+            while at < device.checkpoints.len() {
+                if device.checkpoints[at].time_us.is_some_and(|t| t >= time_us) {
+                    into.checkpoints.push(device.checkpoints.remove(at));
+                    into.sites.push(device.sites.remove(at));
+                    into.owners.push(device.owners.remove(at));
+                } else {
+                    at += 1;
+                }
+            }
+        }
+        later.devices.retain(|d| !d.checkpoints.is_empty());
+        self.devices.retain(|d| !d.checkpoints.is_empty());
+        later
+    }
+
     /// The file of a process that left one dump, read as such (not cut
     /// from its trace): what a process of one file is judged by instead.
     pub fn one_dump(&self) -> Option<&str> {
@@ -480,4 +504,16 @@ impl ProcessRows {
     pub fn checkpoint_count(&self) -> usize {
         self.devices.iter().map(|d| d.checkpoints.len()).sum()
     }
+}
+
+/// The traces of `snap` that record an allocation on a device (pinned
+/// host memory is none): those a trend judges.
+pub(crate) fn busy_traces(snap: &Snapshot) -> Vec<usize> {
+    (0..snap.traces.len())
+        .filter(|&i| {
+            let trace = &snap.traces[i];
+            trace.device != PINNED_HOST_DEVICE
+                && trace.events.iter().any(|e| e.action == Action::Alloc)
+        })
+        .collect()
 }

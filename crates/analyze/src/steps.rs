@@ -18,10 +18,11 @@ use crate::category::Categories;
 use crate::culprit::CulpritRules;
 use crate::cuts::step_cuts;
 use crate::group::{Site, SiteNamer};
+use crate::judge::trend_trace_with_keys;
 use crate::peak::{CategoryTotal, PeakSite, live_breakdown};
 use crate::replay::{LiveChange, replay, replay_with};
 use crate::stack_key::{StackKey, StackKeys};
-use crate::trend::{CheckpointSource, TrendOptions, trend_trace_with_keys};
+use crate::trend::{CheckpointSource, TrendOptions};
 
 /// Sites named per step as what it retained.
 const RETAINED_SITES: usize = 5;

@@ -221,3 +221,18 @@ fn action_counts(snap: &Snapshot) -> BTreeMap<String, u64> {
     }
     counts
 }
+
+impl Summary {
+    /// Fills in each top site's `held_by` from the owners when the
+    /// snapshot was dumped. `line_of` gives the culprit line of a site key
+    /// (see [`SiteLines`](crate::held_by::SiteLines)).
+    pub fn add_held_by(
+        &mut self,
+        owners: &crate::held_by::SiteOwners,
+        rules: &crate::CulpritRules,
+        line_of: impl FnMut(crate::StackKey) -> Option<crate::held_by::CulpritLine>,
+    ) {
+        let rows = self.top_sites.iter_mut().map(|u| (&u.site, &mut u.held_by));
+        crate::held_by::fill(rows, owners, None, None, rules, line_of);
+    }
+}

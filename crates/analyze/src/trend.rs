@@ -27,18 +27,16 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use snapdiff_format::{Action, PINNED_HOST_DEVICE, Snapshot, StackId};
+use snapdiff_format::{Snapshot, StackId};
 
 use crate::culprit::CulpritRules;
-use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, merge_rows};
 use crate::held_by::HeldBy;
-use crate::judge::{judge_snapshots, judge_trace};
 use crate::outside::{Outside, OutsidePoint};
 use crate::pinned_host::{PinnedHost, PinnedHostTrend};
 use crate::private_pools::IdlePool;
-use crate::series_order::{NamedSnapshot, SnapshotOrder};
-use crate::stack_key::{StackKey, StackKeys};
+use crate::series_order::SnapshotOrder;
+use crate::stack_key::StackKey;
 
 /// Adds suspect `other` to `into`: two stacks whose culprit is the same
 /// line, whose series add up checkpoint by checkpoint.
@@ -75,7 +73,7 @@ pub(crate) const SMALL_GROWTH_BYTES: f64 = 1024.0;
 /// Checkpoints a trace without markers is cut into by default.
 pub(crate) const DEFAULT_CHECKPOINTS: usize = 10;
 
-/// Options of [`trend_snapshots`] and [`trend_trace`].
+/// Options of [`trend_snapshots`](crate::trend_snapshots) and [`trend_trace`](crate::trend_trace).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct TrendOptions {
@@ -233,11 +231,10 @@ pub struct Trend {
 }
 
 /// The live memory of one process's device, by site, at a series of
-/// checkpoints: all a trend is judged on. [`trend_named`] builds it from
-/// snapshots, a trace's replay from its cuts, and a fleet from its site
-/// tables, so that each is judged by one rule.
+/// checkpoints: all the floor rule is judged on. The judge builds it from
+/// one device's rows (see [`rows`](crate::rows)), whoever built those.
 #[derive(Clone, Debug, Default)]
-pub struct SiteSeries<'a> {
+pub(crate) struct SiteSeries<'a> {
     /// The checkpoints, oldest first.
     pub points: Vec<Checkpoint>,
     /// Live blocks and bytes per site at each checkpoint.
@@ -482,16 +479,6 @@ pub(crate) fn trend_of_series(
     }
 }
 
-/// The trend over several snapshots of one job, ordered by their step if
-/// all have one, else by their time if all have one, else as given.
-pub fn trend_snapshots(snaps: &[Snapshot], options: &TrendOptions) -> Trend {
-    let named: Vec<NamedSnapshot<'_>> = snaps
-        .iter()
-        .map(|snapshot| NamedSnapshot { name: "", snapshot })
-        .collect();
-    trend_named(&named, options)
-}
-
 /// Judges `series`, one snapshot per checkpoint put in order `by` (see
 /// [`snapshot_order`](crate::series_order::snapshot_order)), with a note when that order is not by step or time.
 pub(crate) fn trend_of_snapshot_series(
@@ -522,106 +509,6 @@ pub(crate) fn trend_of_snapshot_series(
 pub(crate) fn device_memory_of(snap: &Snapshot) -> Option<u64> {
     let known: Option<Vec<u64>> = snap.meta.devices.iter().map(|d| d.total_memory).collect();
     known.filter(|k| !k.is_empty()).map(|k| k.iter().sum())
-}
-
-/// The trend over several named snapshots of one job (exit dumps, told by
-/// their names, left out among three or more others), ordered by their step
-/// if all have one, else by their time if all have one, else by name with
-/// numbers compared as numbers; [`Trend::order`] says which, with a note
-/// when it is not by step or time.
-pub fn trend_named(snaps: &[NamedSnapshot<'_>], options: &TrendOptions) -> Trend {
-    judge_snapshots(snaps, &mut |_| None, options).trend
-}
-
-/// The trend within one snapshot's trace, cut into checkpoints.
-///
-/// Each device's trace is cut and judged on its own: devices run their own
-/// streams and steps, so a cut of one says nothing about another. A device
-/// whose trace holds no allocation (an idle GPU, with only markers or
-/// nothing) is left out and changes nothing. With several busy devices the
-/// suspects of each are reported together.
-///
-/// # Errors
-///
-/// When the snapshot recorded no allocation in its traces.
-pub fn trend_trace(snap: &Snapshot, options: &TrendOptions) -> Result<Trend, TraceError> {
-    judge_trace(snap, &StackKeys::new(snap), options)
-}
-
-/// [`trend_trace`] with `snap`'s stack keys already computed, for analyses
-/// that need them too (a snapshot of 20,000 deep stacks takes 40 ms).
-pub(crate) fn trend_trace_with_keys(
-    snap: &Snapshot,
-    keys: &StackKeys,
-    options: &TrendOptions,
-) -> Result<Trend, TraceError> {
-    judge_trace(snap, keys, options)
-}
-
-/// The traces of `snap` that record an allocation on a device (pinned
-/// host memory is none): those a trend judges.
-pub(crate) fn busy_traces(snap: &Snapshot) -> Vec<usize> {
-    (0..snap.traces.len())
-        .filter(|&i| {
-            let trace = &snap.traces[i];
-            trace.device != PINNED_HOST_DEVICE
-                && trace.events.iter().any(|e| e.action == Action::Alloc)
-        })
-        .collect()
-}
-
-/// The verdicts of `snap`'s busy devices, each judged on its own, told as
-/// one: the first device's checkpoints, every device's suspects, and a
-/// note of the devices judged and of those left idle.
-pub(crate) fn merge_device_trends(snap: &Snapshot, mut trends: Vec<Trend>) -> Trend {
-    let busy = busy_traces(snap);
-    let mut idle: Vec<String> = (0..snap.traces.len())
-        .filter(|i| {
-            let trace = &snap.traces[*i];
-            !busy.contains(i) && trace.device != PINNED_HOST_DEVICE && !trace.events.is_empty()
-        })
-        .map(|i| snap.traces[i].device.to_string())
-        .collect();
-    idle.dedup();
-    let mut trend = trends.remove(0);
-    for other in trends {
-        trend.suspected_bytes = trend.suspected_bytes.saturating_add(other.suspected_bytes);
-        trend.growth_per_second = match (trend.growth_per_second, other.growth_per_second) {
-            (Some(a), Some(b)) => Some(a + b),
-            (a, b) => a.or(b),
-        };
-        trend.suspects.extend(other.suspects);
-        trend.notes.extend(other.notes);
-    }
-    if busy.len() > 1 {
-        trend.suspects.sort_by(|a, b| {
-            b.growth_bytes
-                .cmp(&a.growth_bytes)
-                .then(a.site.key.cmp(&b.site.key))
-        });
-        let devices: Vec<String> = busy
-            .iter()
-            .map(|&t| snap.traces[t].device.to_string())
-            .collect();
-        trend.notes.insert(
-            0,
-            format!(
-                "devices {} were each cut and judged on their own; the checkpoints shown are \
-                 device {}'s",
-                devices.join(", "),
-                devices[0]
-            ),
-        );
-    }
-    if !idle.is_empty() {
-        trend.notes.push(format!(
-            "device{} {} recorded no allocation and {} left out",
-            if idle.len() == 1 { "" } else { "s" },
-            idle.join(", "),
-            if idle.len() == 1 { "is" } else { "are" }
-        ));
-    }
-    trend
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use snapdiff_analyze::Limit;
 
+use crate::output::ColorWhen;
+
 /// Find GPU memory leaks in training jobs.
 ///
 /// snapdiff reads CUDA caching-allocator snapshots (its own .snap files and
@@ -19,17 +21,6 @@ pub(crate) struct Cli {
     /// NO_COLOR is set; CLICOLOR_FORCE forces it), always or never.
     #[arg(long, global = true, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
     pub(crate) color: ColorWhen,
-}
-
-/// When to colour text reports (`--color`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum ColorWhen {
-    /// On a terminal that supports it, as NO_COLOR and CLICOLOR_FORCE say.
-    Auto,
-    /// Always.
-    Always,
-    /// Never.
-    Never,
 }
 
 #[derive(Debug, Subcommand)]

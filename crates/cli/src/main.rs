@@ -8,9 +8,13 @@ mod args;
 mod cmd;
 mod exit;
 mod input;
+mod job;
+mod judging;
+mod live;
 mod output;
 mod owners;
 mod pictures;
+mod reports;
 
 use std::process::ExitCode;
 
@@ -27,7 +31,7 @@ fn main() -> ExitCode {
     // `capture` owns the job's signals from its first moment, before the
     // arguments are even parsed (see cmd::capture).
     if std::env::args_os().nth(1).is_some_and(|a| a == "capture") {
-        cmd::capture::catch_signals();
+        job::catch_signals();
     }
     let cli = args::Cli::parse();
     output::choose_colors(cli.color);

@@ -8,7 +8,16 @@ use anyhow::bail;
 use snapdiff_format::Existing;
 use snapdiff_render::text::TerminalText;
 
-use crate::args::ColorWhen;
+/// When to colour text reports (`--color`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ColorWhen {
+    /// On a terminal that supports it, as NO_COLOR and CLICOLOR_FORCE say.
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
 
 /// Whether text reports are coloured, decided once from `--color` by
 /// [`choose_colors`].

@@ -32,12 +32,7 @@ pub(crate) fn add_held_by_to_comparison(
         _ => None,
     };
     let mut lines = SiteLines::new(&[after.1, before.1], rules);
-    snapdiff_analyze::held_by::add_held_by_to_comparison(
-        cmp,
-        &owners_after,
-        owners_before.as_ref(),
-        steps,
-        rules,
-        |key| lines.line(key),
-    );
+    cmp.add_held_by(&owners_after, owners_before.as_ref(), steps, rules, |key| {
+        lines.line(key)
+    });
 }

@@ -33,11 +33,11 @@ mod watch;
 
 pub use crate::stacks::{StackStore, Stacks};
 pub use crate::tables::{TABLE_FILES, TableError, TableWriter, is_table_folder, read_tables};
-pub use crate::tally::{FleetTally, Rows};
+pub use crate::tally::{FleetTally, Rows, fleet_verdict};
 pub use crate::verdict::{
     DeviceVerdict, Fleet, FleetLeak, FleetOptions, Imbalance, MIN_IMBALANCE_BYTES, Member,
-    MemberExcess, MemberGrowth, MemberRow, ProcessVerdict, Unreadable, Verdict, fleet_verdict,
-    judge,
+    MemberExcess, MemberGrowth, MemberRow, ProcessVerdict, Verdict, judge,
 };
 pub use crate::watch::{Change, ChangeKind, DEFAULT_KEEP_CHECKPOINTS, Watch};
 pub use snapdiff_analyze::rows::{CheckpointRow, DeviceRows, ProcessRows, SiteRow};
+pub use snapdiff_runs::Unreadable;

@@ -12,8 +12,9 @@ use snapdiff_analyze::{Site, StackKey, Trend, describe_site};
 use crate::stacks::Stacks;
 use crate::verdict::{
     Fleet, FleetLeak, FleetOptions, Imbalance, MIN_IMBALANCE_BYTES, Member, MemberExcess,
-    MemberGrowth, MemberRow, ProcessVerdict, Unreadable, Verdict,
+    MemberGrowth, MemberRow, ProcessVerdict, Verdict,
 };
+use snapdiff_runs::Unreadable;
 use snapdiff_runs::rank_of;
 
 /// Which ranks' rows ([`Fleet::members`]) a [`FleetTally`] keeps.
@@ -477,6 +478,25 @@ fn median_f(values: &[u64]) -> f64 {
         n if n % 2 == 1 => sorted[n / 2] as f64,
         n => (sorted[n / 2 - 1] as f64 + sorted[n / 2] as f64) / 2.0,
     }
+}
+
+/// The verdict of a job from its ranks' verdicts, every rank's row kept:
+/// counts, the leaking lines merged across ranks, and imbalance at the
+/// last common step (see [`FleetTally`], which brings them together one
+/// rank at a time).
+pub fn fleet_verdict(
+    processes: Vec<ProcessVerdict>,
+    stacks: &Stacks,
+    options: &FleetOptions,
+    unreadable: Vec<Unreadable>,
+    files: usize,
+    bytes: u64,
+) -> Fleet {
+    let mut tally = FleetTally::new(options.clone(), Rows::All);
+    for process in processes {
+        tally.add(process, stacks);
+    }
+    tally.finish(stacks, unreadable, files, bytes)
 }
 
 #[cfg(test)]

@@ -3,9 +3,9 @@
 use serde::Serialize;
 use snapdiff_analyze::rows::{CheckpointRow, ProcessRows, SiteRow};
 use snapdiff_analyze::{HeldBy, Outside, Site, Suspect, Trend, TrendOptions};
+use snapdiff_runs::Unreadable;
 
 use crate::stacks::Stacks;
-use crate::tally::{FleetTally, Rows};
 
 /// How a fleet is judged.
 #[derive(Clone, Debug, Default)]
@@ -177,15 +177,6 @@ pub struct Imbalance {
     pub excess_bytes: u64,
 }
 
-/// A file that could not be read, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Unreadable {
-    /// The file, as given.
-    pub source: String,
-    /// Why, in one line.
-    pub error: String,
-}
-
 /// One verdict for a whole job.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Fleet {
@@ -211,7 +202,7 @@ pub struct Fleet {
     /// Sites some ranks hold far more of than the rest; most excess first.
     pub imbalance: Vec<Imbalance>,
     /// Every rank's device, in rank order; of a verdict that keeps only
-    /// the rows its text names ([`Rows::Named`]), those alone.
+    /// the rows its text names ([`Rows::Named`](crate::Rows::Named)), those alone.
     pub members: Vec<MemberRow>,
     /// Plain statements about the analysis.
     pub notes: Vec<String>,
@@ -220,22 +211,3 @@ pub struct Fleet {
 /// The least excess over the median that is imbalance, in bytes: below it
 /// is the noise of rounding and of data that differs slightly by rank.
 pub const MIN_IMBALANCE_BYTES: u64 = 1 << 20;
-
-/// The verdict of a job from its ranks' verdicts, every rank's row kept:
-/// counts, the leaking lines merged across ranks, and imbalance at the
-/// last common step (see [`FleetTally`], which brings them together one
-/// rank at a time).
-pub fn fleet_verdict(
-    processes: Vec<ProcessVerdict>,
-    stacks: &Stacks,
-    options: &FleetOptions,
-    unreadable: Vec<Unreadable>,
-    files: usize,
-    bytes: u64,
-) -> Fleet {
-    let mut tally = FleetTally::new(options.clone(), Rows::All);
-    for process in processes {
-        tally.add(process, stacks);
-    }
-    tally.finish(stacks, unreadable, files, bytes)
-}

@@ -9,8 +9,10 @@ use snapdiff_analyze::{HeldBy, Suspect, TrendOptions};
 use snapdiff_format::Snapshot;
 
 use crate::stacks::StackStore;
-use crate::verdict::{Fleet, FleetOptions, ProcessVerdict, Unreadable, fleet_verdict, judge};
+use crate::tally::fleet_verdict;
+use crate::verdict::{Fleet, FleetOptions, ProcessVerdict, judge};
 use snapdiff_analyze::rows::ProcessRows;
+use snapdiff_runs::Unreadable;
 use snapdiff_runs::{Run, names_apart, rank_of};
 
 /// The most checkpoints a device keeps by default: past it, every other of

@@ -16,7 +16,7 @@
 use std::io::{Read, Write};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::read::{PROGRESS_EVERY, Progress};
+use crate::progress::{PROGRESS_EVERY, Progress};
 
 /// How a file is compressed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

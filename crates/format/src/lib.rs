@@ -36,6 +36,7 @@ pub mod names;
 mod open;
 mod owners;
 mod pickle;
+mod progress;
 mod read;
 mod snap;
 pub mod units;
@@ -128,7 +129,7 @@ fn read_bytes_parts_with(
     data: &[u8],
     parts: Parts,
     threads: read::Threads,
-    progress: Option<read::Progress>,
+    progress: Option<progress::Progress>,
 ) -> Result<Snapshot> {
     if let Some(how) = compressed::Compression::detect(data) {
         let inside =
@@ -136,9 +137,9 @@ fn read_bytes_parts_with(
         // Content spilled to a mapped file is read as a large file is: its
         // pages handed back behind the parser.
         let pages = match &inside {
-            compressed::Decompressed::Mapped(map) => Some(read::Progress::with_pages(
+            compressed::Decompressed::Mapped(map) => Some(progress::Progress::with_pages(
                 |_| {},
-                Some(read::Pages::of(map)),
+                Some(progress::Pages::of(map)),
             )),
             compressed::Decompressed::InMemory(_) => None,
         };
@@ -162,7 +163,7 @@ fn read_bytes_parts_with(
 fn read_bytes_whole(
     data: &[u8],
     threads: read::Threads,
-    progress: Option<read::Progress>,
+    progress: Option<progress::Progress>,
 ) -> Result<Snapshot> {
     match FileKind::detect(data) {
         Some(FileKind::Snap) => snap::read_snap_parts(data, Parts::All, None),

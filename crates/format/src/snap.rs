@@ -25,7 +25,7 @@ use crate::Parts;
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::Events;
 use crate::model::{Annotation, DeviceTrace, Frame, FrameId, Meta, Segment, Snapshot};
-use crate::read::{PROGRESS_EVERY, Progress};
+use crate::progress::{PROGRESS_EVERY, Progress};
 use crate::value::{Extra, Value};
 
 /// The first bytes of every `.snap` file.

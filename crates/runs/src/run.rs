@@ -28,6 +28,10 @@ pub struct Run {
     pub id: Option<String>,
     /// The folder that holds the dump, where nothing above tells the run.
     pub folder: Option<PathBuf>,
+    /// Where a folder's dumps hold several runs, told by a pause far
+    /// longer than their spacing (see [`time_jumps`]): the first dump time
+    /// of this one.
+    pub since_us: Option<i64>,
 }
 
 impl Run {
@@ -39,6 +43,7 @@ impl Run {
             host: meta.host.clone(),
             id: meta.run_id.clone(),
             folder: None,
+            since_us: None,
         };
         if run == Run::default() {
             run.folder = Some(path.parent().unwrap_or(Path::new("")).to_path_buf());
@@ -56,6 +61,32 @@ impl Run {
             (None, None, None) => "another process".to_owned(),
         }
     }
+}
+
+/// How many times its own spacing a pause between two dumps of one folder
+/// must last to be taken for a new run.
+const JUMP_SPACINGS: i64 = 50;
+/// And how long at least: a job that saves a checkpoint for minutes between
+/// dumps a second apart is one run.
+const JUMP_AT_LEAST_US: i64 = 3600 * 1_000_000;
+
+/// Where dumps taken at `times` (in order) hold several runs: after a pause
+/// more than 50 times their median spacing and more than an hour long (two
+/// runs of a job, one folder, nothing else telling them apart). Returns
+/// the indices at which each later run begins; none for fewer than four
+/// dumps, whose spacing says nothing.
+pub fn time_jumps(times: &[i64]) -> Vec<usize> {
+    if times.len() < 4 {
+        return Vec::new();
+    }
+    let gaps: Vec<i64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    let mut sorted = gaps.clone();
+    sorted.sort_unstable();
+    let spacing = sorted[sorted.len() / 2].max(1);
+    (gaps.iter().enumerate())
+        .filter(|&(_, &gap)| gap > JUMP_SPACINGS.saturating_mul(spacing) && gap > JUMP_AT_LEAST_US)
+        .map(|(i, _)| i + 1)
+        .collect()
 }
 
 /// When a run dumped: the times of its first and last dumps and its last
@@ -246,6 +277,19 @@ mod tests {
         assert_eq!((choice.judged, choice.left_out), (vec![0, 1], vec![]));
         let choice = choose(&[span(1, 4), unknown]);
         assert_eq!(choice.judged, [0, 1]);
+    }
+
+    #[test]
+    fn a_pause_far_longer_than_the_spacing_is_a_new_run() {
+        let second = 1_000_000;
+        let day = 86_400 * second;
+        let run = |start: i64| (0..5).map(move |i| start + i * 10 * second);
+        let two: Vec<i64> = run(0).chain(run(1157 * day)).collect();
+        assert_eq!(time_jumps(&two), [5]);
+        // A pause of minutes for a checkpoint save is the same run.
+        let save: Vec<i64> = run(0).chain(run(40 * 60 * second)).collect();
+        assert!(time_jumps(&save).is_empty());
+        assert!(time_jumps(&[0, 7 * day]).is_empty());
     }
 
     #[test]

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::Snapshot;
 
 use crate::backend::{Backend, BackendError, DeviceDesc, Stream};
 use crate::caching::{self, BlockIdx, Caching};
@@ -356,18 +355,15 @@ impl Recorder {
         }
     }
 
-    /// A snapshot of the books now: copied under the lock, symbolized and
-    /// built after releasing it (`snapshot.rs`), so other threads allocate
-    /// meanwhile.
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        let copy = self.copy_books();
-        let mut symbolizer = self.symbolizer.lock().unwrap_or_else(|e| e.into_inner());
-        crate::snapshot::build(copy, self, &mut symbolizer)
+    /// The symbolizer, shared by the snapshots taken (its cache of
+    /// symbolized addresses outlives each).
+    pub(crate) fn symbolizer(&self) -> std::sync::MutexGuard<'_, Symbolizer> {
+        self.symbolizer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The books as a snapshot needs them, copied under the lock, with a
     /// `snapshot` marker added to the trace as PyTorch adds one.
-    fn copy_books(&self) -> BooksCopy {
+    pub(crate) fn copy_books(&self) -> BooksCopy {
         let mut state = self.state();
         let mut segments = Vec::with_capacity(state.caching.segments.len());
         for (&address, seg) in &state.caching.segments {

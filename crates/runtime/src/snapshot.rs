@@ -14,6 +14,15 @@ use crate::recorder::{BooksCopy, Recorder};
 use crate::stacks::{RawStackId, Symbolizer};
 use crate::trace::now_us;
 
+impl Recorder {
+    /// A snapshot of the books now: copied under the lock, symbolized and
+    /// built after releasing it, so other threads allocate meanwhile.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let copy = self.copy_books();
+        build(copy, self, &mut self.symbolizer())
+    }
+}
+
 /// The snapshot of `copy`, the books of `recorder`, with its stacks
 /// symbolized by `symbolizer`.
 pub(crate) fn build(copy: BooksCopy, recorder: &Recorder, symbolizer: &mut Symbolizer) -> Snapshot {

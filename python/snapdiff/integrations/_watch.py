@@ -53,12 +53,7 @@ class Watch:
                  "training goes on without snapshots")
             return
         self.recording = recording
-        capture = recording._capture
-        capture.install_dump_thread()
-        try:
-            capture.install_signals()
-        except Exception:
-            pass  # off the main thread: dumps still come every N steps
+        recording.dump_on_signals()
 
     def step(self):
         """One optimizer step done; returns True when it dumped."""

@@ -19,9 +19,9 @@ try:
     from lightning.pytorch import Callback as _Base
 except ImportError:
     try:
-        from pytorch_lightning import Callback as _Base
+        from pytorch_lightning import Callback as _Base  # type: ignore[assignment]
     except ImportError:  # the class still imports; a Trainer needs Lightning
-        _Base = object
+        _Base = object  # type: ignore[misc,assignment]
 
 __all__ = ["SnapdiffCallback", "SnapdiffLeak"]
 

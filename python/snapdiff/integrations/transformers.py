@@ -21,7 +21,7 @@ from snapdiff.integrations._watch import Watch
 try:
     from transformers import TrainerCallback as _Base
 except ImportError:  # the class still imports; Trainer needs transformers
-    _Base = object
+    _Base = object  # type: ignore[misc,assignment]
 
 __all__ = ["SnapdiffCallback", "SnapdiffLeak"]
 

@@ -6,7 +6,6 @@ use std::io::Write;
 use clap::ValueEnum;
 
 use crate::args::{CaptureArgs, DemoArgs, ReportArgs};
-use crate::cmd::{capture, trend};
 use crate::exit::Exit;
 
 /// The top-level entry point for `snapdiff demo`.
@@ -68,12 +67,12 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         report,
         command: command.iter().map(|s| s.to_os_string()).collect(),
     };
-    let captured = capture::capture(&capture_args)?;
+    let captured = crate::job::capture(&capture_args)?;
     let mut out = crate::output::text_out();
     writeln!(out)?;
-    capture::report_files(&mut out, &dir, &captured)?;
+    crate::reports::captured(&mut out, &dir, &captured)?;
     writeln!(out)?;
-    trend::report(&captured.snapshots, &capture_args.report, &mut out)?;
+    crate::reports::trend(&captured.snapshots, &capture_args.report, &mut out)?;
     let leaks = args.leak != snapdiff_train::Leak::None;
     if leaks {
         writeln!(

@@ -6,8 +6,10 @@ use snapdiff_fleet::{StackStore, TABLE_FILES, TableWriter};
 use snapdiff_render::text::{count, size};
 
 use crate::args::ExportArgs;
-use crate::cmd::fleet::{census, in_pool, read_processes, read_table_folders, with_paths_from};
 use crate::exit::Exit;
+use crate::judging::fleet::{in_pool, read_table_folders};
+use crate::judging::ranks::read_processes;
+use snapdiff_runs::{census, with_paths_from};
 
 /// The top-level entry point for `snapdiff export`.
 pub(crate) fn run(args: ExportArgs) -> anyhow::Result<Exit> {

@@ -1,20 +1,20 @@
 //! One module per subcommand, each with one entry point, `run`.
 
-pub(crate) mod capture;
+mod capture;
 mod compare;
 mod convert;
 mod demo;
 mod export;
 mod flamegraph;
-pub(crate) mod fleet;
+mod fleet;
 mod oom;
 mod peak;
 mod pprof;
 mod report;
 mod steps;
 mod summary;
-pub(crate) mod trend;
-pub(crate) mod watch;
+mod trend;
+mod watch;
 
 use crate::args::{Cli, Command};
 use crate::exit::Exit;

@@ -36,7 +36,7 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
     let mut options = TrendOptions::default();
     options.warmup = args.warmup;
     let mut processes = if files.len() > 1 {
-        crate::cmd::trend::trends_of(files, &options)
+        crate::judging::files::trends_of(files, &options)
     } else {
         Vec::new()
     };
@@ -122,7 +122,8 @@ fn fleet_page(args: &ReportPageArgs) -> anyhow::Result<Exit> {
     let mut trend = TrendOptions::default();
     trend.warmup = args.warmup;
     let threads = crate::args::ThreadArgs { threads: None };
-    let (fleet, _) = crate::cmd::fleet::judge_fleet(&args.files, trend, &threads, Rows::All, None)?;
+    let (fleet, _) =
+        crate::judging::fleet::judge_fleet(&args.files, trend, &threads, Rows::All, None)?;
     let exit = if fleet.unreadable.is_empty() {
         Exit::Clean
     } else {

@@ -28,15 +28,7 @@ use snapdiff_analyze::rows::ProcessRows;
 
 pub use write::TableWriter;
 
-/// The files of a site-table folder. The last, what kept sites' blocks
-/// alive (`capture --owners`), may be missing from folders written before
-/// it was.
-pub const TABLE_FILES: [&str; 4] = [
-    "sites.parquet",
-    "checkpoints.parquet",
-    "stacks.parquet",
-    "owners.parquet",
-];
+pub use snapdiff_runs::{TABLE_FILES, is_table_folder};
 
 /// What went wrong with a table folder.
 #[derive(Debug, thiserror::Error)]
@@ -56,11 +48,6 @@ fn file_error(path: &Path, message: impl std::fmt::Display) -> TableError {
         path: path.to_path_buf(),
         message: message.to_string(),
     }
-}
-
-/// Whether `dir` is a site-table folder (it holds `sites.parquet`).
-pub fn is_table_folder(dir: &Path) -> bool {
-    dir.join(TABLE_FILES[0]).is_file()
 }
 
 /// A schema of a table whose rows each belong to a checkpoint of a

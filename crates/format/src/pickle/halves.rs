@@ -39,7 +39,8 @@ use crate::model::{FrameId, PINNED_HOST_DEVICE, Snapshot, StackId, StrId};
 use crate::pickle::heap::{Container, Val};
 use crate::pickle::machine::{self, FirstHalf, Ran};
 use crate::pickle::skim::{self, InTrace};
-use crate::read::{Progress, Threads};
+use crate::progress::Progress;
+use crate::read::Threads;
 
 /// Pickles from this size are read in two halves, where two cores are free
 /// to: below it the second thread's start and skim cost more than they save.

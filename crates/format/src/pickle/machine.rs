@@ -21,16 +21,18 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{ErrorKind, Result};
 use crate::model::{FrameId, StackId};
 use crate::pickle::halves::SplitPoint;
-use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, MemoRef, Record, Val};
+use crate::pickle::heap::{Container, FRAME_KEYS, Heap, Key, Record, Val};
 use crate::pickle::lower::Lowerer;
 use crate::pickle::memo::Memo;
 use crate::pickle::opcodes::{self, *};
 use crate::pickle::skim::{InTrace, Split};
-use crate::read::{PROGRESS_EVERY, Progress};
+use crate::progress::{PROGRESS_EVERY, Progress};
 
+mod containers;
+mod errors;
 mod fast;
 mod foreign;
 mod split;
@@ -141,7 +143,7 @@ const FLAT_RECORD_ENTRIES: usize = 32;
 /// that would take the table past this goes to [`Machine::far_memo`], so the
 /// memo costs memory in proportion to the slots actually written, whatever
 /// the indices.
-const MEMO_SLACK: usize = 1 << 12;
+pub(super) const MEMO_SLACK: usize = 1 << 12;
 
 /// How often, in bytes, a first half looks whether the skim has found the
 /// split yet.
@@ -152,8 +154,8 @@ const SPLIT_POLL_EVERY: usize = 1 << 20;
 /// a few levels deep, so real files stay in the low thousands; these caps stop
 /// a file of repeated pushes (EMPTY_LIST, memo gets, MARK) from growing the
 /// stack with every byte before it is refused.
-const MAX_STACK: usize = 1 << 20;
-const MAX_MARKS: usize = 1 << 12;
+pub(super) const MAX_STACK: usize = 1 << 20;
+pub(super) const MAX_MARKS: usize = 1 << 12;
 
 /// What a run of a pickle leaves: the value, the heap behind it, the
 /// lowered records, and the protocol the pickle declared.
@@ -633,84 +635,6 @@ impl<'a> Machine<'a> {
         }
     }
 
-    #[cold]
-    fn error_at(&self, kind: ErrorKind, msg: impl Into<String>) -> Error {
-        Error::new(kind, msg)
-    }
-
-    #[cold]
-    fn too_deep(&self, at: usize) -> Error {
-        self.error_at(
-            ErrorKind::TooLarge,
-            format!(
-                "pickle stack over {MAX_STACK} values or {MAX_MARKS} marks deep at byte {at}; \
-                 real snapshots stay in the thousands"
-            ),
-        )
-    }
-
-    #[cold]
-    fn underflow(&self, op: u8, at: usize) -> Error {
-        self.error_at(
-            ErrorKind::Malformed,
-            format!(
-                "{} at byte {at} with too few values on the stack",
-                opcodes::name(op)
-            ),
-        )
-    }
-
-    #[cold]
-    fn truncated(&self, op: u8) -> Error {
-        Error::new(
-            ErrorKind::Truncated,
-            format!(
-                "truncated at byte {} while reading {}",
-                self.data.len(),
-                opcodes::name(op)
-            ),
-        )
-    }
-
-    #[cold]
-    fn refuse_global(&mut self, at: usize) -> Error {
-        // GLOBAL's argument is two newline-terminated lines: module and name.
-        let rest = &self.data[self.pos.min(self.data.len())..];
-        let mut lines = rest
-            .split(|&b| b == b'\n')
-            .take(2)
-            .map(String::from_utf8_lossy);
-        let what = match (lines.next(), lines.next()) {
-            (Some(m), Some(n)) => format!("{m}.{n}"),
-            _ => String::new(),
-        };
-        self.refuse_object(&what, GLOBAL, at)
-    }
-
-    #[cold]
-    /// The error for a reference to Python object `name` (`module.name`,
-    /// or empty when unreadable).
-    fn refuse_object(&self, name: &str, op: u8, at: usize) -> Error {
-        let hint = if name.starts_with("torch") {
-            " (a torch.save of tensors or a model?)"
-        } else {
-            ""
-        };
-        // The name is the file's text: quoted short and escaped.
-        let what = match name {
-            "" => "a Python object".to_owned(),
-            name => format!("Python object {}", crate::visible::quoted(name)),
-        };
-        self.error_at(
-            ErrorKind::Refused,
-            format!(
-                "pickle refers to {what} ({} at byte {at}){hint}; a memory \
-                 snapshot holds only plain data, and snapdiff never runs code from a file",
-                opcodes::name(op)
-            ),
-        )
-    }
-
     fn take(&mut self, n: usize, op: u8) -> Result<&'a [u8]> {
         let data: &'a [u8] = self.data;
         match self.pos.checked_add(n).filter(|&end| end <= data.len()) {
@@ -827,300 +751,6 @@ impl<'a> Machine<'a> {
                 format!("{} at byte {at} without a MARK", opcodes::name(op)),
             )
         })
-    }
-
-    #[cold]
-    fn not_a(&self, op: u8, at: usize, what: &str) -> Error {
-        self.error_at(
-            ErrorKind::Malformed,
-            format!(
-                "{} at byte {at} on a value that is not a {what}",
-                opcodes::name(op)
-            ),
-        )
-    }
-
-    #[cold]
-    fn changed_after_complete(&self, op: u8, at: usize) -> Error {
-        self.error_at(
-            ErrorKind::Malformed,
-            format!(
-                "{} at byte {at} changes a dict or list after it was complete",
-                opcodes::name(op)
-            ),
-        )
-    }
-
-    /// APPEND: the value on top into the list below it.
-    fn append(&mut self, op: u8, at: usize) -> Result<()> {
-        let item = self.pop(op, at)?;
-        let target = self.top_container(op, at)?;
-        if !self.lower.fill_list(&mut self.heap, target, &[item]) {
-            self.place_one(item, at)?;
-            self.extend(target, std::iter::once(item), op, at)?;
-        }
-        Ok(())
-    }
-
-    /// APPENDS (and ADDITEMS): the values above the innermost mark into the
-    /// list (or set) below it.
-    fn appends(&mut self, op: u8, at: usize) -> Result<()> {
-        let mark = self.pop_mark(op, at)?;
-        let target = self.container_below(mark, op, at)?;
-        // A fresh list of frames (the common case): straight to a stack.
-        if self
-            .lower
-            .fill_list(&mut self.heap, target, &self.stack[mark..])
-        {
-            self.stack.truncate(mark);
-            return Ok(());
-        }
-        self.place(mark, at)?;
-        self.lower.unlower_list(&mut self.heap, target);
-        match &mut self.heap.containers[target as usize] {
-            Container::List(v) | Container::Set(v) => v.extend_from_slice(&self.stack[mark..]),
-            _ => return Err(self.not_a(op, at, "list")),
-        }
-        self.stack.truncate(mark);
-        self.lower.lower_list(&mut self.heap, target);
-        Ok(())
-    }
-
-    /// The container just below `mark` (which was just popped): the target
-    /// of APPENDS, SETITEMS and ADDITEMS.
-    fn container_below(&self, mark: usize, op: u8, at: usize) -> Result<u32> {
-        if mark == 0 || mark <= self.fence() {
-            return Err(self.underflow(op, at));
-        }
-        match self.stack[mark - 1] {
-            Val::Obj(id) => Ok(id),
-            Val::Frame(_) | Val::Event(_) | Val::Block(_) | Val::Stack(_) => {
-                Err(self.changed_after_complete(op, at))
-            }
-            _ => Err(self.not_a(op, at, "container")),
-        }
-    }
-
-    fn top_container(&self, op: u8, at: usize) -> Result<u32> {
-        match self.stack.last() {
-            Some(Val::Obj(id)) if self.stack.len() > self.fence() => Ok(*id),
-            Some(Val::Frame(_) | Val::Event(_) | Val::Block(_) | Val::Stack(_))
-                if self.stack.len() > self.fence() =>
-            {
-                Err(self.changed_after_complete(op, at))
-            }
-            Some(_) => Err(self.error_at(
-                ErrorKind::Malformed,
-                format!(
-                    "{} at byte {at} on a value that is not a container",
-                    opcodes::name(op)
-                ),
-            )),
-            None => Err(self.underflow(op, at)),
-        }
-    }
-
-    fn extend(
-        &mut self,
-        target: u32,
-        items: impl Iterator<Item = Val>,
-        op: u8,
-        at: usize,
-    ) -> Result<()> {
-        self.lower.unlower_list(&mut self.heap, target);
-        match &mut self.heap.containers[target as usize] {
-            Container::List(v) | Container::Set(v) => {
-                v.extend(items);
-                self.lower.lower_list(&mut self.heap, target);
-                Ok(())
-            }
-            _ => Err(self.error_at(
-                ErrorKind::Malformed,
-                format!(
-                    "{} at byte {at} on a value that is not a list",
-                    opcodes::name(op)
-                ),
-            )),
-        }
-    }
-
-    fn set_items(
-        &mut self,
-        target: u32,
-        items: impl Iterator<Item = [Val; 2]>,
-        op: u8,
-        at: usize,
-    ) -> Result<()> {
-        match &mut self.heap.containers[target as usize] {
-            Container::Dict(v) => {
-                v.extend(items);
-                Ok(())
-            }
-            Container::Frame(_)
-            | Container::Event(_)
-            | Container::Block(_)
-            | Container::Segment(_) => Err(self.changed_after_complete(op, at)),
-            _ => Err(self.not_a(op, at, "dict")),
-        }
-    }
-
-    /// Lowers the dict on top of the stack to a typed record if it is one,
-    /// and puts the record in its place; see [`Machine::record_in_place_of`].
-    fn lower_top(&mut self) {
-        let Some(&Val::Obj(id)) = self.stack.last() else {
-            return;
-        };
-        self.lower.lower_dict(&mut self.heap, id);
-        self.record_in_place_of(id, None);
-    }
-
-    /// If container `id`, on top of the stack, was lowered to a frame, a
-    /// trace event or a block, puts its stand-in ([`Val::Frame`],
-    /// [`Val::Event`], [`Val::Block`]) in place of its handles, and those of
-    /// `list`, the next container, a value of the dict it was lowered from
-    /// (its frame list, if lowered to a stack), so that a trace of millions
-    /// of events keeps no container for them.
-    ///
-    /// A record is final, and so is a list it took (a pickler writes a list
-    /// whole before the dict that holds it): a stand-in reads the same as
-    /// its container, and a change to either is refused.
-    fn record_in_place_of(&mut self, id: u32, list: Option<u32>) {
-        let record = match self.heap.containers[id as usize] {
-            Container::Frame(f) => Val::Frame(f),
-            Container::Event(i) => Val::Event(i),
-            Container::Block(i) => Val::Block(i),
-            _ => return,
-        };
-        *self
-            .stack
-            .last_mut()
-            .expect("the container is on the stack") = record;
-        // A list made after the dict, with nothing made since (unless freed):
-        // its handles are the dict's value, lowered now, and the memo's.
-        if let Some(list) = list
-            && let Some(&Container::Stack(stack)) = self.heap.containers.get(list as usize)
-        {
-            self.stand_in_for(list, Val::Stack(stack));
-        }
-        self.stand_in_for(id, record);
-    }
-
-    /// Puts `stand_in` in place of the memo's handle to container `id`, whose
-    /// handle on the stack or in a record is already gone, and frees the
-    /// container if it is the newest and no handle to it was copied.
-    fn stand_in_for(&mut self, id: u32, stand_in: Val) {
-        let memo_ref = self.heap.memo_ref(id);
-        if memo_ref == MemoRef::SHARED {
-            return;
-        }
-        if let Some(slot) = memo_ref.slot()
-            && self.memo.get(slot) == Some(Val::Obj(id))
-        {
-            self.memo.set(slot, stand_in);
-        }
-        if id as usize + 1 == self.heap.containers.len() {
-            self.heap.free_newest(id);
-        }
-    }
-
-    /// Frees container `id`, just popped off the stack, if nothing else can
-    /// refer to it: it is the newest container, and no handle to it was
-    /// memoized or copied. CPython frees such a value at once; without
-    /// this, a file of EMPTY_DICT, POP pairs would grow the arena by a
-    /// container per two bytes where CPython's memory stays flat.
-    fn reclaim(&mut self, id: u32) {
-        if id as usize + 1 == self.heap.containers.len() && self.heap.memo_ref(id) == MemoRef::NONE
-        {
-            self.heap.free_newest(id);
-        }
-    }
-
-    /// Notes that the values from `from` up the stack are being put into a
-    /// list; see [`Lowerer::place`].
-    fn place(&mut self, from: usize, at: usize) -> Result<()> {
-        let items = &self.stack[from.min(self.stack.len())..];
-        self.lower.place(&self.heap, items).map_err(|what| {
-            self.error_at(
-                ErrorKind::Malformed,
-                format!("the same {what} dict appears twice (at byte {at})"),
-            )
-        })
-    }
-
-    /// Notes that `item` is being put into a list; see [`Lowerer::place`].
-    fn place_one(&mut self, item: Val, at: usize) -> Result<()> {
-        self.lower.place(&self.heap, &[item]).map_err(|what| {
-            self.error_at(
-                ErrorKind::Malformed,
-                format!("the same {what} dict appears twice (at byte {at})"),
-            )
-        })
-    }
-
-    fn put(&mut self, i: usize, op: u8, at: usize) -> Result<()> {
-        let top = self.peek(op, at)?;
-        if self
-            .foreign
-            .as_ref()
-            .is_some_and(|made_at| i < made_at.len())
-        {
-            return Err(self.error_at(
-                ErrorKind::Malformed,
-                "the second half rewrites a memo slot of the first",
-            ));
-        }
-        let gap = i.saturating_sub(self.memo.len());
-        let written = self.memo.len() - self.memo_gaps;
-        if i < self.memo.len() {
-            // A rewritten slot may change what known get bytes stand for.
-            // (A new table, not `clear`, which would cost the table's whole
-            // capacity on every such PUT.)
-            self.stacks_by_gets = HashTable::new();
-            if self.memo.get(i) == Some(Val::Unset) {
-                self.memo_gaps -= 1;
-            }
-            self.memo.set(i, top);
-        } else if self.memo_gaps + gap <= written + MEMO_SLACK {
-            self.memo.fill_to(i);
-            self.memo.push(top);
-            self.memo_gaps += gap;
-        } else {
-            self.stacks_by_gets = HashTable::new();
-            self.far_memo.insert(i, top);
-            // Handles out here are not looked for when freeing containers.
-            if let Val::Obj(id) = top {
-                self.heap.shared(id);
-            }
-            return Ok(());
-        }
-        if let Val::Obj(id) = top {
-            self.heap.memoized(id, i);
-        }
-        Ok(())
-    }
-
-    fn get(&mut self, i: usize, at: usize) -> Result<()> {
-        let v = match self.memo.get(i) {
-            Some(Val::Unset) | None => self
-                .far_memo
-                .get(&i)
-                .copied()
-                .or_else(|| self.resolve_foreign(i)),
-            Some(v) => Some(v),
-        };
-        match v {
-            Some(v) => {
-                self.stack.push(v);
-                if let Val::Obj(id) = v {
-                    self.heap.shared(id);
-                }
-                Ok(())
-            }
-            None => Err(self.error_at(
-                ErrorKind::Malformed,
-                format!("memo slot {i} read at byte {at} was never written"),
-            )),
-        }
     }
 
     fn text(&self, v: Val) -> Option<String> {

@@ -71,7 +71,7 @@ pub(crate) fn read(
     data: &[u8],
     container: Option<&str>,
     threads: Threads,
-    progress: Option<crate::read::Progress>,
+    progress: Option<crate::progress::Progress>,
 ) -> Result<Snapshot> {
     snapshot_read(halves::read(data, threads, progress)?, container)
 }

@@ -1,10 +1,9 @@
-//! `snapdiff fleet PATH...`: one verdict for a whole job of many ranks.
+//! The verdict on a job of many ranks, as `fleet`, `report --fleet`,
+//! `watch` and `export` read it: the files walked (see
+//! `snapdiff_runs::census`), each rank read into rows as soon as its files
+//! are found ([`ranks`](super::ranks)), judged, and brought into one
+//! verdict; and the exit code it gives.
 
-mod inputs;
-mod read;
-
-use snapdiff_format::DeviceName;
-use std::io::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -13,72 +12,28 @@ use snapdiff_fleet::{
     Fleet, FleetOptions, FleetTally, Member, ProcessRows, ProcessVerdict, Rows, StackStore, Stacks,
     Unreadable, judge, read_tables,
 };
+use snapdiff_format::DeviceName;
+use snapdiff_runs::census;
 
-use crate::args::{FleetArgs, ThreadArgs};
+use crate::args::ThreadArgs;
 use crate::exit::Exit;
-pub(crate) use inputs::{census, with_paths_from};
-pub(crate) use read::read_processes;
-
-/// The top-level entry point for `snapdiff fleet`.
-pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
-    let trend = args.judge.trend(&args.report)?;
-    let paths = inputs::with_paths_from(&args.paths, args.paths_from.as_deref())?;
-    if let Some(rank) = args.rank.as_deref() {
-        let verdicts = Mutex::new(Vec::new());
-        let read = read_judging(&paths, Some(rank), &trend, &args.threads, |verdict, _| {
-            verdicts
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(verdict);
-        })?;
-        let verdicts = verdicts.into_inner().unwrap_or_else(|e| e.into_inner());
-        let exit = exit_code(&verdicts, &read.unreadable, args.judge.max_growth);
-        for note in &read.run_notes {
-            eprintln!("snapdiff: note: {note}");
-        }
-        print_rank(&verdicts, &args)?;
-        return Ok(exit);
-    }
-    // The text verdict keeps of each rank only what it shows, as each is
-    // judged, so that memory barely grows with the number of ranks.
-    let rows = if args.report.json {
-        Rows::All
-    } else {
-        Rows::Named
-    };
-    let max_growth = args.judge.max_growth;
-    let (mut fleet, facts) = judge_fleet(&paths, trend, &args.threads, rows, max_growth)?;
-    let exit = facts.exit(&fleet.unreadable);
-    if args.report.json {
-        // A row a rank: written one at a time (10,000 ranks' rows as one
-        // tree took 200 MB).
-        let members = std::mem::take(&mut fleet.members);
-        crate::output::print_json_with_list(&fleet, "members", members, args.report.top)?;
-    } else {
-        snapdiff_render::fleet::write_text(
-            &fleet,
-            &args.report.text(),
-            &mut crate::output::text_out(),
-        )?;
-    }
-    Ok(exit)
-}
+use crate::judging::ranks::read_processes;
 
 /// What reading a job came to, besides its ranks' verdicts.
-struct Read {
+pub(crate) struct Read {
     /// Files and folders that could not be read, in path order.
-    unreadable: Vec<Unreadable>,
-    files: usize,
-    bytes: u64,
-    run_notes: Vec<String>,
-    stacks: StackStore,
+    pub(crate) unreadable: Vec<Unreadable>,
+    pub(crate) files: usize,
+    pub(crate) bytes: u64,
+    pub(crate) run_notes: Vec<String>,
+    pub(crate) stacks: StackStore,
 }
 
 /// Reads the snapshots and site tables `paths` name (`only`: one rank's)
 /// on the pool `threads` asks for, judges each rank as it is read and
 /// hands its verdict to `judged` with the stacks its sites are named
 /// from. Unreadable files are said on stderr here, and kept.
-fn read_judging(
+pub(crate) fn read_judging(
     paths: &[std::path::PathBuf],
     only: Option<&str>,
     trend: &TrendOptions,
@@ -277,30 +232,4 @@ pub(crate) fn exit_code(
     let mut facts = ExitFacts::new(max_growth);
     verdicts.iter().for_each(|v| facts.add(v));
     facts.exit(unreadable)
-}
-
-/// `--rank R`: that rank's full trend report, device by device.
-fn print_rank(verdicts: &[ProcessVerdict], args: &FleetArgs) -> anyhow::Result<()> {
-    if args.report.json {
-        let rows: Vec<serde_json::Value> = verdicts
-            .iter()
-            .flat_map(|v| {
-                v.devices.iter().map(|d| {
-                    serde_json::json!({ "process": v.process, "device": d.device, "trend": d.trend })
-                })
-            })
-            .collect();
-        crate::output::print_json(&serde_json::json!({ "devices": rows }), args.report.top)?;
-        return Ok(());
-    }
-    let mut out = crate::output::text_out();
-    for v in verdicts {
-        for d in &v.devices {
-            if v.devices.len() > 1 || verdicts.len() > 1 {
-                writeln!(out, "{} {}:", v.process, DeviceName(d.device))?;
-            }
-            snapdiff_render::trend::write_text(&d.trend, &args.report.text(), &mut out)?;
-        }
-    }
-    Ok(())
 }

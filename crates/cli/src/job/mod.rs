@@ -1,5 +1,8 @@
-//! The captured job: its environment and start-up hook, the child process
-//! and its exit, and what it left in its folder.
+//! A job run under capture (`capture`, `demo`): its environment and
+//! start-up hook, the child process and its exit, the signals sent to
+//! capture while it runs (`signals.rs`), and what it left in its folder.
+
+mod signals;
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -13,7 +16,6 @@ use snapdiff_runtime::config::{
     ENV_DIR, ENV_EVERY_STEPS, ENV_INTERVAL, ENV_REQUESTS, ENV_STACKS, ENV_TRACE_ENTRIES,
 };
 
-use super::signals;
 use crate::args::CaptureArgs;
 use crate::exit::Exit;
 use snapdiff_runs::manifest;
@@ -23,35 +25,35 @@ use snapdiff_runs::manifest;
 const PYTHON_HOOK: [(&str, &str); 8] = [
     (
         "sitecustomize.py",
-        include_str!("../../../../../python/snapdiff/hook/sitecustomize.py"),
+        include_str!("../../../../python/snapdiff/hook/sitecustomize.py"),
     ),
     (
         "snapdiff_capture.py",
-        include_str!("../../../../../python/snapdiff/hook/snapdiff_capture.py"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_capture.py"),
     ),
     (
         "snapdiff_dumping.py",
-        include_str!("../../../../../python/snapdiff/hook/snapdiff_dumping.py"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_dumping.py"),
     ),
     (
         "snapdiff_files.py",
-        include_str!("../../../../../python/snapdiff/hook/snapdiff_files.py"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_files.py"),
     ),
     (
         "snapdiff_signals.py",
-        include_str!("../../../../../python/snapdiff/hook/snapdiff_signals.py"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_signals.py"),
     ),
     (
         "snapdiff_cpu_recorder.py",
-        include_str!("../../../../../python/snapdiff/hook/snapdiff_cpu_recorder.py"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_cpu_recorder.py"),
     ),
     (
         "snapdiff_cpu_alloc.cpp",
-        include_str!("../../../../../python/snapdiff/hook/snapdiff_cpu_alloc.cpp"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_cpu_alloc.cpp"),
     ),
     (
         "snapdiff_owners.py",
-        include_str!("../../../../../python/snapdiff/hook/snapdiff_owners.py"),
+        include_str!("../../../../python/snapdiff/hook/snapdiff_owners.py"),
     ),
 ];
 
@@ -153,7 +155,7 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     let job_ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watching = (args.watch || args.live.asked())
         .then(|| {
-            crate::cmd::watch::beside_capture(
+            crate::live::beside_capture(
                 dir.clone(),
                 &args.live,
                 &args.report,

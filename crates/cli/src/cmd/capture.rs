@@ -1,20 +1,12 @@
 //! `snapdiff capture [-o DIR] [--every N | --interval T] -- CMD [ARGS...]`.
 //!
-//! Runs CMD with the environment that makes `snapdiff-runtime` (and, through
-//! a start-up hook, PyTorch) dump snapshots into DIR (`job.rs`), owns the
-//! signals sent to capture while it runs (`signals.rs`), returns its exit
-//! code, and then judges what it wrote, each process on its own; what it
-//! says is drawn by `snapdiff-render`.
-
-mod job;
-mod signals;
+//! Runs CMD under capture ([`crate::job`]), returns its exit code, and then
+//! judges what it wrote, each process on its own; what it says is drawn by
+//! `snapdiff-render`.
 
 use std::io::Write;
-use std::path::Path;
 
-use snapdiff_render::capture::Dumps;
-
-pub(crate) use job::{Captured, capture, catch_signals};
+use crate::job::capture;
 
 use crate::args::CaptureArgs;
 use crate::exit::Exit;
@@ -30,9 +22,9 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
     };
     // What was written is said on stderr under --json, which stdout keeps for JSON.
     if args.report.json {
-        report_files(&mut std::io::stderr().lock(), &args.output, &captured)?;
+        crate::reports::captured(&mut std::io::stderr().lock(), &args.output, &captured)?;
     } else {
-        report_files(&mut *out, &args.output, &captured)?;
+        crate::reports::captured(&mut *out, &args.output, &captured)?;
     }
     if args.no_report || captured.snapshots.is_empty() {
         if captured.failed_fast {
@@ -60,7 +52,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
         if processes.len() > 1 {
             writeln!(out, "{process}:")?;
         }
-        let trend = crate::cmd::trend::report(files, &args.report, &mut out)?;
+        let trend = crate::reports::trend(files, &args.report, &mut out)?;
         if trend.as_ref().is_some_and(|t| t.suspected_bytes > 0) {
             growing.push(process.as_str());
         }
@@ -77,7 +69,7 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
             let shown = oom_dump.display().to_string();
             snapdiff_render::capture::write_oom_heading(&shown, &mut *out)?;
             match crate::input::read(oom_dump) {
-                Ok(snap) => crate::cmd::oom::report(&snap, &args.report, &mut out)?,
+                Ok(snap) => crate::reports::oom_dump(&snap, &args.report, &mut out)?,
                 Err(e) => eprintln!(
                     "snapdiff: {}",
                     snapdiff_format::visible::escaped(&e.to_string())
@@ -141,33 +133,4 @@ pub(crate) fn run(args: CaptureArgs) -> anyhow::Result<Exit> {
 fn failed_fast() -> Exit {
     eprintln!("snapdiff: a line started leaking (--fail-fast): the job was ended");
     Exit::OverThreshold
-}
-
-/// Lists what the job wrote in `dir`, or says plainly that it wrote nothing
-/// (drawn by `snapdiff-render`).
-pub(crate) fn report_files(
-    out: &mut dyn Write,
-    dir: &Path,
-    captured: &Captured,
-) -> anyhow::Result<()> {
-    let folder = dir.display().to_string();
-    let dumps = Dumps {
-        folder: &folder,
-        snapshots: captured
-            .snapshots
-            .iter()
-            .map(|p| {
-                p.file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect(),
-        abandoned: captured.abandoned,
-        lost: &captured.failed,
-        nothing_because: captured.nothing_because.as_deref(),
-        held: captured.held,
-    };
-    snapdiff_render::capture::write_dumps(&dumps, out)?;
-    Ok(())
 }

@@ -11,7 +11,7 @@ use snapdiff_analyze::TrendOptions;
 use snapdiff_fleet::{ProcessRows, StackStore, Unreadable};
 use snapdiff_runs::{Run, Span, wanted};
 
-use crate::cmd::fleet::inputs::Census;
+use snapdiff_runs::Census;
 use snapdiff_runs::manifest::Manifests;
 
 /// What reading the files came to, besides the processes' rows.
@@ -50,8 +50,9 @@ impl Outcome {
             n => format!("{first} and {} other processes", n - 1),
         };
         Some(format!(
-            "{who} had files from more than one run (another process id or machine under the \
-             same name): each is judged on its latest run, the earlier ones left out"
+            "{who} had files from more than one run (another process id, machine or folder \
+             under the same name, or dumps before a pause far longer than their spacing): each \
+             is judged on its latest run, the earlier ones left out"
         ))
     }
 
@@ -85,7 +86,9 @@ impl Runs {
         }
     }
 
-    /// The runs to judge (see [`snapdiff_runs::choose`]), each under a
+    /// The runs to judge (see [`snapdiff_runs::choose`]; runs of one
+    /// folder apart where their dumps pause far longer than their spacing),
+    /// each under a
     /// name that tells it apart when there are several (`rank0@pid812`),
     /// and whether earlier runs were left out.
     fn into_judged(self) -> (Vec<ProcessRows>, bool) {
@@ -97,8 +100,12 @@ impl Runs {
             for (_, rows) in runs {
                 one.append(rows);
             }
-            return (vec![one], false);
+            runs = vec![(Run::default(), one)];
         }
+        let runs: Vec<(Run, ProcessRows)> = runs
+            .into_iter()
+            .flat_map(|(run, rows)| apart_at_pauses(run, rows))
+            .collect();
         let spans: Vec<Span> = runs
             .iter()
             .map(|(_, rows)| {
@@ -128,6 +135,36 @@ impl Runs {
         let left_out = !choice.left_out.is_empty();
         (judged.into_iter().map(|(_, rows)| rows).collect(), left_out)
     }
+}
+
+/// The rows of `run`, one folder's run as far as anything says, as the runs
+/// they hold where their times pause far longer than their spacing (see
+/// [`snapdiff_runs::time_jumps`]); a run told by its process is one.
+fn apart_at_pauses(run: Run, mut rows: ProcessRows) -> Vec<(Run, ProcessRows)> {
+    let times: Option<Vec<i64>> = (rows.devices.iter())
+        .flat_map(|d| &d.checkpoints)
+        .map(|c| c.time_us)
+        .collect();
+    let Some(mut times) = times.filter(|_| run.pid.is_none()) else {
+        return vec![(run, rows)];
+    };
+    times.sort_unstable();
+    times.dedup();
+    let mut parts = Vec::new();
+    for &at in snapdiff_runs::time_jumps(&times).iter().rev() {
+        let later = rows.split_off_from(times[at]);
+        let since_us = Some(times[at]);
+        parts.push((
+            Run {
+                since_us,
+                ..run.clone()
+            },
+            later,
+        ));
+    }
+    parts.push((run, rows));
+    parts.reverse();
+    parts
 }
 
 /// The dumps a process's rows were read from: its most checkpoints on one

@@ -11,11 +11,39 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use snapdiff_fleet::{Unreadable, is_table_folder};
-
+use serde::Serialize;
 use snapdiff_format::names::{SNAPSHOT_EXTENSIONS, is_capture_file, is_snapshot_name};
 
-use snapdiff_runs::{process_named, wanted};
+use crate::process::{process_named, wanted};
+
+/// The files of a site-table folder (`snapdiff export`'s output). The
+/// last, what kept sites' blocks alive (`capture --owners`), may be missing
+/// from folders written before it was.
+pub const TABLE_FILES: [&str; 4] = [
+    "sites.parquet",
+    "checkpoints.parquet",
+    "stacks.parquet",
+    "owners.parquet",
+];
+
+/// Whether `dir` is a site-table folder (it holds `sites.parquet`).
+pub fn is_table_folder(dir: &Path) -> bool {
+    dir.join(TABLE_FILES[0]).is_file()
+}
+
+/// A file that could not be read, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Unreadable {
+    /// The file, as given.
+    pub source: String,
+    /// Why, in one line.
+    pub error: String,
+}
+
+/// `path` as a line of text may show it: escaped.
+fn shown(path: &Path) -> String {
+    snapdiff_format::visible::escaped(&path.display().to_string()).into_owned()
+}
 
 /// What a file or folder is, whatever path reaches it: its device and
 /// inode, or elsewhere its canonical path.
@@ -82,16 +110,16 @@ enum Found<'a> {
 /// The first walk: what the inputs hold, and what the second walk needs to
 /// hand on each process's files once all are found.
 #[derive(Debug)]
-pub(crate) struct Census {
+pub struct Census {
     /// Folders of site tables, in walk order.
-    pub(crate) table_folders: Vec<PathBuf>,
+    pub table_folders: Vec<PathBuf>,
     /// Files and folders that could not be read.
-    pub(crate) unreadable: Vec<Unreadable>,
+    pub unreadable: Vec<Unreadable>,
     /// Snapshot files found (of the process asked for), for the progress
     /// bar: a file reached by two paths counts twice here.
-    pub(crate) files: usize,
+    pub files: usize,
     /// Their bytes.
-    pub(crate) bytes: u64,
+    pub bytes: u64,
     /// The number of paths found to each process's files, by the process
     /// their names say.
     remaining: HashMap<String, usize>,
@@ -112,7 +140,7 @@ struct Skip {
 /// Counts what `paths` hold (the first walk): of the process `only` asks
 /// for (see [`wanted`]), all when `None`; the folder `skip` and what it
 /// holds left out (`export`'s output is never its input).
-pub(crate) fn census(
+pub fn census(
     paths: &[PathBuf],
     only: Option<&str>,
     skip: Option<&Path>,
@@ -170,7 +198,7 @@ pub(crate) fn census(
             "no snapshot files in {} (looked for .{})",
             paths
                 .iter()
-                .map(|p| crate::output::shown(p))
+                .map(|p| shown(p))
                 .collect::<Vec<_>>()
                 .join(", "),
             SNAPSHOT_EXTENSIONS.join(", .")
@@ -181,7 +209,7 @@ pub(crate) fn census(
 
 impl Census {
     /// The process asked for, if one was.
-    pub(crate) fn only(&self) -> Option<&str> {
+    pub fn only(&self) -> Option<&str> {
         self.only.as_deref()
     }
 
@@ -192,10 +220,7 @@ impl Census {
     /// process (named once read, as one group ""), are handed on at the
     /// end; named files the census did not count are left out. Returns why
     /// the walk stopped early, if it did.
-    pub(crate) fn stream(
-        mut self,
-        mut group: impl FnMut(String, Vec<PathBuf>),
-    ) -> Option<Unreadable> {
+    pub fn stream(mut self, mut group: impl FnMut(String, Vec<PathBuf>)) -> Option<Unreadable> {
         let mut pending: HashMap<String, Vec<PathBuf>> = HashMap::new();
         let mut unnamed = Vec::new();
         let mut seen = HashSet::new();
@@ -262,10 +287,7 @@ impl Census {
 /// `paths`, and those listed in `from` (`-`: standard input): NUL-separated
 /// when the list holds a NUL byte (names may hold newlines), else one a
 /// line; empty entries are passed over.
-pub(crate) fn with_paths_from(
-    paths: &[PathBuf],
-    from: Option<&Path>,
-) -> anyhow::Result<Vec<PathBuf>> {
+pub fn with_paths_from(paths: &[PathBuf], from: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
     use std::io::Read;
     let mut all = paths.to_vec();
     let Some(from) = from else {
@@ -280,11 +302,11 @@ pub(crate) fn with_paths_from(
     } else {
         open_list(from).and_then(|f| f.take(MAX_PATHS_BYTES).read_to_end(&mut list))
     };
-    read.map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", crate::output::shown(from)))?;
+    read.map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", shown(from)))?;
     if list.len() as u64 >= MAX_PATHS_BYTES {
         anyhow::bail!(
             "{}: cannot read: a list of paths of {} or more",
-            crate::output::shown(from),
+            shown(from),
             snapdiff_format::units::format_size(MAX_PATHS_BYTES)
         );
     }
@@ -300,7 +322,7 @@ pub(crate) fn with_paths_from(
         }
     }
     if all.is_empty() {
-        anyhow::bail!("{}: lists no path", crate::output::shown(from));
+        anyhow::bail!("{}: lists no path", shown(from));
     }
     Ok(all)
 }
@@ -355,9 +377,8 @@ fn walk(
     for path in paths {
         if is_pattern(path) {
             let text = path.to_string_lossy();
-            let matches = glob::glob(&text).map_err(|e| {
-                anyhow::anyhow!("{}: not a valid pattern: {e}", crate::output::shown(path))
-            })?;
+            let matches = glob::glob(&text)
+                .map_err(|e| anyhow::anyhow!("{}: not a valid pattern: {e}", shown(path)))?;
             let mut found = 0;
             for entry in matches {
                 let entry = entry.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -365,10 +386,7 @@ fn walk(
                 walk_path(&entry, skip, &mut folders, visit)?;
             }
             if found == 0 {
-                anyhow::bail!(
-                    "{}: no file matches this pattern",
-                    crate::output::shown(path)
-                );
+                anyhow::bail!("{}: no file matches this pattern", shown(path));
             }
         } else {
             walk_path(path, skip, &mut folders, visit)?;
@@ -390,7 +408,7 @@ fn walk_path(
             // listing and its reading (a Ray task's batch) fails alone.
             visit(Found::Unreadable(Unreadable {
                 source: path.to_string_lossy().into_owned(),
-                error: format!("{}: no such file or folder", crate::output::shown(path)),
+                error: format!("{}: no such file or folder", shown(path)),
             }));
             return Ok(());
         }
@@ -415,7 +433,7 @@ fn walk_path(
                 let at = e.path().unwrap_or(path).to_path_buf();
                 visit(Found::Unreadable(Unreadable {
                     source: at.to_string_lossy().into_owned(),
-                    error: format!("{}: cannot read: {e}", crate::output::shown(&at)),
+                    error: format!("{}: cannot read: {e}", shown(&at)),
                 }));
                 continue;
             }
@@ -456,7 +474,7 @@ fn visit_file(path: &Path, link: bool, given: bool, visit: &mut dyn FnMut(Found<
             source: path.to_string_lossy().into_owned(),
             error: format!(
                 "{}: not a regular file (a FIFO, device or socket is never read)",
-                crate::output::shown(path)
+                shown(path)
             ),
         })),
     }
@@ -478,7 +496,7 @@ fn refuse_tables_beside_snapshots(folder: &Path) -> anyhow::Result<()> {
         anyhow::bail!(
             "{}: holds site tables and {snapshots} snapshot file{} together: give the snapshots \
              or the tables (export into a folder of its own)",
-            crate::output::shown(folder),
+            shown(folder),
             if snapshots == 1 { "" } else { "s" }
         );
     }

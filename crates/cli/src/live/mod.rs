@@ -1,5 +1,5 @@
-//! `snapdiff watch PATH...` and `capture --watch`: a job's verdict kept
-//! current while it runs, a dump at a time.
+//! A job's verdict kept current while it runs, a dump at a time: what
+//! `snapdiff watch PATH...` and `capture --watch` share.
 //!
 //! `follow.rs` finds each dump once, when whole; `snapdiff_fleet::Watch`
 //! keeps each process's site tables and re-judges the process a dump
@@ -21,8 +21,7 @@ use snapdiff_analyze::{Culprit, CulpritRules, TrendOptions};
 use snapdiff_fleet::{Change, ChangeKind, Fleet, ProcessRows, ProcessVerdict, Unreadable, Watch};
 use snapdiff_format::visible::escaped;
 
-use crate::args::{LiveArgs, ReportArgs, WatchArgs};
-use crate::exit::Exit;
+use crate::args::{LiveArgs, ReportArgs};
 use alerts::Alerts;
 use follow::{Follower, Ready};
 use metrics::MetricsServer;
@@ -31,76 +30,6 @@ use metrics::MetricsServer;
 const METRICS_SITES: usize = 5;
 /// How long a watch that ends waits for `--exec` commands still running.
 const ALERTS_GRACE: Duration = Duration::from_secs(10);
-
-/// The top-level entry point for `snapdiff watch`.
-pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
-    let trend = args.judge.trend(&args.report)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // The first asks for the verdict so far; a second ends at once.
-        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&stop))?;
-        signal_hook::flag::register(signal, Arc::clone(&stop))?;
-    }
-    refuse_what_is_not_dumps(&args.paths)?;
-    for path in args.paths.iter().filter(|p| !p.exists()) {
-        eprintln!(
-            "snapdiff: {}: does not exist yet; waiting for it (Ctrl-C for the verdict so far)",
-            crate::output::shown(path)
-        );
-    }
-    let mut watcher = Watcher::new(&args.paths, &args.live, &args.report, trend, Say::Stdout)?;
-    // A folder used again: its ended runs are not the one to follow.
-    let (ready, unreadable) = watcher.follower.poll(false);
-    watcher.unreadable.extend(unreadable);
-    let (dumps, runs) = watcher.follower.pass_over_ended_runs(ready);
-    if dumps > 0 {
-        eprintln!(
-            "snapdiff: passed over {dumps} dump{} of {runs} process{} that had ended before \
-             the watch began; waiting for a new run (snapdiff fleet judges the ended ones)",
-            if dumps == 1 { "" } else { "s" },
-            if runs == 1 { "" } else { "es" },
-        );
-    }
-    let failed_fast = watcher.follow(&args.live, &stop, || false)?;
-    let (fleet, verdicts) = watcher.finish();
-    if fleet.files == 0 && fleet.unreadable.is_empty() {
-        eprintln!("snapdiff: no dump was read while watching, so no verdict");
-        return Ok(Exit::NoVerdict);
-    }
-    if args.report.json {
-        // One line, after the changes' lines: a stream of JSON lines.
-        snapdiff_render::json::write_line(&mut std::io::stdout().lock(), &fleet, args.report.top)?;
-    } else {
-        let mut out = crate::output::text_out();
-        writeln!(out)?;
-        snapdiff_render::fleet::write_text(&fleet, &args.report.text(), &mut out)?;
-    }
-    if failed_fast {
-        return Ok(Exit::OverThreshold);
-    }
-    Ok(crate::cmd::fleet::exit_code(
-        &verdicts,
-        &fleet.unreadable,
-        args.judge.max_growth,
-    ))
-}
-
-/// Site tables and capture's own files are no job's dumps: watching them
-/// would wait forever, so they are refused with one line.
-fn refuse_what_is_not_dumps(paths: &[PathBuf]) -> anyhow::Result<()> {
-    for path in paths {
-        let shown = crate::output::shown(path);
-        if path.is_dir() && snapdiff_fleet::is_table_folder(path) {
-            anyhow::bail!(
-                "{shown}: holds site tables, not a running job's dumps: judge them with `snapdiff fleet`"
-            );
-        }
-        if path.is_file() && snapdiff_format::names::is_capture_file(path) {
-            anyhow::bail!("{shown}: is capture's own file, not a dump: give its folder");
-        }
-    }
-    Ok(())
-}
 
 /// `capture --watch`: follows `dir` on a thread of its own while the job
 /// (process `job`, started at `started`) runs, until `ended` is set; with
@@ -147,7 +76,7 @@ fn end_job(pid: u32) {
 /// (`watch`); or on stderr, as lines only (`capture --watch`: the job's
 /// own output shares the terminal, and a redrawn status would break it).
 #[derive(Clone, Copy, PartialEq)]
-enum Say {
+pub(crate) enum Say {
     Stdout,
     Stderr,
 }
@@ -161,7 +90,7 @@ struct LiveOptions {
 
 /// A job followed: where its dumps are, what they came to, and where
 /// changes are said.
-struct Watcher {
+pub(crate) struct Watcher {
     follower: Follower,
     watch: Watch,
     unreadable: Vec<Unreadable>,
@@ -175,7 +104,7 @@ struct Watcher {
 }
 
 impl Watcher {
-    fn new(
+    pub(crate) fn new(
         paths: &[PathBuf],
         live: &LiveArgs,
         report: &ReportArgs,
@@ -213,9 +142,18 @@ impl Watcher {
         })
     }
 
+    /// Passes over the dumps of runs that had ended before the watch
+    /// began (a folder used again: they are not the run to follow);
+    /// returns how many dumps, of how many processes.
+    pub(crate) fn pass_over_ended_runs(&mut self) -> (usize, usize) {
+        let (ready, unreadable) = self.follower.poll(false);
+        self.unreadable.extend(unreadable);
+        self.follower.pass_over_ended_runs(ready)
+    }
+
     /// Polls until the job ends, `stop` is set or `done()` says so;
     /// true when `--fail-fast` ended it at a suspect.
-    fn follow(
+    pub(crate) fn follow(
         &mut self,
         live: &LiveArgs,
         stop: &AtomicBool,
@@ -368,7 +306,7 @@ impl Watcher {
     /// The verdict now, as `fleet` gives it, and each process's verdict;
     /// the status is cleared and `--exec` commands still running are
     /// waited for a while.
-    fn finish(mut self) -> (Fleet, Vec<ProcessVerdict>) {
+    pub(crate) fn finish(mut self) -> (Fleet, Vec<ProcessVerdict>) {
         if let Some(bar) = self.status.take() {
             bar.finish_and_clear();
         }
