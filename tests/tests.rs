@@ -62,3 +62,6 @@ mod golden;
 
 // The library from a crate outside the workspace, built as users build.
 mod user_crate;
+
+// The shape of the code: circles among modules held down.
+mod architecture;

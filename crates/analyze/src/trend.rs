@@ -232,7 +232,7 @@ pub struct Trend {
 
 /// The live memory of one process's device, by site, at a series of
 /// checkpoints: all the floor rule is judged on. The judge builds it from
-/// one device's rows (see [`rows`](crate::rows)), whoever built those.
+/// one device's rows (`rows.rs`), whoever built those.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SiteSeries<'a> {
     /// The checkpoints, oldest first.

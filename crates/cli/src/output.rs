@@ -60,6 +60,19 @@ pub(crate) fn shown(path: &Path) -> String {
     snapdiff_format::visible::escaped(&path.display().to_string()).into_owned()
 }
 
+/// `paths` as a shell takes them, for a command line to copy: each a
+/// quoted word where it must be; past the first four, `...`.
+pub(crate) fn shell_paths(paths: &[std::path::PathBuf]) -> String {
+    const SHOWN: usize = 4;
+    let mut words: Vec<String> = (paths.iter().take(SHOWN))
+        .map(|p| snapdiff_render::fleet::shell_word(&p.to_string_lossy()))
+        .collect();
+    if paths.len() > SHOWN {
+        words.push("...".to_owned());
+    }
+    words.join(" ")
+}
+
 /// Prints `report` as `--json` on stdout, its site lists cut to `top`.
 pub(crate) fn print_json<T: serde::Serialize>(report: &T, top: usize) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());

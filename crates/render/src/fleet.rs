@@ -15,8 +15,14 @@ const NAMED_RANKS: usize = 12;
 
 /// `fleet` as `snapdiff fleet` prints it: what was read, the leaking lines
 /// with the ranks they leak on, the imbalance between ranks, and where to
-/// look next. At most about 40 lines, however many ranks.
-pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> io::Result<()> {
+/// look next: `fleet --rank R PATHS`, `paths` being the paths read as a
+/// shell takes them. At most about 40 lines, however many ranks.
+pub fn write_text(
+    fleet: &Fleet,
+    paths: &str,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
     let devices_apart = fleet.devices > fleet.processes;
     let read = if fleet.files > 0 {
         format!(
@@ -155,11 +161,11 @@ pub fn write_text(fleet: &Fleet, options: &TextOptions, out: &mut dyn Write) -> 
     if let Some(first) = fleet.leaks.first().and_then(|l| l.members.first()) {
         writeln!(
             out,
-            "\none rank's full report: snapdiff fleet --rank {} PATH...",
-            first.member.rank.map_or_else(
-                || snapdiff_format::visible::escaped(&first.member.process).into_owned(),
-                |r| r.to_string()
-            )
+            "\none rank's full report: snapdiff fleet --rank {} {paths}",
+            first
+                .member
+                .rank
+                .map_or_else(|| shell_word(&first.member.process), |r| r.to_string())
         )?;
     }
     Ok(())
@@ -333,4 +339,17 @@ mod tests {
             "ranks 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22 and 28 more"
         );
     }
+}
+
+/// `text` as one word of a POSIX shell's command line: as it is when it
+/// holds only characters a shell leaves alone, else in single quotes;
+/// control characters escaped, so that nothing from a file reaches the
+/// terminal as is.
+pub fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        return text.to_owned();
+    }
+    let quoted = format!("'{}'", text.replace('\'', r"'\''"));
+    snapdiff_format::visible::escaped(&quoted).into_owned()
 }

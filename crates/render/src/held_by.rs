@@ -41,7 +41,7 @@ pub(crate) fn write_held_by(
                 None => owner.into_owned(),
             };
             let rate = match h.blocks_per_step {
-                Some(r) if r > 0.0 => format!(", +{} {per}", trim(r)),
+                Some(r) if r > 0.0 => format!(", {}", gained(r, per)),
                 _ => String::new(),
             };
             writeln!(
@@ -82,11 +82,19 @@ pub(crate) fn write_held_by(
     Ok(())
 }
 
-/// A count a step, without a needless fraction.
-fn trim(rate: f64) -> String {
-    if (rate - rate.round()).abs() < 0.005 {
+/// Blocks gained `per` ("a step", "since BEFORE") in words: `+2 blocks a
+/// step`; less than one a step as `+1 block every 2 steps`, never a
+/// fraction of a block.
+fn gained(rate: f64, per: &str) -> String {
+    if per == "a step" && rate < 0.995 {
+        let every = (1.0 / rate).round() as u64;
+        return format!("+1 block every {every} steps");
+    }
+    let count = if (rate - rate.round()).abs() < 0.005 {
         format!("{}", rate.round() as i64)
     } else {
         format!("{rate:.2}")
-    }
+    };
+    let blocks = if count == "1" { "block" } else { "blocks" };
+    format!("+{count} {blocks} {per}")
 }

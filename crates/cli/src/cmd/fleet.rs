@@ -55,6 +55,7 @@ pub(crate) fn run(args: FleetArgs) -> anyhow::Result<Exit> {
     } else {
         snapdiff_render::fleet::write_text(
             &fleet,
+            &crate::output::shell_paths(&paths),
             &args.report.text(),
             &mut crate::output::text_out(),
         )?;

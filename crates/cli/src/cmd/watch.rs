@@ -49,7 +49,8 @@ pub(crate) fn run(args: WatchArgs) -> anyhow::Result<Exit> {
     } else {
         let mut out = crate::output::text_out();
         writeln!(out)?;
-        snapdiff_render::fleet::write_text(&fleet, &args.report.text(), &mut out)?;
+        let paths = crate::output::shell_paths(&args.paths);
+        snapdiff_render::fleet::write_text(&fleet, &paths, &args.report.text(), &mut out)?;
     }
     if failed_fast {
         return Ok(Exit::OverThreshold);
