@@ -2,7 +2,8 @@
 # The tests, as README.md gives them: every test of the workspace, then one
 # line for each missing dependency whose tests could not check anything
 # here (a passing test's own output is hidden by cargo's harness), and the
-# counts. Arguments go to `cargo test`.
+# counts. Every test binary runs, whichever fails first (--no-fail-fast):
+# a failure never hides the tests after it. Arguments go to `cargo test`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export SNAPDIFF_SKIPS="$work/skips.tsv"
 
-cargo test --workspace "$@" 2>&1 | tee "$work/log"
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$work/log"
 status=${PIPESTATUS[0]}
 
 # Tests that skipped for want of a dependency passed as far as cargo knows.
