@@ -315,6 +315,19 @@ fn write_outside(
     Ok(())
 }
 
+/// `text` as one word of a POSIX shell's command line: as it is when it
+/// holds only characters a shell leaves alone, else in single quotes;
+/// control characters escaped, so that nothing from a file reaches the
+/// terminal as is.
+pub fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        return text.to_owned();
+    }
+    let quoted = format!("'{}'", text.replace('\'', r"'\''"));
+    snapdiff_format::visible::escaped(&quoted).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,17 +352,4 @@ mod tests {
             "ranks 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22 and 28 more"
         );
     }
-}
-
-/// `text` as one word of a POSIX shell's command line: as it is when it
-/// holds only characters a shell leaves alone, else in single quotes;
-/// control characters escaped, so that nothing from a file reaches the
-/// terminal as is.
-pub fn shell_word(text: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c);
-    if !text.is_empty() && text.chars().all(plain) {
-        return text.to_owned();
-    }
-    let quoted = format!("'{}'", text.replace('\'', r"'\''"));
-    snapdiff_format::visible::escaped(&quoted).into_owned()
 }
