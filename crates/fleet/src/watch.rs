@@ -158,6 +158,7 @@ impl Watch {
                 self.folder_steps.insert(process.clone());
                 run = followed.run.clone();
             }
+            run.since_us = since_pause(followed, &run, &dump);
         }
         let key = (process, run);
         if self.left.contains(&key) {
@@ -175,7 +176,10 @@ impl Watch {
         match self.processes.remove(&process) {
             None => self.start(process, dump, run),
             Some(f) if f.run == run => self.append(process, f, dump),
-            Some(f) if self.ended.contains(&(f.run.pid, f.run.host.clone())) => {
+            Some(f)
+                if self.ended.contains(&(f.run.pid, f.run.host.clone()))
+                    || run.since_us > f.run.since_us =>
+            {
                 self.notes.push(format!(
                     "{process}: a new run began ({}); the earlier one is left out",
                     run.describe()
@@ -330,6 +334,37 @@ impl Watch {
     }
 }
 
+/// Where `run` is a folder's run as far as its dumps say and `followed`
+/// is of the same folder: the time from which `dump` is of a later run,
+/// when it comes after a pause far longer than the followed dumps' spacing
+/// (see `snapdiff_runs::time_jumps`), or is a later dump of such a run;
+/// else the run's own.
+fn since_pause(followed: &Followed, run: &Run, dump: &ProcessRows) -> Option<i64> {
+    let times = |rows: &ProcessRows| -> Vec<i64> {
+        let all = rows.devices.iter().flat_map(|d| &d.checkpoints);
+        all.filter_map(|c| c.time_us).collect()
+    };
+    let same_folder = run.pid.is_none() && followed.run.pid.is_none();
+    let (Some(t), true) = (
+        times(dump).into_iter().max(),
+        same_folder && run.folder == followed.run.folder,
+    ) else {
+        return run.since_us;
+    };
+    let mut all = times(&followed.rows);
+    all.sort_unstable();
+    all.dedup();
+    if followed.run.since_us.is_some_and(|since| t < since) {
+        return run.since_us; // a late dump of the run left behind
+    }
+    all.push(t);
+    let n = all.len();
+    if snapdiff_runs::time_jumps(&all).last() == Some(&(n - 1)) {
+        return Some(t);
+    }
+    followed.run.since_us
+}
+
 fn empty_verdict(name: &str) -> ProcessVerdict {
     ProcessVerdict {
         process: name.to_owned(),
@@ -479,6 +514,39 @@ mod tests {
         assert!(watch.add(dump("rank0", 9, 9 << 20), old, 0).is_empty());
         let fleet = watch.fleet(Vec::new());
         assert_eq!(fleet.members[0].checkpoints.len(), 1);
+        assert!(
+            fleet.notes[0].contains("a new run began"),
+            "{:?}",
+            fleet.notes
+        );
+    }
+
+    #[test]
+    fn a_folders_dumps_after_a_long_pause_are_a_new_run() {
+        // No process id: runs told by their folder, and by their times.
+        let mut watch = Watch::new(TrendOptions::default(), DEFAULT_KEEP_CHECKPOINTS);
+        let folder = Run {
+            folder: Some("job".into()),
+            ..Run::default()
+        };
+        for step in 1..=8 {
+            watch.add(dump("rank0", step, step << 20), folder.clone(), 0);
+        }
+        assert_eq!(watch.fleet(Vec::new()).leaking, 1);
+        // 1157 days later, in the same folder: a steady run.
+        let later = |step: u64| {
+            let mut rows = dump("rank0", step, 1 << 20);
+            rows.devices[0].checkpoints[0].time_us = Some(100_000_000_000_000 + step as i64);
+            rows
+        };
+        let changes = watch.add(later(1), folder.clone(), 0);
+        assert_eq!(changes[0].event, ChangeKind::Stopped);
+        for step in 2..=8 {
+            watch.add(later(step), folder.clone(), 0);
+        }
+        let fleet = watch.fleet(Vec::new());
+        assert_eq!((fleet.processes, fleet.leaking), (1, 0));
+        assert_eq!(fleet.members[0].checkpoints.len(), 8);
         assert!(
             fleet.notes[0].contains("a new run began"),
             "{:?}",
