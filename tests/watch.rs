@@ -216,6 +216,8 @@ fn capture_watch_alerts_before_the_last_step_names_the_line_and_serves_it_as_met
     assert_eq!(suspect.len(), 1, "{scraped}");
     assert_eq!(suspect[0]["value"], 1.0);
     assert_eq!(suspect[0]["labels"]["function"], "train");
+    // A CPU job (capture's recorder): its device is the CPU, not GPU 0.
+    assert_eq!(suspect[0]["labels"]["device"], "cpu", "{scraped}");
     let growth = samples(&scraped, "snapdiff_site_growth_bytes_per_step", Some(&line));
     assert!(growth[0]["value"].as_f64().unwrap() > 0.0, "{scraped}");
     assert_eq!(

@@ -168,7 +168,11 @@ pub fn metrics_text(input: &MetricsInput<'_>) -> String {
                 process: verdict.process.clone(),
                 rank: snapdiff_runs::rank_of(&verdict.process)
                     .map_or_else(String::new, |r| r.to_string()),
-                device: d.device.to_string(),
+                // A CPU job's memory (capture's recorder) is no GPU's.
+                device: match d.checkpoints.last() {
+                    Some(last) if last.recorded_on_cpu => "cpu".to_owned(),
+                    _ => d.device.to_string(),
+                },
             };
             if let Some(last) = d.checkpoints.last() {
                 live.get_or_create(&who).set(gauge(last.allocated_bytes));
