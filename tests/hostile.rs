@@ -752,6 +752,9 @@ fn a_compressed_pickle_takes_the_memory_of_the_plain_one_plus_a_buffer() {
 
 #[test]
 fn a_table_of_one_long_name_repeated_is_read_in_bounded_memory() {
+    if !crate::util::python_imports("pyarrow", "pip install pyarrow") {
+        return;
+    }
     // 300,000 site rows naming one process by a 3,000-character name: a few
     // KB in the file (dictionary-encoded), 900 MB once each row's string
     // was copied out of the dictionary, and every batch kept.

@@ -179,6 +179,25 @@ pub fn python_file<S: AsRef<std::ffi::OsStr>>(file: &Path, args: &[S]) -> String
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Whether python3 imports `module`, which a test's script needs; when it
+/// cannot, the test says it skips (see [`skip`]; `install` says how to get
+/// it), or fails under CI (`SNAPDIFF_REQUIRE_PYTHON_PACKAGES=1`, set by
+/// `.ci/run`, which installs them).
+pub fn python_imports(module: &str, install: &str) -> bool {
+    let found = Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("SNAPDIFF_REQUIRE_PYTHON_PACKAGES").is_none(),
+            "python3 cannot import {module}, and SNAPDIFF_REQUIRE_PYTHON_PACKAGES says it must"
+        );
+        skip(module, install);
+    }
+    found
+}
+
 /// Runs `python3 -c script args...` (CPython writes the test's files) and
 /// returns its standard output; fails the test with Python's error if it fails.
 pub fn python_script<S: AsRef<std::ffi::OsStr>>(script: &str, args: &[S]) -> String {
