@@ -74,7 +74,9 @@ pub fn write_text(
     if fleet.leaks.is_empty() && fleet.too_few_checkpoints == fleet.processes {
         writeln!(
             out,
-            "\nno verdict: no rank has checkpoints enough to judge (warm-up and 3 more dumps each)"
+            "\nno verdict: no rank has checkpoints enough to judge (warm-up and 3 more dumps \
+             each, or one file whose trace shows its iterations); each rank's notes say why \
+             (--json)"
         )?;
     } else if fleet.leaks.is_empty() {
         writeln!(out, "\nno rank's memory keeps growing at any line")?;
