@@ -491,6 +491,60 @@ fn the_demo_names_the_leaking_line() {
     assert!(out.contains("is full in about"), "{out}");
 }
 
+/// The demo's own dumps, their paths moved into clones named `snapdiff`
+/// and `lightning` (what `git clone` of this repository makes): the
+/// leaking line of `crates/train` is still named.
+#[test]
+fn the_demo_names_its_line_from_a_clone_named_like_a_library() {
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    snapdiff([
+        "capture",
+        "-o",
+        out.to_str().unwrap(),
+        "--every",
+        "2",
+        "--no-report",
+        "--",
+        SNAPDIFF,
+        "train",
+        "--steps",
+        "12",
+        "--leak",
+        "keep-activations",
+        "--log-every",
+        "0",
+    ])
+    .expect_code(0);
+    let root = format!("{}/", crate::util::root().display());
+    for clone in ["/home/ana/snapdiff/", "/home/ana/code/lightning/"] {
+        let moved = dir.path().join(clone.trim_matches('/').replace('/', "-"));
+        std::fs::create_dir(&moved).unwrap();
+        for file in snapshots_in(&out) {
+            let mut snap = snapdiff_format::read_path(&file).unwrap();
+            for frame in &mut snap.frames {
+                if let Some(rest) = frame.file.strip_prefix(root.as_str()) {
+                    frame.file = format!("{clone}{rest}").into();
+                }
+            }
+            let name = moved.join(file.file_name().unwrap()).with_extension("snap");
+            snapdiff_format::write_path(&name, &snap, snapdiff_format::Existing::Keep).unwrap();
+        }
+        let report = trend_of(&snapshots_in(&moved));
+        let line = marked_line(
+            "crates/train/src/model.rs",
+            "leaks with --leak keep-activations",
+        );
+        let culprit = &report["suspects"][0]["culprit"];
+        assert_eq!(
+            culprit["file"].as_str(),
+            Some(format!("{clone}crates/train/src/model.rs").as_str()),
+            "{report:#}"
+        );
+        assert_eq!(culprit["line"], line, "{clone}");
+    }
+}
+
 #[test]
 fn a_rust_jobs_lost_dumps_are_said_once_and_counted_in_the_verdict() {
     // Files may grow to 3,100 bytes, as on a disk that fills up: the dumps

@@ -21,8 +21,14 @@ fn canonical(dir: &Path, name: &str, args: &[&str]) -> String {
     python_file(&root().join("tests/support/canonical_report.py"), &[&path])
 }
 
-fn expected(name: &str) -> String {
-    std::fs::read_to_string(root().join("tests/data").join(name)).unwrap()
+/// The kept result `name` (`tests/data/`); `SNAPDIFF_BLESS=1` rewrites it
+/// with `got` (read the diff before committing).
+fn expected(name: &str, got: &str) -> String {
+    let path = root().join("tests/data").join(name);
+    if std::env::var_os("SNAPDIFF_BLESS").is_some() {
+        std::fs::write(&path, got).unwrap();
+    }
+    std::fs::read_to_string(path).unwrap()
 }
 
 #[test]
@@ -46,12 +52,12 @@ fn real_shaped_results_are_unchanged() {
     let (a, b) = (file("real-a.pickle"), file("real-b.pickle"));
     let (sa, sb) = (file("real-a.snap"), file("real-b.snap"));
 
-    let want = expected("real-shaped-compare.txt");
     let pickles = canonical(
         d,
         "cmp",
         &["compare", "--json", "--top", "0", "--by", "stack", &a, &b],
     );
+    let want = expected("real-shaped-compare.txt", &pickles);
     assert_eq!(pickles, want, "compare of the pickles changed");
     let snaps = canonical(
         d,
@@ -67,7 +73,7 @@ fn real_shaped_results_are_unchanged() {
     );
     assert_eq!(
         summary,
-        expected("real-shaped-summary.txt"),
+        expected("real-shaped-summary.txt", &summary),
         "summary changed"
     );
 }

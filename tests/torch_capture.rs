@@ -341,6 +341,43 @@ fn each_leak_in_real_torch_is_named_at_its_line_with_its_growth_per_step() {
     );
 }
 
+/// A project cloned into a folder named like a library (`git clone` of
+/// this repository makes `snapdiff/`; people train from `lightning/`,
+/// `torch/` and `transformers/` checkouts) keeps its own lines.
+#[test]
+fn a_job_in_a_folder_named_like_a_library_is_named_at_its_own_line() {
+    if !torch_ready() {
+        return;
+    }
+    for checkout in ["snapdiff", "lightning", "torch"] {
+        let dir = tempdir();
+        let project = dir.path().join(checkout);
+        std::fs::create_dir(&project).unwrap();
+        let job = project.join("torch_train.py");
+        std::fs::copy(script(), &job).unwrap();
+        let out = dir.path().join("out");
+        let mut args: Vec<OsString> = vec!["capture".into(), "-o".into(), out.clone().into()];
+        args.extend(["--every", "5", "--no-report", "--", "python3"].map(OsString::from));
+        args.push(job.clone().into());
+        args.extend(["--leak", "cache-dict"].map(OsString::from));
+        // Run from inside the checkout, as people do.
+        let run = Command::new(SNAPDIFF)
+            .args(&args)
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{checkout}: {run:?}");
+        let report = trend_json(&pickles(&out));
+        let culprit = &report["suspects"][0]["culprit"];
+        assert_eq!(
+            culprit["file"].as_str(),
+            job.to_str(),
+            "{checkout}: {report:#}"
+        );
+        assert_eq!(culprit["line"], leak_line("cache-dict"), "{checkout}");
+    }
+}
+
 #[test]
 fn cpu_recorder_files_agree_with_pytorchs_reader_and_accounting() {
     if !torch_ready() {

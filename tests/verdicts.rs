@@ -11,8 +11,8 @@ use snapdiff_format::{Action, Existing, Snapshot, StackId};
 use crate::pytorch_replay::{Extra, Job, start_state, trace_of};
 use crate::util::{compare_json, shared_torch_fixtures, snapdiff, tempdir};
 
-/// Packages that are libraries wherever they sit (the maph job vendors
-/// transformers in its own folder).
+/// Packages whose copy inside a job's own tree is a library's code (the
+/// maph job vendors transformers in its own folder).
 const LIBRARIES: [&str; 6] = [
     "torch",
     "transformers",
@@ -23,24 +23,34 @@ const LIBRARIES: [&str; 6] = [
 ];
 
 /// The test's own rule for user code, independent of the analyzer's: a
-/// Python file outside installed packages and the standard library.
-fn is_user(file: &str) -> bool {
-    let folders: Vec<&str> = file.split('/').collect();
+/// Python file outside installed packages and the standard library...
+fn placed_as_user(file: &str) -> bool {
     file.ends_with(".py")
         && !["/site-packages/", "/dist-packages/", "/lib/python"]
             .iter()
             .any(|p| file.contains(p))
-        && !folders[..folders.len() - 1]
-            .iter()
-            .any(|f| LIBRARIES.contains(f))
+}
+
+/// ...with no library's folder below the folder it shares with `entry`,
+/// the stack's outermost such file (the script).
+fn vendored(file: &str, entry: &str) -> bool {
+    let (f, e): (Vec<&str>, Vec<&str>) = (file.split('/').collect(), entry.split('/').collect());
+    let shared = f.iter().zip(&e).take_while(|(a, b)| a == b).count();
+    let folders = &f[shared.min(f.len() - 1)..f.len() - 1];
+    folders.iter().any(|s| LIBRARIES.contains(s))
 }
 
 /// The innermost user frame of `stack`: (file, line).
 fn user_line(snap: &Snapshot, stack: StackId) -> Option<(String, u64)> {
-    snap.stacks[stack as usize]
+    let placed: Vec<_> = snap.stacks[stack as usize]
         .iter()
         .map(|&f| &snap.frames[f as usize])
-        .find(|f| is_user(&f.file))
+        .filter(|f| placed_as_user(&f.file))
+        .collect();
+    let entry = placed.last()?.file.to_string();
+    placed
+        .into_iter()
+        .find(|f| !vendored(&f.file, &entry))
         .map(|f| (f.file.to_string(), u64::from(f.line)))
 }
 

@@ -66,6 +66,26 @@ def test_train_step_does_not_leak(snapdiff_steps):
     assert table and max(len(l) for l in table) <= 100, "\n".join(table)
 
 
+@pytest.mark.parametrize("checkout", ["snapdiff", "lightning"])
+def test_a_project_in_a_folder_named_like_a_library_keeps_its_lines(pytester, checkout):
+    """A clone named `snapdiff` or `lightning` is the user's code: the leak
+    is named at its line, not at torch's or as "no frame of your code"."""
+    folder = pytester.mkdir(checkout).joinpath("tests")
+    folder.mkdir()
+    path = folder / "test_training.py"
+    path.write_text(MODEL + """
+@pytest.mark.snapdiff(max_leak="1 KiB", warmup=2, steps=8)
+def test_train_step_does_not_leak(snapdiff_steps):
+    for _ in snapdiff_steps:
+        train_step(keep=True)
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", str(path))
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert f"{path.name}:{leak_line(path)}" in out, out
+    assert "no frame of your code" not in out, out
+
+
 def test_max_growth_limits_what_is_kept_in_all(pytester):
     path = write_tests(pytester, """
 @pytest.mark.snapdiff(max_growth="64 KiB", warmup=2, steps=8)

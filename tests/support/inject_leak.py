@@ -15,33 +15,47 @@ frame), the bytes injected, and, for `trace`, the index of each inserted
 event in the new trace.
 """
 import argparse
+import os
 import json
 import pickle
 
 
-# Packages that are libraries wherever they sit (the maph fixture vendors
-# transformers in the job's own folder).
+# Packages whose copy inside a job's own tree is a library's code (the maph
+# fixture vendors transformers in the job's folder).
 LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "lightning", "peft")
 
 
-def is_user(frame):
-    f = frame["filename"]
-    folders = f.replace("\\", "/").split("/")[:-1]
-    return (
-        f.endswith(".py")
-        and not any(p in f for p in ("/site-packages/", "/dist-packages/", "/lib/python"))
-        and not any(lib in folders for lib in LIBRARIES)
-    )
+def placed_as_user(f):
+    """A Python file outside installed packages and the standard library."""
+    return f.endswith(".py") and not any(
+        p in f for p in ("/site-packages/", "/dist-packages/", "/lib/python"))
+
+
+def user_frames(frames):
+    """The frames of the job's own code in one stack (innermost first): placed
+    as the user's, and no library's folder below the folder each shares with
+    the stack's outermost such frame (the script)."""
+    placed = [fr for fr in frames if placed_as_user(fr["filename"])]
+    if not placed:
+        return []
+    entry = placed[-1]["filename"]
+
+    def vendored(f):
+        shared = os.path.commonpath([f, entry])
+        folders = os.path.relpath(f, shared).split("/")[:-1]
+        return any(lib in folders for lib in LIBRARIES)
+
+    return [fr for fr in placed if not vendored(fr["filename"])]
 
 
 def pick_stack(snap):
     for seg in snap["segments"]:
         for b in seg["blocks"]:
-            if b["state"] != "inactive" and any(is_user(fr) for fr in b.get("frames", [])):
+            if b["state"] != "inactive" and user_frames(b.get("frames", [])):
                 return b["frames"]
     for trace in snap.get("device_traces", []):
         for e in trace:
-            if any(is_user(fr) for fr in e.get("frames", [])):
+            if user_frames(e.get("frames", [])):
                 return e["frames"]
     raise SystemExit("no stack with a user frame")
 
@@ -78,7 +92,7 @@ def main():
         with open(a.stack_from, "rb") as f:
             source = pickle.load(f)
     frames = pick_stack(source)
-    culprit = next(fr for fr in frames if is_user(fr))
+    culprit = user_frames(frames)[0]
     addresses = [0] * a.count
     new_segment(snap, addresses, a.size, frames)
     positions = []

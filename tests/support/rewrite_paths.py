@@ -10,7 +10,8 @@ FORM is one of:
   conda     a conda environment: ~/miniconda3/envs/exp/lib/pythonX.Y/...
   debian    Debian's python: /usr/lib/python3/dist-packages, /usr/lib/pythonX.Y
   notebook  every file of the program's own code becomes an IPython cell,
-            /tmp/ipykernel_4242/<number>.py
+            /tmp/ipykernel_4242/<number>.py, and a library copied into its
+            folder an installed one
 
 Only the path changes, never the function or the line, so snapdiff must
 name the same culprit lines as for the original. Prints JSON mapping each
@@ -49,10 +50,14 @@ def rewrite(form, path):
     if form == "windows":
         return "C:" + path.replace("/", "\\")
     if form == "notebook" and path.endswith(".py") and "/ipykernel_" not in path:
-        # Vendored libraries keep their package folder, as in a real notebook,
-        # and torch.compile's generated code its cache folder.
-        if any(f"/{lib}/" in path for lib in ("transformers", "torch", "megatron", "vllm")):
-            return path
+        # A copy of a library inside the program's folder is told from the
+        # program's own files by the script beside it; a notebook has no
+        # script, so the copy is given as installed. torch.compile's
+        # generated code keeps its cache folder.
+        for lib in ("transformers", "torch", "megatron", "vllm"):
+            if f"/{lib}/" in path:
+                rest = path.split(f"/{lib}/", 1)[1]
+                return f"/opt/conda/lib/python3.10/site-packages/{lib}/{rest}"
         if "/torchinductor_" in path:
             return path
         return f"/tmp/ipykernel_4242/{zlib.crc32(path.encode())}.py"

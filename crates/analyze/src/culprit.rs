@@ -11,7 +11,7 @@ use regex::Regex;
 use serde::Serialize;
 use snapdiff_format::Frame;
 
-use crate::frame_class::{classify, notebook_cell};
+use crate::frame_class::{FrameClass, classify, is_vendored, named_like_package, notebook_cell};
 use crate::stack_key::is_noise;
 
 /// How a culprit was chosen.
@@ -240,13 +240,15 @@ impl CulpritRules {
     pub fn role(&self, f: &Frame) -> FrameRole {
         let ignored = self.ignored(f);
         let forward_marker = f.is_forward_marker();
+        let class = classify(f);
+        let user =
+            !forward_marker && class.is_program() && !ignored && !Self::matches(&self.library, f);
         FrameRole {
             forward_marker,
             noise: is_noise(f),
-            user: !forward_marker
-                && classify(f).is_program()
-                && !ignored
-                && !Self::matches(&self.library, f),
+            user,
+            entry: user && class == FrameClass::User,
+            named_like_package: user && named_like_package(&f.file),
             ignored,
             focus: Self::matches(&self.focus, f),
             plumbing: PLUMBING.iter().any(|p| f.name.contains(p)),
@@ -273,14 +275,31 @@ impl CulpritRules {
         if let Some((f, _)) = frames.clone().find(|(_, r)| r.focus) {
             return pick(f, CulpritKind::Focus);
         }
+        // The program's script: its outermost frame of its own code in no
+        // folder named like a library, else its outermost frame of its own
+        // code (a checkout named `lightning`). Library copies inside its
+        // tree are told from its own files by it. The first choice holds
+        // when a stack is cut short of the script: a copy of transformers
+        // calling the program's layer calling the copy again.
+        let outermost = |named: bool| {
+            frames
+                .clone()
+                .filter(|(_, r)| r.entry && (named || !r.named_like_package))
+                .last()
+                .map(|(f, _)| f.file.as_str())
+        };
+        let entry = outermost(false).or_else(|| outermost(true));
+        let own = |(f, r): &(&Frame, FrameRole)| {
+            r.user && !(r.named_like_package && entry.is_some_and(|e| is_vendored(&f.file, e)))
+        };
         let forward = frames
             .clone()
             .skip_while(|(_, r)| !r.forward_marker)
-            .find(|(_, r)| r.user);
+            .find(own);
         if let Some((f, _)) = forward {
             return pick(f, CulpritKind::Forward);
         }
-        if let Some((f, _)) = frames.clone().find(|(_, r)| r.user) {
+        if let Some((f, _)) = frames.clone().find(own) {
             return pick(f, CulpritKind::User);
         }
         let meaningful = || frames.clone().filter(|(_, r)| !r.noise && !r.ignored);
@@ -304,8 +323,15 @@ impl CulpritRules {
 pub struct FrameRole {
     /// Allocator, interpreter or dispatcher: left out of stack keys.
     pub noise: bool,
-    /// The program's own code, not ignored and not `--library`.
+    /// The program's own code by where it lies, not ignored and not
+    /// `--library` (a copy of a library inside the program's tree is
+    /// told apart per stack, by the folder it shares with the script).
     pub user: bool,
+    /// The program's own code, not a notebook cell: a frame that can be
+    /// its script, the stack's entry.
+    pub entry: bool,
+    /// The program's own code in a folder named like a library.
+    pub named_like_package: bool,
     /// Left out by `--ignore`.
     pub ignored: bool,
     /// Matched by `--focus`.
@@ -346,6 +372,51 @@ mod tests {
         assert_eq!(rules.culprit(&stack).name, "<module>");
         let rules = CulpritRules::new(Some("linear\\.py"), None).unwrap();
         assert_eq!(rules.culprit(&stack).kind, CulpritKind::Focus);
+    }
+
+    /// Whose code a file is depends on where it lies beside the script,
+    /// never on a folder's name above it.
+    #[test]
+    fn a_checkout_named_like_a_library_keeps_its_lines() {
+        let torch = "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py";
+        for root in ["/home/u/code/lightning", "/home/u/snapdiff", "/srv/torch"] {
+            let stack = [
+                frame("forward", torch, 125),
+                frame("layer", &format!("{root}/model.py"), 40),
+                frame("<module>", &format!("{root}/train.py"), 9),
+                frame("<module>", "/venv/bin/python-launcher", 1),
+            ];
+            let c = CulpritRules::default().culprit(&stack);
+            assert_eq!((c.name.as_str(), c.line), ("layer", 40), "{root}");
+        }
+        // A copy of transformers inside the program's tree is a library:
+        // the script's line is named, as with an installed transformers.
+        let stack = [
+            frame("forward", torch, 125),
+            frame(
+                "forward",
+                "/mnt/proj/lib/transformers/models/llama/modeling_llama.py",
+                856,
+            ),
+            frame("validate", "/mnt/proj/validate_old.py", 63),
+            frame("<module>", "/mnt/proj/validate_old.py", 90),
+        ];
+        let c = CulpritRules::default().culprit(&stack);
+        assert_eq!((c.name.as_str(), c.line), ("validate", 63));
+        // A stack cut short of the script: the copy calls the program's
+        // layer, which calls the copy again.
+        let copy = "/mnt/proj/lib/transformers/models/llama/modeling_llama.py";
+        let stack = [
+            frame("forward", torch, 125),
+            frame("forward", copy, 405),
+            frame("forward", "/mnt/proj/lib/select_n.py", 115),
+            frame("forward", copy, 700),
+        ];
+        let c = CulpritRules::default().culprit(&stack);
+        assert_eq!(
+            (c.file.as_str(), c.line),
+            ("/mnt/proj/lib/select_n.py", 115)
+        );
     }
 
     #[test]

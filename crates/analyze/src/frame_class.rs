@@ -51,11 +51,12 @@ impl FrameClass {
     }
 }
 
-/// Python packages recognised by their module path wherever they are
-/// installed (an editable install sits in a checkout, not site-packages).
-/// Only distinctive names: a project folder called `models` or `datasets`
-/// must stay the user's.
-const LIBRARY_PACKAGES: &[&str] = &[
+/// Python packages whose folder, found inside a program's own tree, is a
+/// copy of the library (vendored: `proj/lib/transformers/…`), not the
+/// program's code. Only folders below the one a frame shares with its
+/// stack's entry count (see [`is_vendored`]): a checkout named `lightning`
+/// or `torch` is the program's own, whatever its name.
+const VENDORED_PACKAGES: &[&str] = &[
     "torch",
     "torchvision",
     "torchaudio",
@@ -87,15 +88,50 @@ const LIBRARY_PACKAGES: &[&str] = &[
     "numpy",
     "jax",
     "flax",
-    // What runs the program: notebooks, test runners, snapdiff's own hook
-    // and Python package (a checkout's, in editable installs).
-    "IPython",
-    "ipykernel",
-    "jupyter_client",
-    "tornado",
-    "pluggy",
-    "_pytest",
-    "snapdiff",
+];
+
+/// snapdiff's own Python package, by its folders and module files: it runs
+/// the program (the pytest plugin, the notebook magic, the capture hook),
+/// wherever it is installed or checked out. Named file by file, so that a
+/// user's `snapdiff/train.py` stays the user's.
+const SNAPDIFF_PACKAGE: &[(&str, &[&str])] = &[
+    (
+        "snapdiff",
+        &[
+            "__init__.py",
+            "__main__.py",
+            "_api.py",
+            "_cli.py",
+            "_fleet.py",
+            "_limits.py",
+            "_notebook.py",
+            "_ray.py",
+            "_recording.py",
+            "pytest_plugin.py",
+        ],
+    ),
+    (
+        "hook",
+        &[
+            "__init__.py",
+            "sitecustomize.py",
+            "snapdiff_capture.py",
+            "snapdiff_cpu_recorder.py",
+            "snapdiff_dumping.py",
+            "snapdiff_files.py",
+            "snapdiff_owners.py",
+            "snapdiff_signals.py",
+        ],
+    ),
+    (
+        "integrations",
+        &[
+            "__init__.py",
+            "_watch.py",
+            "lightning.py",
+            "transformers.py",
+        ],
+    ),
 ];
 
 /// Folder-name prefixes of code that runs the program: the copy of
@@ -187,16 +223,83 @@ pub fn classify(frame: &Frame) -> FrameClass {
             }
         }
     }
-    // A known library, wherever it lives: by its package folder.
-    let folders = &segments[..segments.len().saturating_sub(1)];
-    if folders.iter().any(|s| LIBRARY_PACKAGES.contains(s))
-        || folders
+    if is_snapdiff_package(&segments)
+        || folders_of(&segments)
             .iter()
             .any(|s| RUNNER_FOLDER_PREFIXES.iter().any(|p| s.starts_with(p)))
+        || is_console_script(&segments)
     {
         return FrameClass::Library;
     }
     FrameClass::User
+}
+
+/// The folders of a path's segments: all but the last.
+fn folders_of<'s, 'a>(segments: &'s [&'a str]) -> &'s [&'a str] {
+    &segments[..segments.len().saturating_sub(1)]
+}
+
+/// Whether a path is a module of snapdiff's own Python package
+/// ([`SNAPDIFF_PACKAGE`]): `…/snapdiff/_recording.py`,
+/// `…/snapdiff/hook/snapdiff_capture.py`.
+fn is_snapdiff_package(segments: &[&str]) -> bool {
+    let [.., grandparent, parent, file] = segments else {
+        return false;
+    };
+    SNAPDIFF_PACKAGE.iter().any(|(folder, files)| {
+        let in_package = if *folder == "snapdiff" {
+            *parent == "snapdiff"
+        } else {
+            parent == folder && *grandparent == "snapdiff"
+        };
+        in_package && files.contains(file)
+    })
+}
+
+/// Whether a path is a console script an installer wrote: a file without
+/// an extension in a `bin` or `Scripts` folder (`venv/bin/pytest`,
+/// `/opt/conda/bin/torchrun`). It only starts the program.
+fn is_console_script(segments: &[&str]) -> bool {
+    let [.., folder, file] = segments else {
+        return false;
+    };
+    (folder.eq_ignore_ascii_case("bin") || folder.eq_ignore_ascii_case("scripts"))
+        && !file.contains('.')
+}
+
+/// Whether a folder of `file` is named like a library that programs copy
+/// into their own tree ([`VENDORED_PACKAGES`]). Cheap to ask once per
+/// distinct frame; [`is_vendored`] then decides for a stack.
+pub(crate) fn named_like_package(file: &str) -> bool {
+    let segments: Vec<&str> = segments(file).collect();
+    folders_of(&segments)
+        .iter()
+        .any(|s| VENDORED_PACKAGES.contains(s))
+}
+
+/// Whether `file`, the program's own code by where it lies, is a copy of a
+/// library inside the program's tree: a folder named like a library
+/// ([`VENDORED_PACKAGES`]) lies below the folder it shares with `entry`,
+/// the script of the same stack (chosen in culprit.rs). So `/mnt/proj/lib/transformers/modeling_llama.py` is a copy of
+/// transformers when the job ran `/mnt/proj/validate.py`, while every file
+/// of a checkout in `~/code/lightning/` stays the program's own when it
+/// ran `~/code/lightning/train.py`: the folder's name is above the shared one.
+pub(crate) fn is_vendored(file: &str, entry: &str) -> bool {
+    let shared = file
+        .bytes()
+        .zip(entry.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    // Back to the end of the last whole folder they share.
+    // (Bytes, not chars: the shared prefix may end inside a character.)
+    let shared = file.as_bytes()[..shared]
+        .iter()
+        .rposition(|&b| b == b'/' || b == b'\\')
+        .map_or(0, |i| i + 1);
+    let below: Vec<&str> = segments(&file[shared..]).collect();
+    folders_of(&below)
+        .iter()
+        .any(|s| VENDORED_PACKAGES.contains(s))
 }
 
 /// A notebook cell, named by its file.
@@ -416,31 +519,24 @@ mod tests {
             8,
             Library,
         ),
-        // Editable installs, recognised by the package's folder.
+        // Checkouts and editable installs of libraries: the program's own
+        // code by where it lies (a copy inside a program's tree is told
+        // apart per stack, in culprit.rs).
         (
             "forward",
             "/home/ana/src/transformers/src/transformers/models/gpt2/modeling_gpt2.py",
             50,
-            Library,
+            User,
         ),
         (
             "backward",
             "/home/ana/src/pytorch/torch/autograd/__init__.py",
             200,
-            Library,
+            User,
         ),
-        (
-            "step",
-            "/workspace/DeepSpeed/deepspeed/runtime/engine.py",
-            2000,
-            Library,
-        ),
-        (
-            "fit",
-            "/src/lightning/src/lightning/pytorch/trainer/trainer.py",
-            1,
-            Library,
-        ),
+        ("train", "/home/ana/code/lightning/train.py", 12, User),
+        ("main", "/home/ana/code/snapdiff/train.py", 3, User),
+        ("main", "/srv/torch/scripts/run.py", 3, User),
         // Rust crates and snapdiff.
         (
             "serde_json::de::from_str",
@@ -531,31 +627,10 @@ mod tests {
         ("some_symbol", "", 0, Native),
         ("kernel", "C:\\Windows\\System32\\nvcuda.dll", 0, Native),
         ("f", "/usr/local/cuda/include/cuda_runtime.h", 1, Native),
-        // What runs the program, wherever it is installed.
-        (
-            "run_cell",
-            "/home/ana/src/ipython/IPython/core/interactiveshell.py",
-            3577,
-            Library,
-        ),
-        (
-            "do_execute",
-            "/opt/tools/ipykernel/ipkernel.py",
-            449,
-            Library,
-        ),
-        (
-            "_multicall",
-            "/home/ana/src/pluggy/src/pluggy/_callers.py",
-            103,
-            Library,
-        ),
-        (
-            "pytest_pyfunc_call",
-            "/home/ana/src/pytest/src/_pytest/python.py",
-            159,
-            Library,
-        ),
+        // What runs the program: console scripts, snapdiff's own package
+        // and hook, wherever they are installed.
+        ("<module>", "/home/ana/venv/bin/pytest", 8, Library),
+        ("<module>", "C:\\Python311\\Scripts\\torchrun", 8, Library),
         (
             "step",
             "/work/snapdiff/python/snapdiff/_recording.py",
@@ -567,6 +642,18 @@ mod tests {
             "/tmp/snapdiff-hook-Ab12Cd/snapdiff_capture.py",
             612,
             Library,
+        ),
+        (
+            "on_train_batch_end",
+            "/home/ana/snapdiff/python/snapdiff/integrations/lightning.py",
+            60,
+            Library,
+        ),
+        (
+            "step",
+            "/home/ana/snapdiff/python/snapdiff/step.py",
+            1,
+            User,
         ),
         // Noise.
         ("torch::unwind::unwind()", "??", 0, Noise),
@@ -585,6 +672,64 @@ mod tests {
             })
             .collect();
         assert!(wrong.is_empty(), "misclassified:\n{}", wrong.join("\n"));
+    }
+
+    /// Every module of snapdiff's Python package is known as snapdiff's,
+    /// so that the list cannot fall behind the package.
+    #[test]
+    fn snapdiff_package_is_known_file_by_file() {
+        let package =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python/snapdiff");
+        let mut unknown = Vec::new();
+        let mut seen = 0;
+        for folder in [
+            package.clone(),
+            package.join("hook"),
+            package.join("integrations"),
+        ] {
+            for entry in std::fs::read_dir(&folder).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_some_and(|e| e == "py") {
+                    seen += 1;
+                    let file = path.to_str().unwrap();
+                    if classify(&frame("f", file, 1)) != Library {
+                        unknown.push(file.to_owned());
+                    }
+                }
+            }
+        }
+        assert!(seen >= 20, "{seen} modules");
+        assert!(unknown.is_empty(), "not known as snapdiff's: {unknown:?}");
+    }
+
+    #[test]
+    fn copies_inside_the_tree_are_vendored_names_above_it_are_not() {
+        let entry = "/mnt/mcx/select_n/validate_old.py";
+        let copy = "/mnt/mcx/select_n/lib/transformers/models/llama/modeling_llama.py";
+        assert!(is_vendored(copy, entry));
+        assert!(!is_vendored("/mnt/mcx/select_n/lib/select_n.py", entry));
+        // A checkout named like a library: the name is above the shared folder.
+        let entry = "/home/ana/code/lightning/train.py";
+        assert!(!is_vendored("/home/ana/code/lightning/model.py", entry));
+        assert!(!is_vendored(
+            "/home/ana/code/lightning/torch/ops.py",
+            "/home/ana/code/lightning/torch/run.py"
+        ));
+        // Working on a library with a script beside it: the library's own
+        // package below the checkout is a library to that script.
+        let entry = "/home/ana/src/transformers/examples/run.py";
+        assert!(is_vendored(
+            "/home/ana/src/transformers/src/transformers/models/gpt2/modeling_gpt2.py",
+            entry
+        ));
+        assert!(!is_vendored(
+            "/home/ana/src/transformers/examples/utils.py",
+            entry
+        ));
+        // Paths that share part of a multi-byte name.
+        assert!(!is_vendored("/home/añ/x.py", "/home/aÑ/y.py"));
+        assert!(named_like_package("/x/lightning/y.py"));
+        assert!(!named_like_package("/x/y/lightning.py"));
     }
 
     #[test]
