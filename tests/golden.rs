@@ -52,6 +52,15 @@ fn outputs_on_the_real_fixtures_are_the_kept_ones() {
                 vec![command.into(), shown(&stem)],
             ));
         }
+        // At 80 columns, whole paths: cut from the left, never wrapped.
+        for command in ["summary", "trend"] {
+            runs.push((
+                format!("{stem}.{command}.80-columns"),
+                [command, "--width", "80", "--full-paths", &shown(&stem)]
+                    .map(String::from)
+                    .into(),
+            ));
+        }
         runs.push((
             format!("{stem}.folded"),
             ["flamegraph", "--folded", "-o", "-", &shown(&stem)]
@@ -66,8 +75,8 @@ fn outputs_on_the_real_fixtures_are_the_kept_ones() {
         ));
     }
     for (name, args) in runs {
-        // Folded stacks have no JSON form.
-        let forms: &[bool] = if args[0] == "flamegraph" {
+        // Folded stacks and fitted tables have no JSON form.
+        let forms: &[bool] = if args[0] == "flamegraph" || args.contains(&"--width".into()) {
             &[false]
         } else {
             &[false, true]
@@ -85,6 +94,13 @@ fn outputs_on_the_real_fixtures_are_the_kept_ones() {
                 run.stdout(),
                 run.stderr()
             );
+            if args.contains(&"--width") {
+                let wide: Vec<&str> = output
+                    .lines()
+                    .filter(|l| l.starts_with(['│', '┌', '╞', '└']) && l.chars().count() > 80)
+                    .collect();
+                assert!(wide.is_empty(), "{name}: rows over 80 columns: {wide:#?}");
+            }
             let kept = golden.join(format!("{name}.{}", if json { "json.txt" } else { "txt" }));
             if bless {
                 std::fs::write(&kept, &output).unwrap();

@@ -130,8 +130,14 @@ pub fn common_base<'a>(files: impl IntoIterator<Item = &'a str>, cwd: Option<&st
     }
 }
 
-/// A C++ name without its argument list: `at::_ops::add::call(at::Tensor const&)` → `at::_ops::add::call`.
+/// A C++ name without its argument list and qualifiers:
+/// `at::_ops::add::call(at::Tensor const&)` → `at::_ops::add::call`, and so
+/// for `reduce_grad(at::Tensor&) const`.
 pub fn short_name(name: &str) -> &str {
+    let unqualified = [" const", " volatile", " &&", " &", " noexcept"]
+        .iter()
+        .find_map(|q| name.strip_suffix(q).filter(|n| n.ends_with(')')));
+    let name = unqualified.unwrap_or(name);
     if name.ends_with(')') && !name.starts_with('<') {
         // Cut at the '(' that opens the final argument list.
         let mut depth = 0usize;
@@ -476,6 +482,10 @@ mod tests {
     fn shortens_cpp_names() {
         assert_eq!(short_name("a::b(int, std::function<void (int)>)"), "a::b");
         assert_eq!(short_name("plain"), "plain");
+        assert_eq!(
+            short_name("torch::autograd::InputMetadata::reduce_grad(at::Tensor&) const"),
+            "torch::autograd::InputMetadata::reduce_grad"
+        );
         assert_eq!(
             short_name("<F as core::ops::Fn<()>>::call()"),
             "<F as core::ops::Fn<()>>::call()"

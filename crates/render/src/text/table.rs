@@ -57,7 +57,7 @@ pub fn add_rows(t: &mut Table, mut rows: Vec<Vec<String>>, col: usize) {
             .sum();
         // A few characters spare: comfy-table keeps some for itself.
         let room = usize::from(width).saturating_sub(others + 2 + 2 + 6);
-        if room >= 24 {
+        if room >= 8 {
             for row in &mut rows {
                 let lines: Vec<String> = row[col].lines().map(|l| fit_line(l, room)).collect();
                 row[col] = lines.join("\n");
@@ -89,12 +89,11 @@ fn fit_line(line: &str, room: usize) -> String {
 }
 
 /// `line` at most `room` characters long if shortening its last word, a
-/// path, from the left can do it.
+/// path or a qualified name (`/` or `:` in it), from the left can do it.
 fn shorten_line(line: &str, room: usize) -> String {
     let len = line.chars().count();
-    let Some(start) = line.rfind(' ').map(|i| i + 1) else {
-        return line.to_owned();
-    };
+    // A line of one word (a long function name) is that word.
+    let start = line.rfind(' ').map_or(0, |i| i + 1);
     let path = &line[start..];
     if len <= room || !path.contains(['/', ':']) {
         return line.to_owned();
