@@ -50,6 +50,21 @@ def test_the_installed_distribution_brings_the_package_and_the_command():
     assert importlib.metadata.packages_distributions()["snapdiff"] == [name]
 
 
+def test_the_installed_commands_demo_names_its_line():
+    """The wheel's command keeps the line tables of the demo's training
+    crate: `snapdiff demo` names the line of `crates/train` it promises,
+    not an address."""
+    import subprocess
+
+    from snapdiff._cli import binary
+
+    out = subprocess.run([binary(), "demo", "--steps", "20"], capture_output=True,
+                         text=True, check=True).stdout
+    assert re.search(r"forward  model\.rs:\d+", out), out
+    assert "no frame of your code" not in out, out
+    assert not re.search(r"0x[0-9a-f]{6,}", out), out
+
+
 def test_the_public_functions_are_typed():
     """The package ships `py.typed`: every public function and method of
     what `snapdiff` exports says the types of its parameters and result,

@@ -74,10 +74,16 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
     writeln!(out)?;
     crate::reports::trend(&captured.snapshots, &capture_args.report, &mut out)?;
     let leaks = args.leak != snapdiff_train::Leak::None;
-    if leaks {
+    // A verdict needs four checkpoints (one of warm-up): 20 steps.
+    if leaks && captured.snapshots.len() >= 4 {
         writeln!(
             out,
             "\nThe culprit is the line of crates/train that allocates the buffers the leak keeps."
+        )?;
+    } else if leaks {
+        writeln!(
+            out,
+            "\nToo few snapshots for a verdict: snapdiff demo --steps 20 or more names the line."
         )?;
     }
     match (
