@@ -180,7 +180,7 @@ fn compare_of_different_devices_says_so() {
 fn trend_json(files: &[PathBuf]) -> Value {
     let mut args = vec!["trend".into(), "--json".into()];
     args.extend(files.iter().map(|f| f.clone().into_os_string()));
-    snapdiff(args).expect_code(0).json()
+    snapdiff(args).expect_code(0).one_trend()
 }
 
 #[test]
@@ -799,7 +799,7 @@ fn folders_are_read_by_trend_and_refused_by_summary_and_unrelated_files_are_said
     std::fs::write(dir.path().join("notes.txt"), "not a snapshot").unwrap();
     let report = snapdiff(["trend".as_ref(), dir.path().as_os_str(), "--json".as_ref()])
         .expect_code(0)
-        .json();
+        .one_trend();
     assert_eq!(report["checkpoints"], 4, "{report:#}");
     // summary DIR: one line saying what to do instead.
     let run = snapdiff(["summary".as_ref(), dir.path().as_os_str()]);
@@ -860,11 +860,11 @@ fn flags_say_how_a_trace_is_cut_and_into_how_many_checkpoints() {
         snapdiff(args)
     };
     // By default, at its 9 snapshot markers and its end.
-    let default = trend(&[]).expect_code(0).json();
+    let default = trend(&[]).expect_code(0).one_trend();
     assert_eq!(default["checkpoint_source"], "snapshot_markers");
     assert_eq!(default["checkpoints"], 10);
     // --checkpoints limits the markers too, keeping the first and last.
-    let four = trend(&["--checkpoints", "4"]).expect_code(0).json();
+    let four = trend(&["--checkpoints", "4"]).expect_code(0).one_trend();
     assert_eq!(four["checkpoint_source"], "snapshot_markers");
     assert_eq!(four["checkpoints"], 4);
     let events = |r: &serde_json::Value| -> Vec<u64> {
@@ -880,7 +880,7 @@ fn flags_say_how_a_trace_is_cut_and_into_how_many_checkpoints() {
     // --cut chooses the way, and a way the trace lacks is a clear error.
     let even = trend(&["--cut", "evenly", "--checkpoints", "6"])
         .expect_code(0)
-        .json();
+        .one_trend();
     assert_eq!(even["checkpoint_source"], "evenly_spaced");
     assert_eq!(even["checkpoints"], 6);
     let run = trend(&["--cut", "steps"]);

@@ -46,7 +46,7 @@ fn snapshots_in(dir: &Path) -> Vec<PathBuf> {
 fn trend_of(files: &[PathBuf]) -> Value {
     let mut args: Vec<std::ffi::OsString> = vec!["trend".into(), "--json".into()];
     args.extend(files.iter().map(|f| f.clone().into_os_string()));
-    snapdiff(args).expect_code(0).json()
+    snapdiff(args).expect_code(0).one_trend()
 }
 
 /// `snapdiff capture -o DIR --every 5 --no-report -- PROGRAM --steps 40

@@ -692,7 +692,7 @@ fn a_rank_of_one_file_is_judged_by_its_trace_as_trend_judges_it() {
     for (member, file) in fleet["members"].as_array().unwrap().iter().zip(&files) {
         let trend = snapdiff(["trend".as_ref(), "--json".as_ref(), file.as_os_str()])
             .expect_code(0)
-            .json();
+            .one_trend();
         let name = file.display();
         assert_eq!(
             member["suspected_bytes"], trend["suspected_bytes"],
@@ -771,7 +771,7 @@ fn one_folder_of_two_runs_far_apart_in_time_is_two_runs() {
     );
     let trend = snapdiff(["trend".as_ref(), "--json".as_ref(), job.as_os_str()])
         .expect_code(0)
-        .json();
+        .one_trend();
     assert_eq!(trend["checkpoints"], leaking_files.len(), "{trend:#}");
     assert_eq!(trend["suspected_bytes"], member["suspected_bytes"]);
     assert!(

@@ -49,7 +49,7 @@ fn the_same_limit_gives_the_same_exit_in_trend_fleet_leakcheck_and_the_plugin() 
     let files = leaking_training_job(&job, 40, 4);
     let trend = snapdiff(["trend".as_ref(), "--json".as_ref(), job.as_os_str()])
         .expect_code(0)
-        .json();
+        .one_trend();
     let suspects = trend["suspects"].as_array().unwrap();
     assert!(!suspects.is_empty(), "{trend:#}");
     let sum = |field: &str| -> u64 {

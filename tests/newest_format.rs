@@ -77,7 +77,7 @@ fn unknown_actions_are_counted_and_keys_may_be_missing() {
     assert_eq!(summary["actions"]["annotate"], 1);
     // One alloc has neither `stream` nor `time_us`, yet the trace still cuts
     // at the external annotations and the leak is found, a step at a time.
-    let trend = json(&["trend", "--json", p]);
+    let trend = snapdiff(["trend", "--json", p]).expect_code(0).one_trend();
     assert_eq!(trend["checkpoint_source"], "annotations", "{trend:#}");
     let suspects = trend["suspects"].as_array().unwrap();
     assert_eq!(suspects.len(), 1, "{trend:#}");
@@ -88,7 +88,7 @@ fn unknown_actions_are_counted_and_keys_may_be_missing() {
 #[test]
 fn labels_compiled_regions_and_metadata_are_shown_with_their_sites() {
     let p = &arg("newest-step6.pickle");
-    let trend = json(&["trend", "--json", p]);
+    let trend = snapdiff(["trend", "--json", p]).expect_code(0).one_trend();
     let recorded = &trend["suspects"][0]["recorded"];
     assert_eq!(
         recorded["compiled_regions"],
@@ -167,8 +167,12 @@ fn xpu_files_read_as_cuda_files() {
         serde_json::json!(c["pools"].as_array().unwrap()[..2])
     );
     assert_eq!(x["reserved_bytes"], 96 * MIB);
-    let tx = json(&["trend", "--json", xpu]);
-    let tc = json(&["trend", "--json", cuda]);
+    let tx = snapdiff(["trend", "--json", xpu])
+        .expect_code(0)
+        .one_trend();
+    let tc = snapdiff(["trend", "--json", cuda])
+        .expect_code(0)
+        .one_trend();
     assert_eq!(tx["suspects"], tc["suspects"]);
     let settings = read_path(newest("xpu-step6.pickle"))
         .unwrap()
@@ -239,7 +243,9 @@ fn pinned_host_memory_is_never_counted_as_the_devices() {
     // verdict of its own, not an all-clear.
     let folder = newest("pinned-cache");
     let folder = folder.to_str().unwrap();
-    let trend = json(&["trend", "--json", folder]);
+    let trend = snapdiff(["trend", "--json", folder])
+        .expect_code(0)
+        .one_trend();
     assert_eq!(trend["suspects"], serde_json::json!([]));
     assert_eq!(trend["suspected_bytes"], 0);
     assert_eq!(trend["pinned_host"]["grows"], true, "{trend:#}");
@@ -300,7 +306,9 @@ fn a_private_pool_left_behind_is_said_and_a_working_graphs_is_not() {
     assert!(cmp.get("idle_private_pools").is_none(), "{cmp:#}");
 
     let folder = newest("graph-pool");
-    let trend = json(&["trend", "--json", folder.to_str().unwrap()]);
+    let trend = snapdiff(["trend", "--json", folder.to_str().unwrap()])
+        .expect_code(0)
+        .one_trend();
     let pools = trend["idle_private_pools"].as_array().unwrap();
     assert_eq!(pools.len(), 1, "{trend:#}");
     assert_eq!(pools[0]["pool_id"], serde_json::json!([1, 2]));
@@ -359,7 +367,9 @@ fn a_backward_allocation_is_named_by_the_forward_line_that_caused_it() {
     );
 
     let folder = newest("backward");
-    let trend = json(&["trend", "--json", folder.to_str().unwrap()]);
+    let trend = snapdiff(["trend", "--json", folder.to_str().unwrap()])
+        .expect_code(0)
+        .one_trend();
     let suspects = trend["suspects"].as_array().unwrap();
     assert_eq!(suspects.len(), 1, "{trend:#}");
     let culprit = &suspects[0]["culprit"];

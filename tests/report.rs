@@ -112,7 +112,7 @@ fn reports_open_offline_in_a_browser_and_show_what_json_says() {
     let (dom, console) = open(browser, &page, "trace.png");
     assert!(console.is_empty(), "console: {console:?}");
     assert!(dom.contains("data-ready=\"yes\""), "the script ran");
-    let trend = snapdiff(["trend".as_ref(), last.as_os_str(), "--json".as_ref()]).json();
+    let trend = snapdiff(["trend".as_ref(), last.as_os_str(), "--json".as_ref()]).one_trend();
     let suspect = &trend["suspects"][0];
     assert_eq!(
         attribute(&dom, "suspect", "data-growth").as_deref(),
@@ -248,7 +248,7 @@ fn a_folder_of_several_processes_shows_each_verdict_and_the_leaking_one() {
             .into_iter()
             .chain(leaking.iter().map(|p| p.as_os_str())),
     )
-    .json();
+    .one_trend();
     let page = dir.path().join("ranks.html");
     let html = report(&[&folder], &page);
     assert!(
@@ -282,7 +282,7 @@ fn too_few_checkpoints_are_no_verdict_in_the_page_and_the_text() {
     let text = snapdiff(&args).expect_code(0).stdout();
     assert!(text.contains("no verdict"), "{text}");
     args.push("--json".as_ref());
-    assert!(snapdiff(&args).json()["no_verdict"].is_string());
+    assert!(snapdiff(&args).one_trend()["no_verdict"].is_string());
     let page = dir.path().join("few.html");
     report(&all, &page);
     let Some(browser) = chromium() else { return };

@@ -120,7 +120,7 @@ fn manifest(dir: &Path) -> Vec<Value> {
 fn trend_json(files: &[PathBuf]) -> Value {
     let mut args: Vec<OsString> = vec!["trend".into(), "--json".into()];
     args.extend(files.iter().map(|f| f.clone().into_os_string()));
-    snapdiff(args).expect_code(0).json()
+    snapdiff(args).expect_code(0).one_trend()
 }
 
 /// The pid of the job that wrote the first dump in `dir`, once its line is
@@ -376,6 +376,130 @@ fn a_job_in_a_folder_named_like_a_library_is_named_at_its_own_line() {
         );
         assert_eq!(culprit["line"], leak_line("cache-dict"), "{checkout}");
     }
+}
+
+/// Captures `script` (a copy of the training script) with `args`; the
+/// dump of step 30.
+fn step30_of(script: &Path, out: &Path, args: &[&str]) -> PathBuf {
+    let mut command: Vec<OsString> = vec!["capture".into(), "-o".into(), out.into()];
+    command.extend(["--every", "5", "--no-report", "--", "python3"].map(OsString::from));
+    command.push(script.into());
+    command.extend(args.iter().map(OsString::from));
+    snapdiff(command).expect_code(0);
+    let dump = pickles(out)
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with("-step30.pickle"));
+    dump.unwrap_or_else(|| panic!("no step 30 in {:?}", pickles(out)))
+}
+
+/// Two runs of two versions of a real torch job: code that only moved is
+/// the same sites, net 0; one real change is named at its line with its
+/// bytes, with where it was. Copied away from their manifest and renamed,
+/// the files are still two runs: almost no block is where the other has it.
+#[test]
+fn compare_of_two_runs_matches_moved_code_and_names_the_one_real_change() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let original = std::fs::read_to_string(script()).unwrap();
+    let moved_dir = d.join("moved");
+    std::fs::create_dir(&moved_dir).unwrap();
+    // Two lines above every allocation, and another file name in another folder.
+    let moved = moved_dir.join("fit.py");
+    std::fs::write(
+        &moved,
+        format!("# a copy\nimport os  # moved down\n{original}"),
+    )
+    .unwrap();
+    let larger = moved_dir.join("fit_larger.py");
+    let state = "    state = torch.ones(64, device=on)";
+    assert!(original.contains(state));
+    let changed = original.replace(state, "    state = torch.ones(4096, device=on)");
+    std::fs::write(
+        &larger,
+        format!("# a copy\nimport os  # moved down\n{changed}"),
+    )
+    .unwrap();
+
+    let base = step30_of(&script(), &d.join("base"), &[]);
+    let same = step30_of(&moved, &d.join("same"), &[]);
+    let big = step30_of(&larger, &d.join("big"), &[]);
+
+    let cmp = |a: &Path, b: &Path| {
+        snapdiff([
+            "compare".as_ref(),
+            "--json".as_ref(),
+            a.as_os_str(),
+            b.as_os_str(),
+        ])
+        .expect_code(0)
+        .json()
+    };
+    let moved_only = cmp(&base, &same);
+    assert_eq!(moved_only["runs"]["count"], 2, "{moved_only:#}");
+    assert_eq!(
+        moved_only["groups"],
+        serde_json::json!([]),
+        "{moved_only:#}"
+    );
+    assert_eq!(moved_only["grown"]["bytes"], 0);
+    assert_eq!(moved_only["shrunk"]["bytes"], 0);
+    let text = snapdiff(["compare".as_ref(), base.as_os_str(), same.as_os_str()])
+        .expect_code(0)
+        .stdout();
+    assert!(text.contains("moved in the code"), "{text}");
+    assert!(!text.contains("different programs"), "{text}");
+
+    let one_change = cmp(&base, &big);
+    let groups = one_change["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{one_change:#}");
+    let line = changed
+        .lines()
+        .position(|l| l.contains("torch.ones(4096"))
+        .unwrap()
+        + 3;
+    assert_eq!(groups[0]["culprit"]["line"], line, "{one_change:#}");
+    assert!(
+        groups[0]["culprit"]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("fit_larger.py")
+    );
+    assert_eq!(groups[0]["delta_bytes"], (4096 - 64) * 4);
+    assert_eq!(groups[0]["moved_from"]["culprit"]["line"], line - 2);
+    assert_eq!(
+        one_change["allocated_after"].as_i64().unwrap()
+            - one_change["allocated_before"].as_i64().unwrap(),
+        one_change["grown"]["bytes"].as_i64().unwrap()
+            - one_change["shrunk"]["bytes"].as_i64().unwrap(),
+        "the net change is the split's: {one_change:#}"
+    );
+
+    // Away from their manifests, under names that say nothing.
+    let plain = d.join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let (a, b) = (plain.join("a.pickle"), plain.join("b.pickle"));
+    std::fs::copy(&base, &a).unwrap();
+    std::fs::copy(&big, &b).unwrap();
+    let renamed = cmp(&a, &b);
+    assert_eq!(renamed["runs"]["count"], 2, "{renamed:#}");
+    assert!(
+        renamed["runs"]["told_by"]
+            .as_str()
+            .unwrap()
+            .contains("live blocks of the second"),
+        "{renamed:#}"
+    );
+    assert_eq!(renamed["groups"], one_change["groups"]);
+    // Two moments of one run stay one run, matched block by block.
+    let step10 = pickles(&d.join("base"))
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with("-step10.pickle"))
+        .unwrap();
+    let one_run = cmp(&step10, &base);
+    assert_eq!(one_run["runs"]["count"], 1, "{one_run:#}");
 }
 
 #[test]

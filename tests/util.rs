@@ -99,6 +99,18 @@ impl Run {
         );
         self
     }
+    /// The trend of `trend --json` on one process's files: the one entry
+    /// of its `processes`, with the report's `frames` and `stacks` tables.
+    pub fn one_trend(&self) -> serde_json::Value {
+        let mut report = self.json();
+        let processes = report["processes"].as_array().cloned().unwrap_or_default();
+        assert_eq!(processes.len(), 1, "one process: {report:#}");
+        let mut trend = processes[0]["trend"].clone();
+        for table in ["frames", "stacks"] {
+            trend[table] = report[table].take();
+        }
+        trend
+    }
     /// Parses stdout as JSON.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout()).unwrap_or_else(|e| {

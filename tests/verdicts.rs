@@ -123,10 +123,18 @@ fn write(dir: &Path, name: &str, snap: &Snapshot) -> PathBuf {
     path
 }
 
-fn trend(files: &[&Path]) -> Value {
+/// `trend --json` of `files`: the report, with an entry for each process.
+fn trend_report(files: &[&Path]) -> Value {
     let mut args = vec!["trend".as_ref(), "--json".as_ref()];
     args.extend(files.iter().map(|f| f.as_os_str()));
     snapdiff(args).expect_code(0).json()
+}
+
+/// The trend of `files`, one process's.
+fn trend(files: &[&Path]) -> Value {
+    let mut args = vec!["trend".as_ref(), "--json".as_ref()];
+    args.extend(files.iter().map(|f| f.as_os_str()));
+    snapdiff(args).expect_code(0).one_trend()
 }
 
 fn line_of(site: &Value) -> (String, u64) {
@@ -373,7 +381,7 @@ fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
         let steady = dump(&src, &Job::steady(8), dir.path(), "rank0-step8");
         let leaking = Job::steady(8).with(Extra::KeepBlock { alloc });
         let leaking = dump(&src, &leaking, dir.path(), "rank1-step8");
-        let report = trend(&[&steady, &leaking]);
+        let report = trend_report(&[&steady, &leaking]);
         let processes = report["processes"].as_array().unwrap();
         assert_eq!(processes.len(), 2, "{}: {report:#}", src.name);
         assert_eq!(processes[0]["process"], "rank0", "{report:#}");
@@ -410,7 +418,7 @@ fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
             let a = dump_as_process(&src, &Job::steady(8), dir.path(), "a", 100);
             let leaking = Job::steady(8).with(Extra::KeepBlock { alloc });
             let b = dump_as_process(&src, &leaking, dir.path(), "b", 200);
-            let report = trend(&[&a, &b]);
+            let report = trend_report(&[&a, &b]);
             let processes = report["processes"].as_array().unwrap();
             let names: Vec<&Value> = processes.iter().map(|p| &p["process"]).collect();
             assert_eq!(names, ["pid100", "pid200"], "{report:#}");

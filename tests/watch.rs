@@ -848,8 +848,8 @@ fn a_rank_of_one_file_is_judged_by_its_trace_when_the_watch_ends() {
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let verdict: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(verdict["leaking"], 2, "{stdout}");
-    let trend =
-        crate::util::snapdiff(["trend".as_ref(), "--json".as_ref(), files[0].as_os_str()]).json();
+    let trend = crate::util::snapdiff(["trend".as_ref(), "--json".as_ref(), files[0].as_os_str()])
+        .one_trend();
     assert_eq!(
         verdict["members"][0]["suspected_bytes"],
         trend["suspected_bytes"]

@@ -8,7 +8,7 @@ import os
 #: A path as the functions take it: text, bytes or any `os.PathLike`.
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-from snapdiff._cli import run_json
+from snapdiff._cli import one_trend, run_json
 from snapdiff._limits import size_text
 
 
@@ -318,8 +318,9 @@ def trend(files: Union[PathArg, Iterable[PathArg]], warmup: Optional[int] = None
     folder of them, or one trace)."""
     paths = path_list(files)
     options = [] if warmup is None else ["--warmup", str(warmup)]
-    r = run_json("trend", paths, options)
-    if "processes" in r:
+    report = run_json("trend", paths, options)
+    r = one_trend(report)
+    if r is None:
         raise ValueError(
             "the files come from several processes; give one process's files at a time"
         )

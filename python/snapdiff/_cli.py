@@ -7,6 +7,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from typing import Any, Dict, Optional
 
 #: More paths than this reach the command through a file (`--paths-from`),
 #: never its command line, which the system bounds (30,000 paths raised
@@ -79,3 +80,15 @@ def main():
     if os.name == "nt":
         sys.exit(subprocess.call(args))
     os.execv(args[0], args)
+
+
+def one_trend(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The trend of `snapdiff trend --json` when its files hold one
+    process (`processes` has one entry), with the report's `frames` and
+    `stacks` tables that its sites point into; None for several."""
+    processes = report["processes"]
+    if len(processes) != 1:
+        return None
+    trend = dict(processes[0]["trend"])
+    trend["frames"], trend["stacks"] = report["frames"], report["stacks"]
+    return trend

@@ -5,7 +5,7 @@ both pytest and the frameworks, so that each imports without the others."""
 import json
 import re
 
-from snapdiff._cli import run
+from snapdiff._cli import one_trend, run
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4,
           "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
@@ -102,5 +102,4 @@ def judge(paths, warmup, limit):
     several processes (no one verdict)."""
     _, out, _ = run(["trend", "--warmup", str(warmup), "--json", "--top", "0",
                      *limit.args(), "--", *paths])
-    report = json.loads(out)
-    return None if "processes" in report else report
+    return one_trend(json.loads(out))

@@ -15,7 +15,7 @@ import weakref
 import pytest
 
 import snapdiff
-from snapdiff._cli import binary
+from snapdiff._cli import binary, one_trend
 
 # Each case: (name, module-level setup, one step's code with the leak,
 # the same step without it, a pattern the first owner must match).
@@ -205,9 +205,9 @@ def test_capture_owners_and_trend_name_each_leaks_owner(tmp_path, loaded):
     )
     entries = [json.loads(l) for l in (dumps / "manifest.jsonl").read_text().splitlines()]
     assert all(e["owners"] == e["file"].replace(".pickle", ".owners.json") for e in entries)
-    report = json.loads(subprocess.run(
+    report = one_trend(json.loads(subprocess.run(
         [binary(), "trend", dumps, "--json", "--top", "0"], check=True, capture_output=True, text=True,
-    ).stdout)
+    ).stdout))
     lines = script.read_text().splitlines()
     owners = {}
     for s in report["suspects"]:
@@ -339,9 +339,9 @@ def test_a_recording_with_owners_says_held_by_in_trend_and_its_report(tmp_path):
     [kept] = [s for s in now if s.held_by and s.held_by[0]["owner"].endswith(": history")]
     assert kept.held_by[0]["blocks"] >= 6, now
     assert kept.culprit.file.endswith("test_owners.py"), kept
-    report = json.loads(subprocess.run(
+    report = one_trend(json.loads(subprocess.run(
         [binary(), "trend", tmp_path / "rec", "--json"], check=True, capture_output=True, text=True,
-    ).stdout)
+    ).stdout))
     [suspect] = report["suspects"]
     assert suspect["held_by"][0]["owner"].endswith(": history")
     assert suspect["held_by"][0]["blocks_per_step"] == 1

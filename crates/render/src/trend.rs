@@ -203,12 +203,29 @@ pub fn write_per_process(
     Ok(())
 }
 
-/// [`write_per_process`] as JSON: `{"processes": [{"process", "trend"}],
-/// "notes": [...]}`.
-pub fn per_process_json(trends: &[(String, Trend)]) -> serde_json::Value {
+/// The `--json` of `trend`, one shape however many processes the files
+/// hold: `{"processes": [{"process", "trend"}], "notes": [...]}`, each
+/// trend with the verdict of `limit` (`--max-growth`) as its `limit` when
+/// one was given. `process` is what [`process_name`] shows, `""` where
+/// nothing names the files' process.
+pub fn per_process_json(
+    trends: &[(String, Trend)],
+    limit: Option<snapdiff_analyze::Limit>,
+) -> serde_json::Value {
+    /// A trend, with the limit's verdict when one was given.
+    #[derive(serde::Serialize)]
+    struct Judged<'a> {
+        #[serde(flatten)]
+        trend: &'a Trend,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        limit: Option<snapdiff_analyze::Gate>,
+    }
     let processes: Vec<serde_json::Value> = trends
         .iter()
-        .map(|(p, t)| serde_json::json!({ "process": p, "trend": t }))
+        .map(|(p, trend)| {
+            let limit = limit.map(|l| l.gate(trend));
+            serde_json::json!({ "process": p, "trend": Judged { trend, limit } })
+        })
         .collect();
     let notes: Vec<String> = per_process_note(trends).into_iter().collect();
     serde_json::json!({ "processes": processes, "notes": notes })

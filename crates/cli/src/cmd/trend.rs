@@ -22,13 +22,16 @@ pub(crate) fn run(args: TrendArgs) -> anyhow::Result<Exit> {
     let (trends, errored) = crate::judging::files::judge_files(files, &options)?;
     match trends.len() {
         0 => Ok(Exit::Error),
-        1 => print_one(&trends[0].1, errored, &args),
+        1 => print_one(&trends, errored, &args),
         _ => print_per_process(&trends, errored, &args),
     }
 }
 
-/// The report of one series of snapshots (or one trace).
-fn print_one(trend: &Trend, errored: bool, args: &TrendArgs) -> anyhow::Result<Exit> {
+/// The report of one series of snapshots (or one trace): `one` holds one
+/// process's trend. Its JSON has the shape of several processes' (one
+/// shape for every `trend --json`).
+fn print_one(one: &[(String, Trend)], errored: bool, args: &TrendArgs) -> anyhow::Result<Exit> {
+    let trend = &one[0].1;
     let over = args.max_growth.and_then(|limit| limit.over(trend));
     let exit = match over {
         _ if errored => Exit::Error,
@@ -43,16 +46,7 @@ fn print_one(trend: &Trend, errored: bool, args: &TrendArgs) -> anyhow::Result<E
         None => Exit::Clean,
     };
     if args.report.json {
-        /// The trend, with the limit's verdict when one was given.
-        #[derive(serde::Serialize)]
-        struct Judged<'a> {
-            #[serde(flatten)]
-            trend: &'a Trend,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            limit: Option<snapdiff_analyze::Gate>,
-        }
-        let limit = args.max_growth.map(|limit| limit.gate(trend));
-        crate::output::print_json(&Judged { trend, limit }, args.report.top)?;
+        crate::output::print_json(&per_process_json(one, args.max_growth), args.report.top)?;
     } else {
         write_text(trend, &args.report.text(), &mut crate::output::text_out())?;
     }
@@ -91,7 +85,7 @@ fn print_per_process(
         Exit::Clean
     };
     if args.report.json {
-        crate::output::print_json(&per_process_json(trends), args.report.top)?;
+        crate::output::print_json(&per_process_json(trends, args.max_growth), args.report.top)?;
     } else {
         write_per_process(trends, &args.report.text(), &mut crate::output::text_out())?;
     }
