@@ -22,7 +22,38 @@ use crate::stack_key::{StackKey, StackKeys};
 pub struct CompareOptions {
     /// How culprits are chosen. Default: the innermost frame of user code.
     pub rules: CulpritRules,
+    /// Set when the caller knows the files are of two runs (a manifest or
+    /// the files' names give two processes): what told it.
+    pub two_runs: Option<String>,
 }
+
+/// The sites that grew, or those that shrank: how many, and by how much
+/// in all (requested bytes, rows as reports show them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SiteChanges {
+    /// Sites (report rows).
+    pub sites: u64,
+    /// Their deltas added up, as a size (never negative).
+    pub bytes: u64,
+}
+
+/// What the two files are: two moments of one run, or two runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Runs {
+    /// 1 or 2.
+    pub count: u8,
+    /// What told it, for two runs ("different processes: pid 1 and pid
+    /// 2"); empty for one.
+    pub told_by: String,
+}
+
+/// Live blocks of AFTER with a twin in BEFORE (the same address, size and
+/// stack) under which, out of every twenty, two PyTorch files are two runs:
+/// two moments of one run keep their weights, optimizer state and caches
+/// where they were.
+const TWINS_OF_ONE_RUN_IN_20: u64 = 1;
+/// Live blocks AFTER needs before twins can say two runs.
+const BLOCKS_FOR_TWINS: u64 = 20;
 
 /// How blocks of the two snapshots were matched to tell kept blocks from new ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -82,13 +113,18 @@ pub struct GroupDiff {
     /// (`capture --owners`); left out of JSON when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<crate::held_by::HeldBy>,
+    /// Where the site was in the first of two runs, when its code moved
+    /// (`moved.rs`); left out of JSON when it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<crate::moved::MovedFrom>,
 }
 
 /// The comparison of two snapshots.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Comparison {
-    /// Sum of the positive deltas of live (requested) bytes over all sites;
-    /// rounding slack never counts.
+    /// Sum of the positive deltas of live (requested) bytes over all sites
+    /// (stacks, within one run; report rows between two runs, whose stacks
+    /// differ where their lines do not); rounding slack never counts.
     pub leaked_bytes: u64,
     /// Reserved bytes (all devices' segments) before.
     pub reserved_before: u64,
@@ -100,6 +136,14 @@ pub struct Comparison {
     pub allocated_after: u64,
     /// How blocks were matched.
     pub matching: Matching,
+    /// One run or two. Two runs are compared site by site, never block by
+    /// block: what one holds more than the other is not growth of a job.
+    pub runs: Runs,
+    /// The rows that grew: with [`Comparison::shrunk`], the split of the
+    /// change between the files.
+    pub grown: SiteChanges,
+    /// The rows that shrank.
+    pub shrunk: SiteChanges,
     /// Sites whose live bytes changed, most growth first.
     pub groups: Vec<GroupDiff>,
     /// Plain statements about the comparison (cache growth, mismatched devices, ...).
@@ -177,6 +221,38 @@ fn matching_for(a: &Meta, b: &Meta) -> Matching {
     }
 }
 
+/// What says the files are two runs, if anything: the caller, the files'
+/// run ids, processes or machines.
+fn two_runs_said(a: &Meta, b: &Meta, options: &CompareOptions) -> Option<Option<String>> {
+    if let Some(told) = &options.two_runs {
+        return Some(Some(told.clone()));
+    }
+    match (&a.run_id, &b.run_id) {
+        (Some(x), Some(y)) if x == y => return Some(None),
+        (Some(_), Some(_)) => return Some(Some("the files hold different run ids".to_owned())),
+        _ => {}
+    }
+    if let (Some(x), Some(y)) = (&a.host, &b.host)
+        && x != y
+    {
+        return Some(Some(format!("different machines: {x} and {y}")));
+    }
+    if let (Some(x), Some(y)) = (a.pid, b.pid)
+        && x != y
+    {
+        return Some(Some(format!("different processes: pid {x} and pid {y}")));
+    }
+    None
+}
+
+/// Whether PyTorch files nothing tells apart are two runs, by their
+/// blocks: of AFTER's `live` blocks, only `twins` are where BEFORE has them.
+fn two_runs_by_twins(twins: u64, live: u64) -> Option<String> {
+    (live >= BLOCKS_FOR_TWINS && twins * 20 < live * TWINS_OF_ONE_RUN_IN_20).then(|| {
+        format!("{twins} of the {live} live blocks of the second are where the first has them")
+    })
+}
+
 /// Compares snapshot `before` with snapshot `after`.
 pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) -> Comparison {
     let (keys_a, keys_b) = rayon::join(|| StackKeys::new(before), || StackKeys::new(after));
@@ -184,7 +260,12 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         || live_groups(before, &keys_a),
         || live_groups(after, &keys_b),
     );
-    let matching = matching_for(&before.meta, &after.meta);
+    let said = two_runs_said(&before.meta, &after.meta, options);
+    let mut two_runs = said.clone().flatten();
+    let mut matching = match two_runs {
+        Some(_) => Matching::SiteOnly,
+        None => matching_for(&before.meta, &after.meta),
+    };
 
     // Kept blocks per site: live after, and already live before.
     let kept: FxHashMap<StackKey, u64> = if matching == Matching::SiteOnly {
@@ -208,6 +289,17 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         }
         kept
     };
+    // PyTorch files nothing else tells apart: two runs when their blocks
+    // say so.
+    let mut kept = kept;
+    if said.is_none() && matching == Matching::AddressSizeStack {
+        let live = groups_b.totals.values().map(|t| t.blocks).sum();
+        two_runs = two_runs_by_twins(kept.values().sum(), live);
+        if two_runs.is_some() {
+            matching = Matching::SiteOnly;
+            kept.clear();
+        }
+    }
 
     let mut all_keys: Vec<StackKey> = groups_a
         .totals
@@ -256,22 +348,50 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
             allocated_after: b.allocated,
             blocks_kept: kept.get(&key).copied().unwrap_or(0),
             held_by: Vec::new(),
+            moved_from: None,
         });
     }
-    // Counted per stack, before rows are merged: a stack that shrinks does
-    // not hide another that grows at the same line.
-    let leaked_bytes = groups
-        .iter()
-        .filter(|g| g.delta_bytes > 0)
-        .map(|g| g.delta_bytes as u64)
-        .sum();
+    let growth = |groups: &[GroupDiff]| -> u64 {
+        groups
+            .iter()
+            .filter(|g| g.delta_bytes > 0)
+            .map(|g| g.delta_bytes as u64)
+            .sum()
+    };
+    // Within one run, counted per stack, before rows are merged: a stack
+    // that shrinks does not hide another that grows at the same line.
+    // Between two runs, by rows: the same line reached through other
+    // frames is not memory one run holds more.
+    let mut leaked_bytes = growth(&groups);
     if !options.rules.rows_by_stack() {
         groups = rows_by_culprit(groups);
     }
-    // Growth first, largest first; then the rest by the size of the change,
-    // rounding last.
+    // Between two runs (two versions of the code, often), a site whose
+    // code moved is one row.
+    let mut moved_unchanged = 0;
+    if two_runs.is_some() {
+        (groups, moved_unchanged) = crate::moved::match_moved(groups);
+        leaked_bytes = growth(&groups);
+    }
+    let changes = |grew: bool| {
+        SiteChanges {
+        sites: groups
+            .iter()
+            .filter(|g| if grew { g.delta_bytes > 0 } else { g.delta_bytes < 0 })
+            .count() as u64,
+        bytes: groups
+            .iter()
+            .map(|g| if grew { g.delta_bytes.max(0) } else { (-g.delta_bytes).max(0) } as u64)
+            .sum(),
+    }
+    };
+    let (grown, shrunk) = (changes(true), changes(false));
+    // Within one run, growth first, largest first; then the rest by the
+    // size of the change, rounding last. Between two runs, every change by
+    // its size: what shrank is as much the change's as what grew.
+    let two = two_runs.is_some();
     groups.sort_by_key(|g| {
-        let growth = g.delta_bytes.max(0);
+        let growth = if two { 0 } else { g.delta_bytes.max(0) };
         let rounding = g.change == Change::Rounding;
         let allocated = g.allocated_after as i64 - g.allocated_before as i64;
         (
@@ -307,6 +427,13 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
                 .to_owned(),
         );
     }
+    if moved_unchanged > 0 {
+        notes.push(format!(
+            "{moved_unchanged} site{} moved in the code (lines shifted, a file renamed, another \
+             library path) and hold the same memory in both runs",
+            if moved_unchanged == 1 { "" } else { "s" }
+        ));
+    }
     // The shared pools' cache: private pools' segments serve only their
     // graph (or MemPool) and are said apart.
     let shared_reserved = |s: &Snapshot| -> i64 {
@@ -331,6 +458,12 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         allocated_before: ta.allocated_bytes,
         allocated_after: tb.allocated_bytes,
         matching,
+        runs: Runs {
+            count: if two { 2 } else { 1 },
+            told_by: two_runs.unwrap_or_default(),
+        },
+        grown,
+        shrunk,
         groups,
         notes,
         pinned_host: PinnedHostChange::between(before, after),

@@ -84,6 +84,7 @@ pub fn kept_since(
             allocated_after: after,
             blocks_kept: 0,
             held_by: Vec::new(),
+            moved_from: None,
         });
     }
     let mut rows = if rules.rows_by_stack() {

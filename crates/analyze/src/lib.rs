@@ -38,6 +38,7 @@ mod iterations;
 mod judge;
 mod kept;
 mod limit;
+mod moved;
 pub mod oom;
 pub mod outside;
 pub mod peak;
@@ -56,7 +57,9 @@ mod timeline;
 pub mod trend;
 
 pub use crate::category::{Categories, Category};
-pub use crate::compare::{Change, CompareOptions, Comparison, GroupDiff, Matching, compare};
+pub use crate::compare::{
+    Change, CompareOptions, Comparison, GroupDiff, Matching, Runs, SiteChanges, compare,
+};
 pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_base, short_name};
 pub use crate::error::TraceError;
 pub use crate::frame_class::{FrameClass, classify, is_generated_file};
@@ -69,6 +72,7 @@ pub use crate::judge::{
 };
 pub use crate::kept::kept_since;
 pub use crate::limit::{Gate, Limit, Over, ParseLimitError, Per};
+pub use crate::moved::{Moved, MovedFrom};
 pub use crate::oom::{Oom, OomOptions, oom};
 pub use crate::outside::Outside;
 pub use crate::peak::{Peak, PeakOptions, peak};

@@ -20,6 +20,9 @@ pub fn write_text(
     options: &TextOptions,
     out: &mut dyn Write,
 ) -> io::Result<()> {
+    if cmp.runs.count == 2 {
+        return write_two_runs(cmp, before, after, options, out);
+    }
     writeln!(out, "{before} -> {after}")?;
     writeln!(
         out,
@@ -73,12 +76,93 @@ pub fn write_text(
     Ok(())
 }
 
+/// `cmp` of two runs: what the change did to memory in all first (net
+/// allocated and reserved), then how it splits over the sites that grew
+/// and those that shrank, every site by the size of its change.
+fn write_two_runs(
+    cmp: &Comparison,
+    before: &str,
+    after: &str,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    writeln!(
+        out,
+        "{before} -> {after}: two runs ({}), compared site by site",
+        snapdiff_format::visible::escaped(&cmp.runs.told_by)
+    )?;
+    let net = |a: u64, b: u64| {
+        format!(
+            "{} -> {} ({})",
+            size(a),
+            size(b),
+            delta_colored(b as i64 - a as i64, options.color)
+        )
+    };
+    writeln!(
+        out,
+        "allocated {}, reserved {}",
+        net(cmp.allocated_before, cmp.allocated_after),
+        net(cmp.reserved_before, cmp.reserved_after)
+    )?;
+    if let Some(host) = &cmp.pinned_host {
+        crate::pinned_host::write_change(host, options.color, out)?;
+    }
+    let part = |changes: &snapdiff_analyze::SiteChanges, sign: i64, none: &str| match changes.sites
+    {
+        0 => none.to_owned(),
+        n => format!(
+            "{} in {n} site{}",
+            delta_colored(sign * changes.bytes as i64, options.color),
+            if n == 1 { "" } else { "s" }
+        ),
+    };
+    match (cmp.grown.sites, cmp.shrunk.sites) {
+        (0, 0) => writeln!(out, "every site holds the same live memory in both runs")?,
+        _ => writeln!(
+            out,
+            "{}, {} (bytes the program requested; the allocator's rounding is not counted)",
+            part(&cmp.grown, 1, "no site grew"),
+            part(&cmp.shrunk, -1, "none shrank"),
+        )?,
+    }
+    write_table_of_sites(
+        &cmp.groups,
+        cmp.leaked_bytes,
+        "live memory by site, first run -> second (largest change first):",
+        options,
+        out,
+    )?;
+    crate::private_pools::write_idle(&cmp.idle_private_pools, out)?;
+    for note in &cmp.notes {
+        writeln!(out, "note: {}", snapdiff_format::visible::escaped(note))?;
+    }
+    Ok(())
+}
+
 /// The table of sites whose live memory changed, largest growth first, at
 /// most `options.top` of them; `leaked` is the growth of all together, which
 /// each row's share is of.
 pub fn write_sites(
     groups: &[GroupDiff],
     leaked: u64,
+    options: &TextOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    write_table_of_sites(
+        groups,
+        leaked,
+        "live memory by site, before -> after (growth first):",
+        options,
+        out,
+    )
+}
+
+/// [`write_sites`] under `title`.
+fn write_table_of_sites(
+    groups: &[GroupDiff],
+    leaked: u64,
+    title: &str,
     options: &TextOptions,
     out: &mut dyn Write,
 ) -> io::Result<()> {
@@ -115,7 +199,9 @@ pub fn write_sites(
         };
         rows.push(vec![
             (i + 1).to_string(),
-            site_cell(&g.site, options.frames, &base) + via[i].as_deref().unwrap_or(""),
+            site_cell(&g.site, options.frames, &base)
+                + via[i].as_deref().unwrap_or("")
+                + &moved_from(g, &base),
             format!("{} -> {}", count(g.blocks_before), count(g.blocks_after)),
             bytes,
             change,
@@ -124,11 +210,7 @@ pub fn write_sites(
     }
     add_rows(&mut t, rows, 1);
     align_right(&mut t, &[0, 2, 3, 4, 5]);
-    write_table(
-        out,
-        "live memory by site, before -> after (growth first):",
-        &t,
-    )?;
+    write_table(out, title, &t)?;
     paths_note(out, &base)?;
     let owners: Vec<&[snapdiff_analyze::HeldBy]> = shown.iter().map(|g| &g.held_by[..]).collect();
     crate::held_by::write_held_by(&owners, "a step", "the last snapshot", out)?;
@@ -140,4 +222,13 @@ pub fn write_sites(
         )?;
     }
     Ok(())
+}
+
+/// The line under a site whose code moved between two runs: where it was
+/// (`moved from train.py:12`).
+fn moved_from(g: &GroupDiff, base: &str) -> String {
+    match &g.moved_from {
+        Some(from) => format!("\n  moved from {}", from.culprit.display_from(base)),
+        None => String::new(),
+    }
 }

@@ -411,6 +411,7 @@ fn kept_row(suspect: &Suspect, warmup: usize) -> GroupDiff {
         allocated_after: after,
         blocks_kept: 0,
         held_by: suspect.held_by.clone(),
+        moved_from: None,
     }
 }
 

@@ -34,20 +34,18 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         (before, read(&args.after))
     };
     let (before, after) = (before?, after?);
-    let mut options = CompareOptions::default();
-    options.rules = rules;
-    let mut cmp = compare(&before, &after, &options);
     let mut pair = [(&args.before, before), (&args.after, after)];
     let writers = snapdiff_runs::manifest::describe(&mut pair);
     let [(_, before), (_, after)] = pair;
     let process_a = process_of(&args.before, &before, writers[0].as_deref());
     let process_b = process_of(&args.after, &after, writers[1].as_deref());
+    let mut options = CompareOptions::default();
+    options.rules = rules;
+    // Files of two processes are two runs, whatever their blocks look like.
     if !process_a.is_empty() && !process_b.is_empty() && process_a != process_b {
-        cmp.notes.push(format!(
-            "the two files are from different processes ({process_a}, {process_b}): what one \
-             holds more than the other is not growth of one job"
-        ));
+        options.two_runs = Some(format!("different processes: {process_a} and {process_b}"));
     }
+    let mut cmp = compare(&before, &after, &options);
     crate::owners::add_held_by_to_comparison(
         &mut cmp,
         (&args.before, &before),
