@@ -424,12 +424,11 @@ fn a_single_pass_gets_no_verdict_and_one_leaking_rank_is_told_apart() {
             assert_eq!(names, ["pid100", "pid200"], "{report:#}");
             no_suspect(&processes[0]["trend"], "pid 100");
             names_alone(&processes[1]["trend"], &line, size, "pid 200");
-            // compare does not judge them as one job either.
-            let notes = compare_json(&a, &b)["notes"].to_string();
-            assert!(
-                notes.contains("different processes (pid100, pid200)"),
-                "{notes}"
-            );
+            // compare does not judge them as one job either: two runs,
+            // site by site.
+            let runs = compare_json(&a, &b)["runs"].clone();
+            assert_eq!(runs["count"], 2, "{runs}");
+            assert_eq!(runs["told_by"], "different processes: pid100 and pid200");
         }
     }
 }

@@ -54,6 +54,8 @@ class Group:
     bytes_before: int
     bytes_after: int
     delta_bytes: int
+    #: Between two runs, where the site was when its code moved.
+    moved_from: Optional[Culprit] = None
 
     @property
     def culprit(self) -> Culprit:
@@ -98,6 +100,14 @@ class Comparison(_AsReport):
     reserved_after: int
     groups: List[Group]
     notes: List[str]
+    #: 1 for two moments of one run, 2 for two runs (compared site by site).
+    runs: int = 1
+    #: What said the files are two runs; "" for one.
+    runs_told_by: str = ""
+    #: The rows that grew and those that shrank, in bytes: the split of the
+    #: net change.
+    grown_bytes: int = 0
+    shrunk_bytes: int = 0
     #: Pinned host memory (host RAM, never in the figures above) `before`
     #: and `after`, when either file recorded it: dicts of
     #: `reserved_bytes`, `in_use_bytes`, `cached_bytes`, `cached_blocks`...
@@ -106,6 +116,10 @@ class Comparison(_AsReport):
     _command = "compare"
 
     def __repr__(self):
+        if self.runs == 2:
+            net = self.allocated_after - self.allocated_before
+            return (f"<Comparison of two runs: {_signed(net)} allocated, "
+                    f"{_signed(self.grown_bytes)} grown, {_signed(-self.shrunk_bytes)} shrunk>")
         grew = sum(g.delta_bytes > 0 for g in self.groups)
         return (f"<Comparison: {_signed(self.leaked_bytes)} live, "
                 f"{grew} site{'s' * (grew != 1)} grew>")
@@ -253,6 +267,14 @@ class Peak(_AsReport):
         return f"<Peak: {said or 'no device'}>"
 
 
+def _moved_from(entry) -> Optional[Culprit]:
+    moved = entry.get("moved_from")
+    if moved is None:
+        return None
+    c = moved["culprit"]
+    return Culprit(c["name"], c["file"], c["line"], c["kind"])
+
+
 def _site(report, entry):
     c = entry["culprit"]
     frames = report.get("frames", [])
@@ -297,10 +319,15 @@ def compare(before: PathArg, after: PathArg) -> Comparison:
                 bytes_before=g["bytes_before"],
                 bytes_after=g["bytes_after"],
                 delta_bytes=g["delta_bytes"],
+                moved_from=_moved_from(g),
             )
             for g in r["groups"]
         ],
         notes=r["notes"],
+        runs=r["runs"]["count"],
+        runs_told_by=r["runs"]["told_by"],
+        grown_bytes=r["grown"]["bytes"],
+        shrunk_bytes=r["shrunk"]["bytes"],
         pinned_host=r.get("pinned_host"),
         files=[os.fsdecode(before), os.fsdecode(after)],
     )

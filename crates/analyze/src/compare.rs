@@ -11,9 +11,10 @@ use serde::Serialize;
 use snapdiff_format::{Meta, Snapshot};
 
 use crate::culprit::CulpritRules;
-use crate::group::{Site, SiteNamer, culprit_line, is_live, live_groups, merge_rows};
+use crate::group::{SiteNamer, culprit_line, is_live, live_groups, merge_rows};
 use crate::pinned_host::PinnedHostChange;
 use crate::private_pools::{IdlePool, idle_private_pools};
+use crate::site_diff::{Change, GroupDiff};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// Options of [`compare`].
@@ -66,57 +67,6 @@ pub enum Matching {
     AddressSizeStack,
     /// Different runs: blocks cannot be matched, only sites.
     SiteOnly,
-}
-
-/// What happened to a site between the snapshots.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Change {
-    /// No live blocks before, some after.
-    New,
-    /// More bytes after.
-    Grown,
-    /// Fewer bytes after, some left.
-    Shrunk,
-    /// Live blocks before, none after.
-    Freed,
-    /// The same blocks and requested bytes, rounded to a different allocated
-    /// size (carved from other segments): allocator slack, not growth.
-    Rounding,
-}
-
-/// One site whose live bytes changed.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct GroupDiff {
-    /// The site.
-    #[serde(flatten)]
-    pub site: Site,
-    /// What happened.
-    pub change: Change,
-    /// Live blocks before.
-    pub blocks_before: u64,
-    /// Live blocks after.
-    pub blocks_after: u64,
-    /// Live bytes before (requested, see [`SiteTotals`](crate::group::SiteTotals)).
-    pub bytes_before: u64,
-    /// Live bytes after.
-    pub bytes_after: u64,
-    /// `bytes_after - bytes_before`.
-    pub delta_bytes: i64,
-    /// Allocated (rounded) bytes before.
-    pub allocated_before: u64,
-    /// Allocated bytes after.
-    pub allocated_after: u64,
-    /// Blocks live in both snapshots (per [`Matching`]; 0 for `site_only`).
-    pub blocks_kept: u64,
-    /// What kept its blocks alive in AFTER, when the process said
-    /// (`capture --owners`); left out of JSON when empty.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub held_by: Vec<crate::held_by::HeldBy>,
-    /// Where the site was in the first of two runs, when its code moved
-    /// (`moved.rs`); left out of JSON when it did not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub moved_from: Option<crate::moved::MovedFrom>,
 }
 
 /// The comparison of two snapshots.

@@ -8,9 +8,10 @@
 
 use snapdiff_format::Snapshot;
 
-use crate::compare::{Change, GroupDiff, rows_by_culprit};
+use crate::compare::rows_by_culprit;
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, live_groups};
+use crate::site_diff::{Change, GroupDiff};
 use crate::stack_key::{StackKey, StackKeys};
 use crate::trend::floor_of;
 

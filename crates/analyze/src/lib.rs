@@ -50,6 +50,7 @@ mod replay;
 mod rising;
 pub mod rows;
 pub mod series_order;
+mod site_diff;
 mod stack_key;
 pub mod steps;
 pub mod summary;
@@ -57,9 +58,7 @@ mod timeline;
 pub mod trend;
 
 pub use crate::category::{Categories, Category};
-pub use crate::compare::{
-    Change, CompareOptions, Comparison, GroupDiff, Matching, Runs, SiteChanges, compare,
-};
+pub use crate::compare::{CompareOptions, Comparison, Matching, Runs, SiteChanges, compare};
 pub use crate::culprit::{Culprit, CulpritKind, CulpritRules, FrameRole, common_base, short_name};
 pub use crate::error::TraceError;
 pub use crate::frame_class::{FrameClass, classify, is_generated_file};
@@ -72,7 +71,6 @@ pub use crate::judge::{
 };
 pub use crate::kept::kept_since;
 pub use crate::limit::{Gate, Limit, Over, ParseLimitError, Per};
-pub use crate::moved::{Moved, MovedFrom};
 pub use crate::oom::{Oom, OomOptions, oom};
 pub use crate::outside::Outside;
 pub use crate::peak::{Peak, PeakOptions, peak};
@@ -83,6 +81,7 @@ pub use crate::recorded::Recorded;
 pub use crate::replay::{Replayed, replay};
 pub use crate::rising::Rising;
 pub use crate::series_order::NamedSnapshot;
+pub use crate::site_diff::{Change, GroupDiff, Moved, MovedFrom};
 pub use crate::stack_key::{StackKey, StackKeys};
 pub use crate::steps::{Steps, StepsOptions, steps};
 pub use crate::summary::{Summary, SummaryOptions, summarize};

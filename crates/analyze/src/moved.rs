@@ -16,32 +16,8 @@
 //!    stacks share their outer half (the caller's code), reached through
 //!    another frame inside it (another operator, another library path).
 
-use serde::Serialize;
-
-use crate::compare::{Change, GroupDiff};
-use crate::culprit::Culprit;
 use crate::group::SiteFrame;
-
-/// How a site was matched to its place in the other run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Moved {
-    /// The same frames, lines shifted alike.
-    Lines,
-    /// The same function names; the file moved or was renamed.
-    File,
-    /// The same blocks and bytes, through another frame.
-    Path,
-}
-
-/// Where a site was in the first run, when it moved.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct MovedFrom {
-    /// The site's culprit in the first run.
-    pub culprit: Culprit,
-    /// How the two were matched.
-    pub how: Moved,
-}
+use crate::site_diff::{Change, GroupDiff, Moved, MovedFrom};
 
 /// Pairs the rows of `groups` that only the first run has with those only
 /// the second has, where a rule above says they are one site moved: each
@@ -156,7 +132,7 @@ fn joined(first: GroupDiff, mut second: GroupDiff, how: Moved) -> GroupDiff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::culprit::CulpritKind;
+    use crate::culprit::{Culprit, CulpritKind};
     use crate::group::Site;
     use crate::stack_key::StackKey;
 

@@ -33,7 +33,9 @@ mod run;
 pub use crate::inputs::{
     Census, TABLE_FILES, Unreadable, census, is_table_folder, with_paths_from,
 };
-pub use crate::process::{by_process, group, process_named, process_of, rank_of, wanted};
+pub use crate::process::{
+    by_process, group, process_named, process_of, process_said, rank_of, wanted,
+};
 pub use crate::run::{
     Choice, Run, Span, choose, folder_steps_are_one_run, names_apart, time_jumps,
 };

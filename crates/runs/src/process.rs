@@ -46,21 +46,27 @@ pub fn process_named(file: &Path) -> String {
 ///    snapshots into a folder of their own are never one series);
 /// 6. "" for a file in the current folder that nothing names.
 pub fn process_of(path: &Path, snap: &Snapshot, writer: Option<&str>) -> String {
-    let named = path
-        .file_name()
-        .and_then(|n| snapdiff_format::names::process_of(&n.to_string_lossy()))
-        .or_else(|| writer.map(str::to_owned))
-        .or_else(|| snap.meta.pid.map(|pid| format!("pid{pid}")));
-    if let Some(named) = named {
-        return named;
+    if let Some(said) = process_said(path, snap, writer) {
+        return said;
     }
     match path.parent() {
-        Some(folder) if !folder.as_os_str().is_empty() => folder
-            .file_name()
-            .and_then(|n| rank_folder(&n.to_string_lossy()))
-            .unwrap_or_else(|| folder.to_string_lossy().into_owned()),
+        Some(folder) if !folder.as_os_str().is_empty() => folder.to_string_lossy().into_owned(),
         _ => String::new(),
     }
+}
+
+/// The process that wrote a snapshot where something says it: rules 1 to
+/// 4 of [`process_of`], never a folder that only holds the file (a file
+/// copied elsewhere is not another process's).
+pub fn process_said(path: &Path, snap: &Snapshot, writer: Option<&str>) -> Option<String> {
+    path.file_name()
+        .and_then(|n| snapdiff_format::names::process_of(&n.to_string_lossy()))
+        .or_else(|| writer.map(str::to_owned))
+        .or_else(|| snap.meta.pid.map(|pid| format!("pid{pid}")))
+        .or_else(|| {
+            let folder = path.parent()?.file_name()?;
+            rank_folder(&folder.to_string_lossy())
+        })
 }
 
 /// `rankN` for a folder named `rankN`, `rank_N` or `rank-N`.

@@ -6,7 +6,7 @@ use snapdiff_format::Parts;
 use crate::args::CompareArgs;
 use crate::exit::Exit;
 use snapdiff_render::text::size;
-use snapdiff_runs::process_of;
+use snapdiff_runs::process_said;
 
 /// Files up to this size together are read at the same time, on two
 /// threads. Reading a pickle peaks at about 1.25 times its size and keeps
@@ -37,13 +37,15 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let mut pair = [(&args.before, before), (&args.after, after)];
     let writers = snapdiff_runs::manifest::describe(&mut pair);
     let [(_, before), (_, after)] = pair;
-    let process_a = process_of(&args.before, &before, writers[0].as_deref());
-    let process_b = process_of(&args.after, &after, writers[1].as_deref());
+    let process_a = process_said(&args.before, &before, writers[0].as_deref());
+    let process_b = process_said(&args.after, &after, writers[1].as_deref());
     let mut options = CompareOptions::default();
     options.rules = rules;
     // Files of two processes are two runs, whatever their blocks look like.
-    if !process_a.is_empty() && !process_b.is_empty() && process_a != process_b {
-        options.two_runs = Some(format!("different processes: {process_a} and {process_b}"));
+    if let (Some(a), Some(b)) = (process_a, process_b)
+        && a != b
+    {
+        options.two_runs = Some(format!("different processes: {a} and {b}"));
     }
     let mut cmp = compare(&before, &after, &options);
     crate::owners::add_held_by_to_comparison(
