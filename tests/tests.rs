@@ -65,3 +65,6 @@ mod user_crate;
 
 // The shape of the code: circles among modules held down.
 mod architecture;
+
+// The docs against the command: every command and flag in the synopsis.
+mod docs;

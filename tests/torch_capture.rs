@@ -502,6 +502,105 @@ fn compare_of_two_runs_matches_moved_code_and_names_the_one_real_change() {
     assert_eq!(one_run["runs"]["count"], 1, "{one_run:#}");
 }
 
+/// The memory gate between runs on a real torch job: a baseline of one
+/// run; the same code run again gives the same file; a copy whose lines
+/// moved, whose file moved and one of whose functions was renamed passes,
+/// as does another seed and data order; a copy with one buffer 4 MiB
+/// larger fails, naming that line, its bytes and where it was.
+#[test]
+fn check_against_a_baseline_passes_moved_code_and_names_the_one_real_change() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let original = std::fs::read_to_string(script()).unwrap();
+    let copies = d.join("copies");
+    std::fs::create_dir(&copies).unwrap();
+    let write = |name: &str, text: String| {
+        let path = copies.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let moved_text = format!("# a copy\nimport os  # moved down\n{original}")
+        .replace("def batches(", "def make_batches(")
+        .replace("= batches(", "= make_batches(");
+    assert_ne!(moved_text.matches("make_batches(").count(), 0);
+    let moved = write("fit.py", moved_text.clone());
+    let state = "    state = torch.ones(64, device=on)";
+    let larger = write(
+        "fit_larger.py",
+        moved_text.replace(state, "    state = torch.ones(1 << 20, device=on)"),
+    );
+    let reseeded = write(
+        "reseeded.py",
+        original.replace("torch.manual_seed(0)", "torch.manual_seed(1)"),
+    );
+    let capture = |script: &Path, name: &str| {
+        let out = d.join(name);
+        step30_of(script, &out, &[]);
+        out
+    };
+    let baseline_of = |run: &Path, name: &str| {
+        let file = d.join(name);
+        snapdiff([
+            "baseline".as_ref(),
+            run.as_os_str(),
+            "-o".as_ref(),
+            file.as_os_str(),
+        ])
+        .expect_code(0);
+        file
+    };
+    let base = baseline_of(&capture(&script(), "base"), "base.json");
+    let again = baseline_of(&capture(&script(), "again"), "again.json");
+    let kept = std::fs::read_to_string(&base).unwrap();
+    assert_eq!(
+        kept,
+        std::fs::read_to_string(&again).unwrap(),
+        "the same code, the same file"
+    );
+    assert!(
+        !kept.contains(d.to_str().unwrap()) && !kept.contains("/"),
+        "{kept}"
+    );
+    assert!(kept.len() < 50_000, "{} bytes", kept.len());
+
+    let check = |run: &Path| snapdiff(["check".as_ref(), base.as_os_str(), run.as_os_str()]);
+    for (script, name) in [(&moved, "moved"), (&reseeded, "reseeded")] {
+        let run = check(&capture(script, name));
+        let out = run.expect_code(0).stdout();
+        assert!(out.starts_with("within "), "{name}: {out}");
+    }
+    let run = check(&capture(&larger, "larger"));
+    let out = run.expect_code(1).stdout();
+    let line = moved_text
+        .lines()
+        .position(|l| l.starts_with(state))
+        .unwrap()
+        + 1;
+    let named = format!("train  fit_larger.py:{line}  at the peak: 256 B -> 4.00 MiB");
+    assert!(out.contains(&named), "{out}");
+    let was = format!("(was train  torch_train.py:{})", line - 2);
+    assert!(out.contains(&was), "{out}");
+    assert!(out.contains("device 0 peak allocated"), "{out}");
+    // A file that is no baseline: one line, exit 2.
+    let bad = d.join("bad.json");
+    std::fs::write(&bad, "{\"sites\": 3}").unwrap();
+    let run = snapdiff([
+        "check".as_ref(),
+        bad.as_os_str(),
+        d.join("base").as_os_str(),
+    ]);
+    run.expect_code(2);
+    assert!(
+        run.stderr()
+            .contains("bad.json: not a snapdiff baseline file"),
+        "{}",
+        run.stderr()
+    );
+}
+
 #[test]
 fn cpu_recorder_files_agree_with_pytorchs_reader_and_accounting() {
     if !torch_ready() {

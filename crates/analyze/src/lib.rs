@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+pub mod baseline;
 mod category;
 mod compare;
 mod culprit;

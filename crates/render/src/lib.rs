@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+pub mod baseline;
 pub mod capture;
 pub mod compare;
 pub mod flamegraph;

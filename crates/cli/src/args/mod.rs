@@ -3,11 +3,13 @@
 //! The command line and what every report shares are here; each family of
 //! commands' flags in a file of its own.
 
+mod baseline;
 mod capture;
 mod files;
 mod fleet;
 mod verdicts;
 
+pub(crate) use baseline::{BaselineArgs, CheckArgs};
 pub(crate) use capture::{CaptureArgs, DemoArgs, LiveArgs};
 pub(crate) use files::{
     ConvertArgs, FlamegraphArgs, OomArgs, PeakArgs, PprofArgs, ReportPageArgs, StepsArgs,
@@ -45,6 +47,8 @@ pub(crate) enum Command {
     Demo(DemoArgs),
     Compare(CompareArgs),
     Trend(TrendArgs),
+    Baseline(BaselineArgs),
+    Check(CheckArgs),
     Fleet(FleetArgs),
     Watch(WatchArgs),
     Export(ExportArgs),

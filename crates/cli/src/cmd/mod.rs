@@ -1,6 +1,8 @@
 //! One module per subcommand, each with one entry point, `run`.
 
+mod baseline;
 mod capture;
+mod check;
 mod compare;
 mod convert;
 mod demo;
@@ -26,6 +28,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Demo(args) => demo::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Trend(args) => trend::run(args),
+        Command::Baseline(args) => baseline::run(args),
+        Command::Check(args) => check::run(args),
         Command::Fleet(args) => fleet::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Export(args) => export::run(args),

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use snapdiff_analyze::baseline::Baseline;
 use snapdiff_analyze::{NamedSnapshot, Trend, TrendOptions, judge_dumps};
 use snapdiff_format::Snapshot;
 use snapdiff_render::trend::process_name;
@@ -42,6 +43,62 @@ pub(crate) fn judge_one_process(
     }
     let (trend, _) = judge(read.into_iter().map(|(r, _)| r).collect(), options)?;
     Ok(Some(trend))
+}
+
+/// The baseline of the run whose files are `files` (`snapdiff baseline`,
+/// `snapdiff check`): each process's (see [`Baseline::of`]), then the
+/// largest figure of each over the processes (a fleet's ranks); and whether
+/// some file could not be read. A process whose files give no trend (one
+/// file without a trace) still gives its peak and sites.
+pub(crate) fn baseline_of(
+    files: Vec<PathBuf>,
+    options: &TrendOptions,
+) -> anyhow::Result<(Baseline, bool)> {
+    let mut each = Vec::new();
+    let mut errored = false;
+    for (_, files) in snapdiff_runs::by_process(files) {
+        let (read, e) = read_all(&files);
+        errored |= e;
+        for (_, snapshots) in split_by_process(read) {
+            let trend = judged(&snapshots, options).ok().map(|j| j.trend);
+            let snapshots: Vec<Snapshot> = snapshots.into_iter().map(|r| r.snapshot).collect();
+            each.push(Baseline::of(&snapshots, trend.as_ref(), &options.rules));
+        }
+    }
+    if each.is_empty() {
+        anyhow::bail!("no snapshot could be read");
+    }
+    Ok((Baseline::largest(each), errored))
+}
+
+/// The analyzer's judge on one process's snapshots, the owners files
+/// beside them read when it asks.
+fn judged(
+    read: &[Read<'_>],
+    options: &TrendOptions,
+) -> Result<snapdiff_analyze::Judged, snapdiff_analyze::TraceError> {
+    let names: Vec<String> = read
+        .iter()
+        .map(|r| {
+            r.path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    let dumps: Vec<NamedSnapshot<'_>> = names
+        .iter()
+        .zip(read)
+        .map(|(name, r)| NamedSnapshot {
+            name,
+            snapshot: &r.snapshot,
+        })
+        .collect();
+    judge_dumps(
+        &dumps,
+        |i| snapdiff_format::read_owners_beside(read[i].path),
+        options,
+    )
 }
 
 /// One process's trend, for the report.
@@ -236,29 +293,8 @@ fn apart_at_pauses(
 /// owners files beside them read when it asks; with its last snapshot in
 /// order (exit dumps left out).
 fn judge(read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Trend, PathBuf)> {
-    let names: Vec<String> = read
-        .iter()
-        .map(|r| {
-            r.path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        })
-        .collect();
     let earlier_runs: usize = read.iter().map(|r| r.earlier_runs).sum();
-    let dumps: Vec<NamedSnapshot<'_>> = names
-        .iter()
-        .zip(&read)
-        .map(|(name, r)| NamedSnapshot {
-            name,
-            snapshot: &r.snapshot,
-        })
-        .collect();
-    let judged = judge_dumps(
-        &dumps,
-        |i| snapdiff_format::read_owners_beside(read[i].path),
-        options,
-    );
+    let judged = judged(&read, options);
     let judged = judged.map_err(|e| anyhow::anyhow!("{}: {e}", read[0].path.display()))?;
     let last = read[judged.last().unwrap_or(0)].path.to_path_buf();
     let mut trend = judged.trend;

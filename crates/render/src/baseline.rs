@@ -1,0 +1,80 @@
+//! `snapdiff check` as text: what rose over the tolerance, named by line,
+//! then the peak's change site by site.
+
+use std::io::{self, Write};
+
+use snapdiff_analyze::baseline::{Check, Over, Tolerance};
+use snapdiff_format::units::{format_delta, format_size};
+use snapdiff_format::visible::escaped;
+
+/// Sites of the peak's change listed under the verdict.
+const CHANGED_SHOWN: usize = 5;
+
+/// Writes `check` of a run against the baseline file `baseline`.
+pub fn write_check(
+    check: &Check,
+    baseline: &str,
+    tolerance: Tolerance,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let allowed = format!(
+        "{:.0}% and {}",
+        100.0 * tolerance.share,
+        format_size(tolerance.bytes)
+    );
+    match check.over.len() {
+        0 => writeln!(
+            out,
+            "within {baseline}: nothing rose by more than {allowed}"
+        )?,
+        n => {
+            writeln!(
+                out,
+                "over {baseline}: {n} figure{} rose by more than {allowed}:",
+                if n == 1 { "" } else { "s" }
+            )?;
+            for o in &check.over {
+                writeln!(out, "  {}", line_of(o))?;
+            }
+        }
+    }
+    if !check.changed.is_empty() {
+        writeln!(out, "the peak's change, site by site (largest first):")?;
+        for o in check.changed.iter().take(CHANGED_SHOWN) {
+            writeln!(out, "  {}", line_of(o))?;
+        }
+        if check.changed.len() > CHANGED_SHOWN {
+            writeln!(
+                out,
+                "  ... and {} more sites",
+                check.changed.len() - CHANGED_SHOWN
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// One figure: what it is, before -> now (the change, the share).
+fn line_of(o: &Over) -> String {
+    let what = match o.figure {
+        "peak_allocated" => format!("device {} peak allocated", o.device),
+        "peak_reserved" => format!("device {} peak reserved", o.device),
+        "kept_bytes" => format!("{}  kept growing after warm-up", escaped(&o.line)),
+        _ => format!("{}  at the peak", escaped(&o.line)),
+    };
+    let delta = o.now as i64 - o.before as i64;
+    let share = match o.before {
+        0 => "new".to_owned(),
+        before => format!("{:+.0}%", 100.0 * delta as f64 / before as f64),
+    };
+    let was = match o.was.as_str() {
+        "" => String::new(),
+        was => format!(" (was {})", escaped(was)),
+    };
+    format!(
+        "{what}: {} -> {} ({}, {share}){was}",
+        format_size(o.before),
+        format_size(o.now),
+        format_delta(delta)
+    )
+}
