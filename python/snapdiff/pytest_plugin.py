@@ -15,6 +15,11 @@ all after warm-up (the limit that is `--max-growth` for the command and
 with snapdiff's report (the line that holds the memory, the bytes per
 step, its stack) as the failure message. `--snapdiff-dir DIR` keeps the
 snapshots of failing tests in DIR, for `snapdiff report`.
+
+`baseline="memory/test_step.json"` also checks the steps against a baseline
+file (`snapdiff check`, a path relative to the test's file): the test fails
+naming each site whose memory rose by more than 5% and 1 MiB. A missing
+file is written, as is every test's under `--snapdiff-update-baselines`.
 """
 
 import os
@@ -33,14 +38,20 @@ def pytest_addoption(parser):
         metavar="DIR",
         help="keep the snapshots of failing snapdiff leak tests in DIR (for snapdiff report)",
     )
+    parser.addoption(
+        "--snapdiff-update-baselines",
+        action="store_true",
+        help="write the baseline files of snapdiff leak tests instead of checking them",
+    )
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "snapdiff(max_growth='0 B', warmup=1, steps=5): a leak test; the snapdiff_steps "
-        "fixture runs warmup + steps steps and fails the test when more than max_growth "
-        "is kept after warm-up (max_leak: a limit per step instead)",
+        "snapdiff(max_growth='0 B', warmup=1, steps=5, baseline=None): a leak test; the "
+        "snapdiff_steps fixture runs warmup + steps steps and fails the test when more than "
+        "max_growth is kept after warm-up (max_leak: a limit per step instead), or when its "
+        "memory rose over the baseline file",
     )
 
 
@@ -49,12 +60,13 @@ class Steps:
     The verdict is made when the test function returns, also when it left
     the loop early (`break`)."""
 
-    def __init__(self, request, folder, limit, warmup, steps):
+    def __init__(self, request, folder, limit, warmup, steps, baseline=None):
         self.request = request
         self.folder = folder
         self.limit = limit  # Limit: what may be kept, in all or per step
         self.warmup = warmup
         self.steps = steps
+        self.baseline = baseline  # a baseline file to check against, or None
         self.report = None
         self.taken = 0
         self._loop = None
@@ -111,6 +123,22 @@ class Steps:
                               "--width", str(MESSAGE_WIDTH)])
             self.request.node._snapdiff_failed = True
             pytest.fail(f"snapdiff: {self.limit.says(report)}\n\n{text}", pytrace=False)
+        if self.baseline is not None:
+            self.check_baseline()
+
+    def check_baseline(self):
+        """Checks the steps against the baseline file, or writes it when it
+        is missing or `--snapdiff-update-baselines` asks."""
+        warmup = ["--warmup", str(self.warmup)]
+        update = self.request.config.getoption("--snapdiff-update-baselines")
+        if update or not os.path.exists(self.baseline):
+            os.makedirs(os.path.dirname(self.baseline) or ".", exist_ok=True)
+            run(["baseline", self.folder, "-o", self.baseline, "--force", *warmup])
+            return
+        code, text, _ = run(["check", self.baseline, self.folder, *warmup])
+        if code == 1:
+            self.request.node._snapdiff_failed = True
+            pytest.fail(f"snapdiff: memory rose over the baseline\n\n{text}", pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -133,7 +161,10 @@ def snapdiff_steps(request):
     limit = Limit(options)
     warmup, count = int(options.get("warmup", 1)), int(options.get("steps", 5))
     folder = tempfile.mkdtemp(prefix="snapdiff-pytest-")
-    steps = Steps(request, folder, limit=limit, warmup=warmup, steps=count)
+    baseline = options.get("baseline")
+    if baseline is not None:
+        baseline = os.path.join(os.path.dirname(str(request.node.path)), os.fspath(baseline))
+    steps = Steps(request, folder, limit=limit, warmup=warmup, steps=count, baseline=baseline)
     request.node._snapdiff_failed = False
     yield steps
     keep = request.config.getoption("--snapdiff-dir")

@@ -87,6 +87,44 @@ def test_train_step_does_not_leak(snapdiff_steps):
     assert "no frame of your code" not in out, out
 
 
+BASELINE_TEST = """
+import pytest
+import torch
+
+held = []
+
+@pytest.mark.snapdiff(baseline="memory/step.json", warmup=1, steps=3)
+def test_step(snapdiff_steps):
+    for _ in snapdiff_steps:
+        held[:] = [torch.ones(SIZE)]  # THE BUFFER
+"""
+
+
+def test_a_baseline_is_written_then_checked_naming_the_line_that_rose(pytester):
+    def run_with(size, *flags):
+        path = pytester.makepyfile(test_baseline=f"SIZE = {size}\n" + BASELINE_TEST)
+        return path, pytester.runpytest_subprocess("-p", "no:cacheprovider", *flags)
+
+    _, result = run_with(1 << 18)
+    result.assert_outcomes(passed=1)
+    written = pytester.path / "memory" / "step.json"
+    kept = written.read_text()
+    assert '"snapdiff_baseline": 1' in kept and str(pytester.path) not in kept, kept
+    # The same test again: within the baseline.
+    run_with(1 << 18)[1].assert_outcomes(passed=1)
+    # The buffer 3 MiB larger: over, at its line.
+    path, result = run_with(1 << 20)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    line = next(i + 1 for i, l in enumerate(path.read_text().splitlines()) if "THE BUFFER" in l)
+    assert "memory rose over the baseline" in out, out
+    assert f"test_baseline.py:{line}  at the peak" in out, out
+    # Updated on request, it passes again.
+    run_with(1 << 20, "--snapdiff-update-baselines")[1].assert_outcomes(passed=1)
+    assert written.read_text() != kept
+    run_with(1 << 20)[1].assert_outcomes(passed=1)
+
+
 def test_max_growth_limits_what_is_kept_in_all(pytester):
     path = write_tests(pytester, """
 @pytest.mark.snapdiff(max_growth="64 KiB", warmup=2, steps=8)
