@@ -584,6 +584,41 @@ fn check_against_a_baseline_passes_moved_code_and_names_the_one_real_change() {
     let was = format!("(was train  torch_train.py:{})", line - 2);
     assert!(out.contains(&was), "{out}");
     assert!(out.contains("device 0 peak allocated"), "{out}");
+    // As a CI summary's table; then updated: refused while over, written
+    // when an increase is allowed, and the run is within it after.
+    let grown = d.join("larger");
+    let md = snapdiff([
+        "check".as_ref(),
+        base.as_os_str(),
+        grown.as_os_str(),
+        "--format".as_ref(),
+        "markdown".as_ref(),
+    ]);
+    let md = md.expect_code(1).stdout();
+    assert!(
+        md.contains(&format!(
+            "| over | `train  fit_larger.py:{line}` at the peak | 256 B | 4.00 MiB |"
+        )),
+        "{md}"
+    );
+    let update = |more: &[&str]| {
+        let mut args = vec![
+            "check".as_ref(),
+            base.as_os_str(),
+            grown.as_os_str(),
+            "--update".as_ref(),
+        ];
+        args.extend(more.iter().map(std::ffi::OsStr::new));
+        snapdiff(args)
+    };
+    update(&[]).expect_code(1);
+    assert_eq!(
+        std::fs::read_to_string(&base).unwrap(),
+        kept,
+        "refused: unchanged"
+    );
+    update(&["--allow-increase"]).expect_code(0);
+    check(&grown).expect_code(0);
     // A file that is no baseline: one line, exit 2.
     let bad = d.join("bad.json");
     std::fs::write(&bad, "{\"sites\": 3}").unwrap();

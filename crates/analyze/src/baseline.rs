@@ -381,6 +381,49 @@ pub fn check(baseline: &Baseline, run: &Baseline, tolerance: Tolerance) -> Check
     Check { over, changed }
 }
 
+/// The baseline `check --update` writes: each figure the lower of the
+/// baseline's and the run's (a ratchet: memory that fell stays won), sites
+/// at their place in the run's code, sites the run lacks left out, new
+/// ones added; with `allow_increase`, the run's figures as they are.
+pub fn ratchet(baseline: &Baseline, run: &Baseline, allow_increase: bool) -> Baseline {
+    let lower = |b: u64, n: u64| if allow_increase { n } else { b.min(n) };
+    let devices = run
+        .devices
+        .iter()
+        .map(
+            |n| match baseline.devices.iter().find(|b| b.device == n.device) {
+                Some(b) => DeviceBaseline {
+                    device: n.device,
+                    peak_allocated: lower(b.peak_allocated, n.peak_allocated),
+                    peak_reserved: lower(b.peak_reserved, n.peak_reserved),
+                },
+                None => n.clone(),
+            },
+        )
+        .collect();
+    let mut sites: Vec<SiteBaseline> = pair_sites(baseline, run)
+        .into_iter()
+        .filter_map(|(b, n)| {
+            let n = n?;
+            Some(match b {
+                Some(b) => SiteBaseline {
+                    peak_bytes: lower(b.peak_bytes, n.peak_bytes),
+                    blocks: lower(b.blocks, n.blocks),
+                    kept_bytes: lower(b.kept_bytes, n.kept_bytes),
+                    ..n.clone()
+                },
+                None => n.clone(),
+            })
+        })
+        .collect();
+    sites.sort_by(|a, b| (a.device, &a.key, &a.line).cmp(&(b.device, &b.key, &b.line)));
+    Baseline {
+        snapdiff_baseline: BASELINE_FORMAT,
+        devices,
+        sites,
+    }
+}
+
 /// The sites of `baseline` and `run` paired up, one to one, device by
 /// device. Keys first: the same key; then, among keys left, code that
 /// moved (the same functions in other files; the same files with one
@@ -594,6 +637,22 @@ mod tests {
         let moved = baseline(10 << 20, vec![site(0, "step@fit.py<main@fit.py", 10 << 20)]);
         let c = check(&base, &moved, TOLERANCE);
         assert!(c.over.is_empty() && c.changed.is_empty(), "{c:#?}");
+    }
+
+    #[test]
+    fn updates_ratchet_down_unless_an_increase_is_allowed() {
+        let base = baseline(100, vec![site(0, "a", 60), site(0, "gone", 40)]);
+        let run = baseline(120, vec![site(0, "a", 50), site(0, "new", 70)]);
+        let kept = ratchet(&base, &run, false);
+        assert_eq!(kept.devices[0].peak_allocated, 100);
+        let bytes: Vec<(&str, u64)> = kept
+            .sites
+            .iter()
+            .map(|s| (s.key.as_str(), s.peak_bytes))
+            .collect();
+        assert_eq!(bytes, [("a", 50), ("new", 70)]);
+        let raised = ratchet(&base, &run, true);
+        assert_eq!(raised.devices[0].peak_allocated, 120);
     }
 
     #[test]

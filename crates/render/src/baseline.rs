@@ -54,6 +54,68 @@ pub fn write_check(
     Ok(())
 }
 
+/// `check` as a Markdown table, for a CI job's summary: the verdict, then
+/// each figure over the tolerance and the peak's largest changes.
+pub fn write_check_markdown(
+    check: &Check,
+    baseline: &str,
+    tolerance: Tolerance,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let allowed = format!(
+        "{:.0}% and {}",
+        100.0 * tolerance.share,
+        format_size(tolerance.bytes)
+    );
+    let cell = |text: &str| escaped(text).replace('|', "\\|");
+    match check.over.len() {
+        0 => writeln!(
+            out,
+            "**Memory within `{}`**: nothing rose by more than {allowed}.",
+            cell(baseline)
+        )?,
+        n => writeln!(
+            out,
+            "**Memory over `{}`**: {n} figure{} rose by more than {allowed}.",
+            cell(baseline),
+            if n == 1 { "" } else { "s" }
+        )?,
+    }
+    let rows: Vec<(&str, &Over)> = check
+        .over
+        .iter()
+        .map(|o| ("over", o))
+        .chain(
+            check
+                .changed
+                .iter()
+                .take(CHANGED_SHOWN)
+                .map(|o| ("changed", o)),
+        )
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\n| | what | baseline | now | change |")?;
+    writeln!(out, "|---|---|---:|---:|---:|")?;
+    for (kind, o) in rows {
+        let what = match o.figure {
+            "peak_allocated" => format!("device {} peak allocated", o.device),
+            "peak_reserved" => format!("device {} peak reserved", o.device),
+            "kept_bytes" => format!("`{}` kept growing", cell(&o.line)),
+            _ => format!("`{}` at the peak", cell(&o.line)),
+        };
+        writeln!(
+            out,
+            "| {kind} | {what} | {} | {} | {} |",
+            format_size(o.before),
+            format_size(o.now),
+            format_delta(o.now as i64 - o.before as i64)
+        )?;
+    }
+    Ok(())
+}
+
 /// One figure: what it is, before -> now (the change, the share).
 fn line_of(o: &Over) -> String {
     let what = match o.figure {

@@ -48,9 +48,32 @@ pub(crate) struct CheckArgs {
     /// Checkpoints at the start that are warm-up.
     #[arg(long, value_name = "N", default_value_t = snapdiff_analyze::DEFAULT_WARMUP)]
     pub(crate) warmup: usize,
-    /// Print the check as JSON.
-    #[arg(long)]
+    /// How to print the check: text, json, or markdown (a table for a CI
+    /// job's summary).
+    #[arg(long, value_enum, default_value_t = CheckFormat::Text)]
+    pub(crate) format: CheckFormat,
+    /// Print the check as JSON (`--format json`).
+    #[arg(long, conflicts_with = "format")]
     pub(crate) json: bool,
+    /// Rewrite BASELINE from the run: each figure the lower of the two (a
+    /// ratchet), sites where the code now has them. Refused when a figure is
+    /// over the tolerance, unless --allow-increase.
+    #[arg(long)]
+    pub(crate) update: bool,
+    /// With --update, write the run's figures even where they rose.
+    #[arg(long, requires = "update")]
+    pub(crate) allow_increase: bool,
+}
+
+/// How `check` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum CheckFormat {
+    /// Lines of text.
+    Text,
+    /// One JSON object.
+    Json,
+    /// A Markdown table.
+    Markdown,
 }
 
 /// A share: `5%`, or `0.05`.

@@ -9,7 +9,7 @@ mod files;
 mod fleet;
 mod verdicts;
 
-pub(crate) use baseline::{BaselineArgs, CheckArgs};
+pub(crate) use baseline::{BaselineArgs, CheckArgs, CheckFormat};
 pub(crate) use capture::{CaptureArgs, DemoArgs, LiveArgs};
 pub(crate) use files::{
     ConvertArgs, FlamegraphArgs, OomArgs, PeakArgs, PprofArgs, ReportPageArgs, StepsArgs,

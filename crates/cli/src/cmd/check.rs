@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use snapdiff_analyze::TrendOptions;
-use snapdiff_analyze::baseline::{BASELINE_FORMAT, Baseline, Tolerance, check};
+use snapdiff_analyze::baseline::{BASELINE_FORMAT, Baseline, Tolerance, check, ratchet};
 
-use crate::args::CheckArgs;
+use crate::args::{CheckArgs, CheckFormat};
 use crate::exit::Exit;
 
 /// The most a baseline file may hold: a real job's is tens of kilobytes.
@@ -22,21 +22,42 @@ pub(crate) fn run(args: CheckArgs) -> anyhow::Result<Exit> {
         bytes: args.min_bytes,
     };
     let checked = check(&baseline, &run, tolerance);
-    if args.json {
-        crate::output::print_json(&checked, 0)?;
+    let shown = crate::output::shown(&args.baseline).to_string();
+    let format = if args.json {
+        CheckFormat::Json
     } else {
-        let shown = crate::output::shown(&args.baseline).to_string();
-        snapdiff_render::baseline::write_check(
-            &checked,
-            &shown,
-            tolerance,
-            &mut crate::output::text_out(),
-        )?;
+        args.format
+    };
+    let mut out = crate::output::text_out();
+    match format {
+        CheckFormat::Json => crate::output::print_json(&checked, 0)?,
+        CheckFormat::Text => {
+            snapdiff_render::baseline::write_check(&checked, &shown, tolerance, &mut out)?;
+        }
+        CheckFormat::Markdown => {
+            snapdiff_render::baseline::write_check_markdown(&checked, &shown, tolerance, &mut out)?;
+        }
     }
-    Ok(match (errored, checked.over.is_empty()) {
+    let over = !checked.over.is_empty();
+    if args.update && !errored {
+        if over && !args.allow_increase {
+            eprintln!(
+                "snapdiff: {shown} not updated: memory rose over it (--allow-increase writes it)"
+            );
+        } else {
+            let updated = ratchet(&baseline, &run, args.allow_increase);
+            crate::output::write_output(&args.baseline, true, |out| {
+                serde_json::to_writer_pretty(&mut *out, &updated)?;
+                writeln!(out)
+            })?;
+            eprintln!("snapdiff: {shown} updated");
+            return Ok(Exit::Clean);
+        }
+    }
+    Ok(match (errored, over) {
         (true, _) => Exit::Error,
-        (false, true) => Exit::Clean,
-        (false, false) => Exit::OverThreshold,
+        (false, false) => Exit::Clean,
+        (false, true) => Exit::OverThreshold,
     })
 }
 
