@@ -493,6 +493,29 @@ fn compare_of_two_runs_matches_moved_code_and_names_the_one_real_change() {
         "{renamed:#}"
     );
     assert_eq!(renamed["groups"], one_change["groups"]);
+    // Two configurations (another batch size): the net headline is the
+    // files' own totals, as CPython computes them, and the split adds up
+    // to the net change of the requested bytes: every site is in it.
+    let batch = "batch_size=32";
+    assert!(original.contains(batch));
+    let wider = moved_dir.join("wider.py");
+    std::fs::write(&wider, original.replace(batch, "batch_size=64")).unwrap();
+    let wide = step30_of(&wider, &d.join("wide"), &[]);
+    let configs = cmp(&base, &wide);
+    assert_eq!(configs["runs"]["count"], 2, "{configs:#}");
+    let totals = |f: &Path| crate::util::python_json("torch_totals.py", &[f]);
+    let (ta, tb) = (totals(&base), totals(&wide));
+    let net = |field: &str| tb[field].as_i64().unwrap() - ta[field].as_i64().unwrap();
+    assert_eq!(
+        configs["allocated_after"].as_i64().unwrap()
+            - configs["allocated_before"].as_i64().unwrap(),
+        net("allocated_bytes"),
+        "{configs:#}"
+    );
+    let split =
+        configs["grown"]["bytes"].as_i64().unwrap() - configs["shrunk"]["bytes"].as_i64().unwrap();
+    assert_eq!(split, net("requested_bytes"), "{configs:#}");
+    assert_ne!(split, 0, "a wider batch holds more: {configs:#}");
     // Two moments of one run stay one run, matched block by block.
     let step10 = pickles(&d.join("base"))
         .into_iter()
