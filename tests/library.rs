@@ -306,3 +306,48 @@ fn checks_over_pytorch_pickles() {
         "{message}"
     );
 }
+
+/// `LeakCheck` against a baseline file, the one `snapdiff baseline` writes:
+/// written the first time, within it the second, and a buffer grown by
+/// 3 MiB fails naming its line.
+#[test]
+fn leak_check_against_a_baseline_names_the_site_that_rose() {
+    use snapdiff::analyze::baseline::Tolerance;
+    let dir = tempdir();
+    let file = dir.path().join("memory").join("step.json");
+    let steps = |size: usize| {
+        let a = allocator();
+        let check = LeakCheck::begin(&a).warmup(1);
+        let mut held: Vec<DeviceBuffer> = Vec::new();
+        for _ in 0..4 {
+            held.clear();
+            held.push(a.alloc(size, Stream::DEFAULT).unwrap()); // the baselined buffer
+            check.step();
+        }
+        check.assert_within_baseline(&file, Tolerance::default());
+    };
+    // Each run from the same caller, as a test suite runs it: a site is
+    // keyed by its innermost frames of the program's own code.
+    let attempt = |size: usize| {
+        catch_unwind(AssertUnwindSafe(|| steps(size)))
+            .err()
+            .map(|e| e.downcast_ref::<String>().cloned().unwrap_or_default())
+    };
+    assert_eq!(attempt(1 << 20), None, "written");
+    let kept = std::fs::read_to_string(&file).unwrap();
+    assert!(kept.contains("\"snapdiff_baseline\": 1"), "{kept}");
+    assert_eq!(attempt(1 << 20), None, "within the baseline");
+    let message = attempt(4 << 20).expect("over the baseline");
+    let line = line_of("// the baselined buffer");
+    assert!(
+        message.contains(&format!(
+            "library.rs:{line}  at the peak: 1.00 MiB -> 4.00 MiB"
+        )),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        kept,
+        "a check never writes"
+    );
+}

@@ -266,6 +266,16 @@ pub struct Tolerance {
     pub bytes: u64,
 }
 
+impl Default for Tolerance {
+    /// 5% and 1 MiB: run-to-run noise of the same code stays under both.
+    fn default() -> Tolerance {
+        Tolerance {
+            share: 0.05,
+            bytes: 1 << 20,
+        }
+    }
+}
+
 impl Tolerance {
     /// Whether `now` is over `before` by more than this tolerance.
     pub fn exceeded(&self, before: u64, now: u64) -> bool {

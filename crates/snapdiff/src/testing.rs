@@ -649,6 +649,75 @@ mod check {
             LeakReport::between(&points, self.warmup, &self.options)
         }
 
+        /// Checks the steps so far against the baseline file at `path` (the
+        /// file `snapdiff baseline` writes and `snapdiff check` reads; under
+        /// `cargo test` a relative path is from the crate's root), writing
+        /// it instead when it is missing or `SNAPDIFF_UPDATE_BASELINES` is
+        /// set: commit it.
+        ///
+        /// # Panics
+        ///
+        /// Naming each site whose memory at the peak (or growth after
+        /// warm-up) rose by more than `tolerance` (5% and 1 MiB by default)
+        /// over the baseline, and when the file cannot be read or written.
+        ///
+        /// ```
+        /// # use snapdiff::{Allocator, HostBackend, Stream};
+        /// # let dir = std::env::temp_dir().join(format!("snapdiff-doc-{}", std::process::id()));
+        /// let a = Allocator::new(HostBackend::with_capacity(1 << 30));
+        /// let check = snapdiff::testing::LeakCheck::begin(&a);
+        /// let buffer = a.alloc(1 << 20, Stream::DEFAULT).unwrap();
+        /// check.step();
+        /// let file = dir.join("memory.json");
+        /// check.assert_within_baseline(&file, Default::default()); // written
+        /// check.assert_within_baseline(&file, Default::default()); // within it
+        /// # drop(buffer);
+        /// # std::fs::remove_dir_all(dir).unwrap();
+        /// ```
+        pub fn assert_within_baseline(
+            &self,
+            path: impl AsRef<std::path::Path>,
+            tolerance: snapdiff_analyze::baseline::Tolerance,
+        ) {
+            use snapdiff_analyze::baseline::{Baseline, check};
+            use snapdiff_analyze::{CulpritRules, TrendOptions, trend_snapshots};
+            let path = path.as_ref();
+            let mut points = self.points.borrow().clone();
+            points.push(self.alloc.snapshot());
+            let mut options = TrendOptions::default();
+            options.warmup = self.warmup;
+            let trend = trend_snapshots(&points, &options);
+            let run = Baseline::of(&points, Some(&trend), &CulpritRules::default());
+            let update = std::env::var_os("SNAPDIFF_UPDATE_BASELINES").is_some();
+            if update || !path.exists() {
+                let text = serde_json::to_string_pretty(&run).expect("a baseline is JSON") + "\n";
+                if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(folder)
+                        .unwrap_or_else(|e| panic!("{}: cannot create ({e})", folder.display()));
+                }
+                std::fs::write(path, text)
+                    .unwrap_or_else(|e| panic!("{}: cannot write ({e})", path.display()));
+                return;
+            }
+            let text = std::fs::read_to_string(path)
+                .unwrap_or_else(|e| panic!("{}: cannot read ({e})", path.display()));
+            let baseline: Baseline = serde_json::from_str(&text).unwrap_or_else(|e| {
+                panic!("{}: not a snapdiff baseline file ({e})", path.display())
+            });
+            let checked = check(&baseline, &run, tolerance);
+            if !checked.over.is_empty() {
+                let mut message = Vec::new();
+                snapdiff_render::baseline::write_check(
+                    &checked,
+                    &path.display().to_string(),
+                    tolerance,
+                    &mut message,
+                )
+                .expect("writing to memory");
+                panic!("{}", String::from_utf8_lossy(&message));
+            }
+        }
+
         /// Panics with a report when a site kept more memory than allowed,
         /// after writing the two snapshots compared to files the report names.
         ///
