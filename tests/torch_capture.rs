@@ -659,6 +659,83 @@ fn check_against_a_baseline_passes_moved_code_and_names_the_one_real_change() {
     );
 }
 
+/// A job's one exit dump, without markers: the trace's own calls are its
+/// iterations. A step called three times from one loop line, keeping
+/// 40 MiB a call beside a flat 180 MiB site, is named at its line as a
+/// suspect of three iterations, never the large steady site; an inference
+/// loop of 12 calls keeping each output is named as a verdict.
+#[test]
+fn iterations_are_found_from_the_traces_own_calls() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let step = "import torch\n\
+        kept = []\n\
+        state = {}\n\
+        def train_step(i):\n\
+        \x20   x = torch.ones(10 << 20)\n\
+        \x20   y = (x * 2).sum()\n\
+        \x20   kept.append(torch.ones(10 << 20))  # LEAK\n\
+        \x20   if 'adam' not in state:\n\
+        \x20       state['adam'] = torch.zeros(45 << 20)\n\
+        \x20   return y\n\
+        for i in range(CALLS):\n\
+        \x20   train_step(i)\n";
+    let leak_line = step.lines().position(|l| l.ends_with("# LEAK")).unwrap() + 1;
+    let run = |calls: u32, name: &str| {
+        let script = d.join(format!("{name}.py"));
+        std::fs::write(&script, step.replace("CALLS", &calls.to_string())).unwrap();
+        let out = d.join(name);
+        let mut args: Vec<OsString> = vec!["capture".into(), "-o".into(), out.clone().into()];
+        args.extend(["--no-report", "--", "python3"].map(OsString::from));
+        args.push(script.into());
+        snapdiff(args).expect_code(0);
+        let dumps = pickles(&out);
+        assert_eq!(dumps.len(), 1, "{dumps:?}");
+        dumps[0].clone()
+    };
+    let three = run(3, "three");
+    let report = trend_json(std::slice::from_ref(&three));
+    assert_eq!(report["checkpoint_source"], "calls", "{report:#}");
+    let suspects = report["suspects"].as_array().unwrap();
+    assert_eq!(
+        suspects.len(),
+        1,
+        "the 180 MiB steady site is no suspect: {report:#}"
+    );
+    assert_eq!(suspects[0]["culprit"]["line"], leak_line);
+    assert_eq!(suspects[0]["growth_per_step"], 40.0 * 1024.0 * 1024.0);
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("only 3 iterations found in the trace: a suspect, not a verdict"),
+        "{notes}"
+    );
+    // --max-growth follows the suspect.
+    snapdiff([
+        "trend".as_ref(),
+        three.as_os_str(),
+        "--max-growth".as_ref(),
+        "1MiB".as_ref(),
+    ])
+    .expect_code(1);
+
+    let twelve = run(12, "twelve");
+    let report = trend_json(std::slice::from_ref(&twelve));
+    assert_eq!(report["checkpoint_source"], "calls", "{report:#}");
+    assert_eq!(
+        report["suspects"][0]["culprit"]["line"], leak_line,
+        "{report:#}"
+    );
+    assert!(
+        !report["notes"]
+            .to_string()
+            .contains("a suspect, not a verdict"),
+        "{report:#}"
+    );
+}
+
 #[test]
 fn cpu_recorder_files_agree_with_pytorchs_reader_and_accounting() {
     if !torch_ready() {

@@ -1,11 +1,13 @@
 //! Cutting one snapshot's trace into checkpoints: after each step mark,
 //! `snapshot` marker or annotation, at the same phase of the iterations its
-//! allocation sites repeat in, at the low points its memory keeps coming
+//! allocation sites repeat in, at each call of the loop's function its
+//! stacks show (`calls.rs`), at the low points its memory keeps coming
 //! back to, or evenly. `trend`, `steps` and the pictures of a step cut
 //! traces the same way.
 
 use snapdiff_format::{Action, Snapshot};
 
+use crate::calls;
 use crate::error::TraceError;
 use crate::iterations;
 use crate::stack_key::StackKeys;
@@ -22,11 +24,12 @@ pub(crate) struct Cuts {
 }
 
 /// The ways of finding a trace's steps, in the order they are tried.
-const STEP_SOURCES: [CheckpointSource; 5] = [
+const STEP_SOURCES: [CheckpointSource; 6] = [
     CheckpointSource::StepMarks,
     CheckpointSource::SnapshotMarkers,
     CheckpointSource::Annotations,
     CheckpointSource::Iterations,
+    CheckpointSource::Calls,
     CheckpointSource::Troughs,
 ];
 
@@ -56,6 +59,7 @@ pub(crate) fn cuts_for(
                     CheckpointSource::SnapshotMarkers => "snapshot markers",
                     CheckpointSource::Annotations => "annotations",
                     CheckpointSource::Iterations => "repeating iterations",
+                    CheckpointSource::Calls => "a function called again and again from one line",
                     _ => "low points between iterations",
                 },
             },
@@ -202,6 +206,19 @@ fn cuts_by(
             Some(Cuts {
                 source,
                 at: chosen.iter().map(|&k| found.starts[k]).collect(),
+                steps: Some(chosen.iter().map(|&k| k as u64).collect()),
+            })
+        }
+        // At most n checkpoints, spread over the calls, and the end: the
+        // last call's work is done there.
+        CheckpointSource::Calls => {
+            let mut starts = calls::find(snap, events)?;
+            starts.push(len);
+            starts.dedup();
+            let chosen = spread(starts.len(), n);
+            Some(Cuts {
+                source,
+                at: chosen.iter().map(|&k| starts[k]).collect(),
                 steps: Some(chosen.iter().map(|&k| k as u64).collect()),
             })
         }

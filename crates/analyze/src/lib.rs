@@ -27,6 +27,7 @@
 #![warn(unreachable_pub)]
 
 pub mod baseline;
+mod calls;
 mod category;
 mod compare;
 mod culprit;

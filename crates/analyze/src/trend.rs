@@ -112,6 +112,10 @@ impl Default for TrendOptions {
     }
 }
 
+/// Iterations found in a trace up to which what grows is a suspect, not a
+/// verdict.
+const FEW_ITERATIONS: usize = 4;
+
 /// Where the checkpoints came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -127,6 +131,9 @@ pub enum CheckpointSource {
     /// At the same phase of every iteration, found from the order in which
     /// the trace's allocation sites repeat.
     Iterations,
+    /// At each entry of the loop's function found in the trace's stacks:
+    /// the same function called again from the same caller line.
+    Calls,
     /// At the trace's recurring low points: the ends of its iterations.
     Troughs,
     /// Evenly spaced through the trace.
@@ -422,6 +429,19 @@ pub(crate) fn trend_of_series(
         notes.push(format!(
             "{left_out} site{} growing less than 1 KiB a step left out beside larger growth",
             if left_out == 1 { "" } else { "s" }
+        ));
+    }
+    // Iterations the trace itself showed, few of them: what grows is named,
+    // as what it is.
+    let found = match source {
+        CheckpointSource::Calls => Some(n.saturating_sub(1)),
+        CheckpointSource::Iterations => Some(n),
+        _ => None,
+    };
+    if let Some(iterations) = found.filter(|&k| k <= FEW_ITERATIONS && !suspects.is_empty()) {
+        notes.push(format!(
+            "only {iterations} iterations found in the trace: a suspect, not a verdict; dumps at \
+             more steps (snapdiff capture --every N) tell a leak from a slow warm-up"
         ));
     }
     let suspected_bytes = (suspects.iter()).fold(0u64, |sum, s| sum.saturating_add(s.growth_bytes));

@@ -21,6 +21,7 @@ pub fn source_label(source: CheckpointSource) -> &'static str {
         CheckpointSource::StepMarks => "at the trace's step marks",
         CheckpointSource::Annotations => "at the trace's annotations",
         CheckpointSource::Iterations => "at the same point of each iteration found in the trace",
+        CheckpointSource::Calls => "at each call of the loop's function found in the trace",
         CheckpointSource::Troughs => "at the low points between the trace's iterations",
         CheckpointSource::EvenlySpaced => "evenly spaced through the trace",
     }

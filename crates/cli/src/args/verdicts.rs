@@ -71,6 +71,8 @@ pub(crate) enum Cut {
     Annotations,
     /// At the same point of each iteration found in the trace.
     Iterations,
+    /// At each call of the loop's function found in the trace's stacks.
+    Calls,
     /// At the low points between iterations.
     Troughs,
     /// Evenly (for the series only: no verdict).
@@ -86,6 +88,7 @@ impl Cut {
             Cut::Markers => S::SnapshotMarkers,
             Cut::Annotations => S::Annotations,
             Cut::Iterations => S::Iterations,
+            Cut::Calls => S::Calls,
             Cut::Troughs => S::Troughs,
             Cut::Evenly => S::EvenlySpaced,
         }

@@ -1,0 +1,252 @@
+//! Finding a loop's iterations in a trace by its calls: where the trace
+//! has no markers and its allocation order repeats too few times, or its
+//! memory never falls back (a leak keeps a tensor each call), the stacks
+//! still show the loop. A training step called from one line of a loop is
+//! the same function entered again from the same caller line; each entry
+//! starts an iteration.
+//!
+//! Stacks are read outermost first, noise left out. At each depth, the
+//! allocations whose frame there is one function called from one caller
+//! frame (its line included) are one *call site*; a call of it starts at
+//! its first allocation, where the allocation before was not in it (the
+//! loop ran other code between calls), or where the function's own line
+//! goes back to the line of its first allocation (one call right after
+//! another). The outermost call site entered at least three times, its
+//! calls holding most of the allocated bytes, gives the iterations. Only
+//! the program's own functions, called from its own code, count: a
+//! library's called once per layer (the autograd engine's node), or the
+//! program's layer called from torch's module call, is one pass, not a
+//! loop. This works whether memory falls back or not, and on Python
+//! frames, C++ frames or both.
+
+use rustc_hash::FxHashMap;
+use snapdiff_format::{Action, Events, FrameId, Snapshot};
+
+use crate::frame_class::{FrameClass, classify};
+use crate::stack_key::is_noise;
+
+/// A call site: the caller's function and line (none at the outermost
+/// depth), and the function it calls.
+type CallSite = (Option<(u32, u32)>, u32);
+
+/// Calls a call site needs to show a loop.
+const MIN_CALLS: usize = 3;
+/// Share of all allocated bytes its calls must hold: the loop's body, not
+/// a helper called now and then.
+const MIN_SHARE: f64 = 0.5;
+/// Depths looked at, outermost first.
+const MOST_DEPTH: usize = 64;
+
+/// Namespaces of the C++ libraries under a program: their functions are
+/// never its loop (the autograd engine calls a node per layer).
+const LIBRARY_NAMESPACES: &[&str] = &[
+    "torch::",
+    "at::",
+    "c10::",
+    "std::",
+    "caffe2::",
+    "pybind11::",
+    "__gnu",
+    "_Py",
+    "Py",
+    "slot_",
+];
+
+/// Whether the function of `frame` can be the program's loop or call it: the
+/// program's own code, or native code with a source that is no library's
+/// (a C++ program's own functions; `.cpp` files are native to `classify`).
+/// A library's function called once per layer is never a training step.
+fn may_loop(frame: &snapdiff_format::Frame) -> bool {
+    match classify(frame) {
+        FrameClass::User | FrameClass::NotebookCell => true,
+        FrameClass::Native => {
+            !matches!(frame.file.as_str(), "" | "??")
+                && !LIBRARY_NAMESPACES.iter().any(|n| frame.name.starts_with(n))
+        }
+        _ => false,
+    }
+}
+
+/// The event index of each call's first allocation, at the outermost call
+/// site entered at least [`MIN_CALLS`] times; `None` when none is.
+pub(crate) fn find(snap: &Snapshot, events: &Events) -> Option<Vec<usize>> {
+    // The same function: frames by (name, file), whatever their lines.
+    let mut functions: FxHashMap<(&str, &str), u32> = FxHashMap::default();
+    let function_of: Vec<u32> = snap
+        .frames
+        .iter()
+        .map(|f| {
+            let next = functions.len() as u32;
+            *functions
+                .entry((f.name.as_str(), f.file.as_str()))
+                .or_insert(next)
+        })
+        .collect();
+    let noise: Vec<bool> = snap.frames.iter().map(is_noise).collect();
+    let loops: Vec<bool> = snap.frames.iter().map(may_loop).collect();
+    // Each allocation: its index, bytes, and stack outermost first.
+    let allocs: Vec<(usize, u64, Vec<FrameId>)> = events
+        .indexed()
+        .filter(|(_, e)| e.action == Action::Alloc)
+        .filter_map(|(i, e)| {
+            let stack = snap.stacks.get(e.stack? as usize)?;
+            let frames = stack
+                .iter()
+                .rev()
+                .copied()
+                .filter(|&f| !noise[f as usize])
+                .collect();
+            Some((i, e.size, frames))
+        })
+        .collect();
+    let total: u64 = allocs.iter().map(|a| a.1).sum();
+    if allocs.len() < MIN_CALLS || total == 0 {
+        return None;
+    }
+    let deepest = allocs.iter().map(|a| a.2.len()).max()?.min(MOST_DEPTH);
+    for depth in 0..deepest {
+        // Call site at this depth: the caller (function and line) and the
+        // function called, per allocation.
+        let site = |frames: &[FrameId]| -> Option<CallSite> {
+            let callee = *frames.get(depth)?;
+            let caller = depth.checked_sub(1).map(|d| frames[d] as usize);
+            // The program's own loop calls the program's own function.
+            if !loops[callee as usize] || caller.is_some_and(|f| !loops[f]) {
+                return None;
+            }
+            let caller = caller.map(|f| (function_of[f], snap.frames[f].line));
+            Some((caller, function_of[callee as usize]))
+        };
+        let mut calls: FxHashMap<CallSite, (Vec<usize>, u64)> = FxHashMap::default();
+        let mut first_line: FxHashMap<CallSite, u32> = FxHashMap::default();
+        let mut previous: Option<(CallSite, u32)> = None;
+        for (i, bytes, frames) in &allocs {
+            let Some(key) = site(frames) else {
+                previous = None;
+                continue;
+            };
+            let line = snap.frames[frames[depth] as usize].line;
+            let first = *first_line.entry(key).or_insert(line);
+            let starts = match previous {
+                Some((k, last)) if k == key => line == first && last != first,
+                _ => true,
+            };
+            let entry = calls.entry(key).or_default();
+            if starts {
+                entry.0.push(*i);
+            }
+            entry.1 += bytes;
+            previous = Some((key, line));
+        }
+        let best = calls
+            .into_values()
+            .filter(|(starts, bytes)| {
+                starts.len() >= MIN_CALLS && *bytes as f64 >= MIN_SHARE * total as f64
+            })
+            .max_by_key(|(starts, bytes)| (*bytes, starts.len()));
+        if let Some((starts, _)) = best {
+            return Some(starts);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapdiff_format::{DeviceTrace, Frame, TraceEvent};
+
+    /// A snapshot whose trace allocates `(size, stack)` in order, each
+    /// freed at once when `freed`; stacks are frames (name, line), innermost
+    /// first, in `job.py`.
+    fn trace(allocs: &[(u64, &[(&str, u32)], bool)]) -> Snapshot {
+        let mut snap = Snapshot::default();
+        let mut frame_ids: FxHashMap<(String, u32), FrameId> = FxHashMap::default();
+        let mut events = Events::new();
+        for (k, (size, stack, freed)) in allocs.iter().enumerate() {
+            let ids: Vec<FrameId> = stack
+                .iter()
+                .map(|(name, line)| {
+                    let next = snap.frames.len() as FrameId;
+                    *frame_ids
+                        .entry((name.to_string(), *line))
+                        .or_insert_with(|| {
+                            snap.frames.push(Frame {
+                                name: (*name).into(),
+                                file: "job.py".into(),
+                                line: *line,
+                                extra: Vec::new(),
+                            });
+                            next
+                        })
+                })
+                .collect();
+            snap.stacks.push(ids);
+            let stack = Some((snap.stacks.len() - 1) as u32);
+            let address = 0x1000 * (k as u64 + 1);
+            events.push(TraceEvent {
+                action: Action::Alloc,
+                address,
+                size: *size,
+                stack,
+                ..TraceEvent::default()
+            });
+            if *freed {
+                events.push(TraceEvent {
+                    action: Action::FreeCompleted,
+                    address,
+                    size: *size,
+                    stack,
+                    ..TraceEvent::default()
+                });
+            }
+        }
+        snap.traces.push(DeviceTrace { device: 0, events });
+        snap
+    }
+
+    #[test]
+    fn a_step_called_three_times_from_one_line_is_three_iterations() {
+        // Each call: an activation freed, a tensor kept, and state once.
+        let step = |line: u32| -> [(&str, u32); 2] { [("train_step", line), ("<module>", 17)] };
+        let (a, b, c) = (step(8), step(10), step(12));
+        let calls = [
+            (40, &a[..], true),
+            (40, &b[..], false),
+            (180, &c[..], false),
+            (40, &a[..], true),
+            (40, &b[..], false),
+            (40, &a[..], true),
+            (40, &b[..], false),
+        ];
+        let snap = trace(&calls);
+        let starts = find(&snap, &snap.traces[0].events).unwrap();
+        // Allocations 0, 3 and 5 start calls (events 0, 4 and 7: the
+        // activations' frees come between).
+        assert_eq!(starts, [0, 4, 7]);
+    }
+
+    #[test]
+    fn one_pass_through_layers_is_not_a_loop() {
+        // One forward pass: layer() called from three lines of forward().
+        let calls = [
+            (
+                10,
+                &[("layer", 3), ("forward", 20), ("<module>", 30)][..],
+                false,
+            ),
+            (
+                10,
+                &[("layer", 3), ("forward", 21), ("<module>", 30)][..],
+                false,
+            ),
+            (
+                10,
+                &[("layer", 3), ("forward", 22), ("<module>", 30)][..],
+                false,
+            ),
+        ];
+        let snap = trace(&calls);
+        assert_eq!(find(&snap, &snap.traces[0].events), None);
+    }
+}
