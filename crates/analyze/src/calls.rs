@@ -159,7 +159,11 @@ mod tests {
     /// A snapshot whose trace allocates `(size, stack)` in order, each
     /// freed at once when `freed`; stacks are frames (name, line), innermost
     /// first, in `job.py`.
-    fn trace(allocs: &[(u64, &[(&str, u32)], bool)]) -> Snapshot {
+    /// An allocation: its size, its stack (name, line) innermost first, and
+    /// whether it is freed at once.
+    type Alloc<'a> = (u64, &'a [(&'a str, u32)], bool);
+
+    fn trace(allocs: &[Alloc<'_>]) -> Snapshot {
         let mut snap = Snapshot::default();
         let mut frame_ids: FxHashMap<(String, u32), FrameId> = FxHashMap::default();
         let mut events = Events::new();
