@@ -16,7 +16,7 @@ use snapdiff_format::Snapshot;
 
 use crate::culprit::CulpritRules;
 use crate::frame_class::classify;
-use crate::group::{Site, describe_site, live_sites_by_device};
+use crate::group::{Site, SiteNamer, live_sites_by_device};
 use crate::peak::{PeakOptions, peak};
 use crate::stack_key::StackKeys;
 use crate::trend::Trend;
@@ -169,6 +169,8 @@ struct Moment {
 /// it has one, else its state when dumped.
 fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
     let keys = StackKeys::new(snap);
+    // What each distinct frame is, worked out once for all the sites.
+    let namer = SiteNamer::new(snap, rules);
     let mut out: Vec<Moment> = live_sites_by_device(snap, &keys)
         .into_iter()
         .map(|d| Moment {
@@ -183,7 +185,7 @@ fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
                 .totals
                 .iter()
                 .map(|(key, t)| SiteAt {
-                    site: describe_site(snap, *key, d.stacks[key], rules),
+                    site: namer.site(*key, d.stacks[key]),
                     bytes: t.bytes,
                     blocks: t.blocks,
                 })
