@@ -66,6 +66,12 @@ time_it $snapdiff summary $dir/real-a.pickle
 time_it python3 -c "$python_compare" $dir/real-a.pickle $dir/real-b.pickle
 time_it $snapdiff compare $dir/real-a.pickle $dir/real-b.pickle
 time_it $snapdiff compare $dir/real-a.snap $dir/real-b.snap
+# The memory gate between two runs: a baseline of one, the other checked.
+$snapdiff baseline $dir/real-a.pickle -o /tmp/snapdiff-bench-baseline.json --force
+time_it $snapdiff baseline $dir/real-a.pickle -o /tmp/snapdiff-bench-baseline.json --force
+time_it $snapdiff check /tmp/snapdiff-bench-baseline.json $dir/real-b.pickle
+time_it $snapdiff check /tmp/snapdiff-bench-baseline.json $dir/real-b.snap
+wc -c /tmp/snapdiff-bench-baseline.json
 # The commands that replay the trace or draw, on the pickle and its .snap.
 for f in $dir/real-a.pickle $dir/real-a.snap; do
   for task in peak steps oom trend; do
