@@ -437,9 +437,10 @@ pub fn ratchet(baseline: &Baseline, run: &Baseline, allow_increase: bool) -> Bas
 }
 
 /// The sites of `baseline` and `run` paired up, one to one, device by
-/// device. Keys first: the same key; then, among keys left, code that
-/// moved (the same functions in other files; the same files with one
-/// function renamed; one function renamed in moved files). The lines of two
+/// device. Keys first: the same key; then, among keys left, the same
+/// innermost function reached from other callers, and code that moved (the
+/// same functions in other files; the same files with one function
+/// renamed; one function renamed in files moved alike). The lines of two
 /// keys so paired are paired by the shift most of them share (two lines
 /// inserted above a function move all its lines alike); a line left over
 /// is a site added or removed. Then the same blocks and bytes at another
@@ -451,11 +452,12 @@ fn pair_sites<'a>(
     let mut left: Vec<&SiteBaseline> = baseline.sites.iter().collect();
     let mut right: Vec<&SiteBaseline> = run.sites.iter().collect();
     let mut pairs = Vec::new();
-    let rules: [fn(&str, &str) -> bool; 4] = [
+    let rules: [fn(&str, &str) -> bool; 5] = [
         |a, b| a == b,
+        |a, b| innermost(a) == innermost(b),
         |a, b| names(a) == names(b),
         |a, b| files(a) == files(b) && renamed_at_most_one(a, b),
-        renamed_at_most_one,
+        |a, b| renamed_at_most_one(a, b) && files_moved_alike(a, b),
     ];
     for same in rules {
         let mut run_keys: Vec<(u32, &str)> =
@@ -540,6 +542,11 @@ fn line_number(line: &str) -> u32 {
         .unwrap_or(0)
 }
 
+/// A key's innermost `function@file`: the site's line is in it.
+fn innermost(key: &str) -> &str {
+    key.split('<').next().unwrap_or(key)
+}
+
 /// The function names of a key, innermost first.
 fn names(key: &str) -> Vec<&str> {
     key.split('<')
@@ -554,10 +561,23 @@ fn files(key: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Whether two keys are as long and differ in at most one function name.
+/// Whether two keys are as long (three frames: two say little) and differ
+/// in at most one function name.
 fn renamed_at_most_one(a: &str, b: &str) -> bool {
     let (x, y) = (names(a), names(b));
-    x.len() == y.len() && x.len() >= 2 && x.iter().zip(&y).filter(|(p, q)| p != q).count() <= 1
+    x.len() == y.len()
+        && x.len() >= KEY_FRAMES
+        && x.iter().zip(&y).filter(|(p, q)| p != q).count() <= 1
+}
+
+/// Whether the files of two keys moved alike: each file of one is always
+/// the same file of the other, both ways (`train.py` became `fit.py`).
+fn files_moved_alike(a: &str, b: &str) -> bool {
+    let (x, y) = (files(a), files(b));
+    x.len() == y.len()
+        && x.iter()
+            .zip(&y)
+            .all(|(p, q)| x.iter().zip(&y).all(|(r, s)| (p == r) == (q == s)))
 }
 
 #[cfg(test)]
@@ -634,21 +654,39 @@ mod tests {
 
     #[test]
     fn moved_code_keeps_its_site_and_names_where_it_was() {
-        let before = "step@train.py<main@train.py";
+        let before = "step@train.py<main@train.py<<module>@train.py";
         let base = baseline(10 << 20, vec![site(0, before, 10 << 20)]);
         // The file renamed and the function renamed, 4 MiB more.
         let run = baseline(
             14 << 20,
-            vec![site(0, "fit_step@fit.py<main@fit.py", 14 << 20)],
+            vec![site(
+                0,
+                "fit_step@fit.py<main@fit.py<<module>@fit.py",
+                14 << 20,
+            )],
         );
         let c = check(&base, &run, TOLERANCE);
         let over = c.over.iter().find(|o| o.figure == "peak_bytes").unwrap();
         assert_eq!((over.before, over.now), (10 << 20, 14 << 20));
         assert_eq!(over.was, format!("{before}:1"));
         // Moved and unchanged: nothing over, nothing changed.
-        let moved = baseline(10 << 20, vec![site(0, "step@fit.py<main@fit.py", 10 << 20)]);
+        let moved = baseline(
+            10 << 20,
+            vec![site(0, "step@fit.py<main@fit.py<<module>@fit.py", 10 << 20)],
+        );
         let c = check(&base, &moved, TOLERANCE);
         assert!(c.over.is_empty() && c.changed.is_empty(), "{c:#?}");
+        // Two functions of other files under one caller are two sites.
+        let other = baseline(
+            14 << 20,
+            vec![site(
+                0,
+                "load@data.py<main@fit.py<<module>@fit.py",
+                14 << 20,
+            )],
+        );
+        let c = check(&base, &other, TOLERANCE);
+        assert!(c.over.iter().all(|o| o.was.is_empty()), "{c:#?}");
     }
 
     #[test]
