@@ -17,7 +17,7 @@ use snapdiff_format::Snapshot;
 use crate::culprit::CulpritRules;
 use crate::frame_class::classify;
 use crate::group::{Site, SiteNamer, live_sites_by_device};
-use crate::peak::{PeakOptions, peak};
+use crate::peak::device_peaks;
 use crate::stack_key::StackKeys;
 use crate::trend::Trend;
 
@@ -192,10 +192,7 @@ fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
                 .collect(),
         })
         .collect();
-    let options = PeakOptions {
-        rules: rules.clone(),
-    };
-    for p in peak(snap, &options).devices {
+    for p in device_peaks(snap, &keys, &namer) {
         let at = Moment {
             device: p.device,
             allocated: p.allocated_bytes,

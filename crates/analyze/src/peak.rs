@@ -148,18 +148,7 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
                 .map(|t| t.suspects)
                 .unwrap_or_default()
         },
-        || {
-            snap.traces
-                .iter()
-                .filter(|t| t.events.actions().any(|a| a == Action::Alloc))
-                .map(|trace| {
-                    // First the highest point, then the live sites there.
-                    let highest = replay(snap, &keys, trace, &[]).highest;
-                    let at = replay(snap, &keys, trace, &[highest.1]);
-                    (device_peak(snap, trace, &at, &namer, &categories), at)
-                })
-                .collect::<Vec<_>>()
-        },
+        || busy_peaks(snap, &keys, &namer, &categories),
     );
     let mut notes = Vec::new();
     let devices: Vec<DevicePeak> = at_peaks
@@ -184,6 +173,40 @@ pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
         );
     }
     Peak { devices, notes }
+}
+
+/// The peak of each device whose trace allocates, with the replay cut
+/// there, without what grows (see [`peak`] for that).
+fn busy_peaks(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    namer: &SiteNamer,
+    categories: &Categories,
+) -> Vec<(DevicePeak, Replayed)> {
+    snap.traces
+        .iter()
+        .filter(|t| t.events.actions().any(|a| a == Action::Alloc))
+        .map(|trace| {
+            // First the highest point, then the live sites there.
+            let highest = replay(snap, keys, trace, &[]).highest;
+            let at = replay(snap, keys, trace, &[highest.1]);
+            (device_peak(snap, trace, &at, namer, categories), at)
+        })
+        .collect()
+}
+
+/// The peak of each device of `snap` whose trace allocates, without what
+/// grows (the trend [`peak`] also runs): for a baseline's peak moment.
+pub(crate) fn device_peaks(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    namer: &SiteNamer,
+) -> Vec<DevicePeak> {
+    let categories = Categories::new(snap);
+    busy_peaks(snap, keys, namer, &categories)
+        .into_iter()
+        .map(|(peak, _)| peak)
+        .collect()
 }
 
 /// The peak of `trace`, from `at`: its replay cut at the highest point.
