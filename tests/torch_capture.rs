@@ -721,6 +721,40 @@ fn iterations_are_found_from_the_traces_own_calls() {
     ])
     .expect_code(1);
 
+    // The same trace without times (as torch_npu writes them): the same
+    // line and bytes a step, and no figure per second, said so.
+    let timeless = d.join("timeless.pickle");
+    let strip = "import pickle, sys\n\
+        s = pickle.load(open(sys.argv[1], 'rb'))\n\
+        [e.pop('time_us', None) for t in s['device_traces'] for e in t]\n\
+        pickle.dump(s, open(sys.argv[2], 'wb'), protocol=4)\n";
+    let done = Command::new("python3")
+        .args(["-c", strip])
+        .arg(&three)
+        .arg(&timeless)
+        .status()
+        .unwrap();
+    assert!(done.success());
+    let mut args: Vec<OsString> = vec!["trend".into(), timeless.into()];
+    args.extend(["--json", "--device-memory", "8GiB"].map(OsString::from));
+    let report = snapdiff(args).expect_code(0).one_trend();
+    assert_eq!(
+        report["suspects"][0]["culprit"]["line"], leak_line,
+        "{report:#}"
+    );
+    assert_eq!(
+        report["suspects"][0]["growth_per_step"],
+        40.0 * 1024.0 * 1024.0
+    );
+    assert_eq!(report["growth_per_second"], Value::Null, "{report:#}");
+    assert_eq!(report["seconds_to_full"], Value::Null, "{report:#}");
+    assert!(
+        report["notes"]
+            .to_string()
+            .contains("the trace records no times"),
+        "{report:#}"
+    );
+
     let twelve = run(12, "twelve");
     let report = trend_json(std::slice::from_ref(&twelve));
     assert_eq!(report["checkpoint_source"], "calls", "{report:#}");

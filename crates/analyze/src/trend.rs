@@ -444,6 +444,18 @@ pub(crate) fn trend_of_series(
              more steps (snapdiff capture --every N) tell a leak from a slow warm-up"
         ));
     }
+    // A trace without times (torch_npu writes none): said, not guessed.
+    let cut_trace = !matches!(
+        source,
+        CheckpointSource::Snapshots | CheckpointSource::EvenlySpaced
+    );
+    if seconds.is_none() && cut_trace && no_verdict.is_none() && !suspects.is_empty() {
+        notes.push(
+            "the trace records no times (time_us): growth is given per step and by event \
+             order, never per second, and the time until the device is full is left out"
+                .to_owned(),
+        );
+    }
     let suspected_bytes = (suspects.iter()).fold(0u64, |sum, s| sum.saturating_add(s.growth_bytes));
     let growth_per_second = seconds.map(|s| suspected_bytes as f64 / s);
     let device_memory = options.device_memory.or(series.device_memory);
