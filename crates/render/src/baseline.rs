@@ -17,11 +17,7 @@ pub fn write_check(
     tolerance: Tolerance,
     out: &mut dyn Write,
 ) -> io::Result<()> {
-    let allowed = format!(
-        "{:.0}% and {}",
-        100.0 * tolerance.share,
-        format_size(tolerance.bytes)
-    );
+    let allowed = allowed(tolerance);
     match check.over.len() {
         0 => writeln!(
             out,
@@ -62,11 +58,7 @@ pub fn write_check_markdown(
     tolerance: Tolerance,
     out: &mut dyn Write,
 ) -> io::Result<()> {
-    let allowed = format!(
-        "{:.0}% and {}",
-        100.0 * tolerance.share,
-        format_size(tolerance.bytes)
-    );
+    let allowed = allowed(tolerance);
     let cell = |text: &str| escaped(text).replace('|', "\\|");
     match check.over.len() {
         0 => writeln!(
@@ -99,12 +91,7 @@ pub fn write_check_markdown(
     writeln!(out, "\n| | what | baseline | now | change |")?;
     writeln!(out, "|---|---|---:|---:|---:|")?;
     for (kind, o) in rows {
-        let what = match o.figure {
-            "peak_allocated" => format!("device {} peak allocated", o.device),
-            "peak_reserved" => format!("device {} peak reserved", o.device),
-            "kept_bytes" => format!("`{}` kept growing", cell(&o.line)),
-            _ => format!("`{}` at the peak", cell(&o.line)),
-        };
+        let what = what(o, |line| format!("`{}`", cell(line)));
         writeln!(
             out,
             "| {kind} | {what} | {} | {} | {} |",
@@ -116,14 +103,28 @@ pub fn write_check_markdown(
     Ok(())
 }
 
-/// One figure: what it is, before -> now (the change, the share).
-fn line_of(o: &Over) -> String {
-    let what = match o.figure {
+/// What a tolerance lets rise: `5% and 1.00 MiB`.
+fn allowed(tolerance: Tolerance) -> String {
+    format!(
+        "{:.0}% and {}",
+        100.0 * tolerance.share,
+        format_size(tolerance.bytes)
+    )
+}
+
+/// What figure `o` is, its site's line shown by `shown`.
+fn what(o: &Over, shown: impl Fn(&str) -> String) -> String {
+    match o.figure {
         "peak_allocated" => format!("device {} peak allocated", o.device),
         "peak_reserved" => format!("device {} peak reserved", o.device),
-        "kept_bytes" => format!("{}  kept growing after warm-up", escaped(&o.line)),
-        _ => format!("{}  at the peak", escaped(&o.line)),
-    };
+        "kept_bytes" => format!("{} kept growing after warm-up", shown(&o.line)),
+        _ => format!("{} at the peak", shown(&o.line)),
+    }
+}
+
+/// One figure: what it is, before -> now (the change, the share).
+fn line_of(o: &Over) -> String {
+    let what = what(o, |line| format!("{} ", escaped(line)));
     let delta = o.now as i64 - o.before as i64;
     let share = match o.before {
         0 => "new".to_owned(),
