@@ -26,19 +26,9 @@ pub fn write_text(
     writeln!(out, "{before} -> {after}")?;
     writeln!(
         out,
-        "reserved {} -> {} ({}), allocated {} -> {} ({})",
-        size(cmp.reserved_before),
-        size(cmp.reserved_after),
-        delta_colored(
-            cmp.reserved_after as i64 - cmp.reserved_before as i64,
-            options.color
-        ),
-        size(cmp.allocated_before),
-        size(cmp.allocated_after),
-        delta_colored(
-            cmp.allocated_after as i64 - cmp.allocated_before as i64,
-            options.color
-        ),
+        "reserved {}, allocated {}",
+        net(cmp.reserved_before, cmp.reserved_after, options),
+        net(cmp.allocated_before, cmp.allocated_after, options)
     )?;
     if let Some(host) = &cmp.pinned_host {
         crate::pinned_host::write_change(host, options.color, out)?;
@@ -76,6 +66,16 @@ pub fn write_text(
     Ok(())
 }
 
+/// `a -> b (change)`, the change coloured.
+fn net(a: u64, b: u64, options: &TextOptions) -> String {
+    format!(
+        "{} -> {} ({})",
+        size(a),
+        size(b),
+        delta_colored(b as i64 - a as i64, options.color)
+    )
+}
+
 /// `cmp` of two runs: what the change did to memory in all first (net
 /// allocated and reserved), then how it splits over the sites that grew
 /// and those that shrank, every site by the size of its change.
@@ -91,19 +91,11 @@ fn write_two_runs(
         "{before} -> {after}: two runs ({}), compared site by site",
         snapdiff_format::visible::escaped(&cmp.runs.told_by)
     )?;
-    let net = |a: u64, b: u64| {
-        format!(
-            "{} -> {} ({})",
-            size(a),
-            size(b),
-            delta_colored(b as i64 - a as i64, options.color)
-        )
-    };
     writeln!(
         out,
         "allocated {}, reserved {}",
-        net(cmp.allocated_before, cmp.allocated_after),
-        net(cmp.reserved_before, cmp.reserved_after)
+        net(cmp.allocated_before, cmp.allocated_after, options),
+        net(cmp.reserved_before, cmp.reserved_after, options)
     )?;
     if let Some(host) = &cmp.pinned_host {
         crate::pinned_host::write_change(host, options.color, out)?;
