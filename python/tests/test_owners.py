@@ -98,7 +98,7 @@ CASES = [
         "        self.output = output.detach() * 1  # LEAK hooks_never_removed",
         "model[2].register_forward_hook(Recorder()); model(batch)",
         "handle = model[2].register_forward_hook(Recorder()); model(batch); handle.remove()",
-        r"^{mod}\.model\._modules\['2'\]\._forward_hooks \(a dict\)$",
+        r"^{mod}\.model\[2\]\._forward_hooks \(a dict\)$",
     ),
     (
         "metric_never_reset",
@@ -111,6 +111,31 @@ CASES = [
         "val_metrics.metrics['val_auroc'].update(model(batch).detach().softmax(-1)); "
         "val_metrics.metrics['val_auroc'].reset()",
         r"^{mod}\.val_metrics\.metrics\['val_auroc'\]\.preds \(a list\)$",
+    ),
+    # Inside torch modules, named as users write them.
+    (
+        "submodule_metric",
+        "class Auroc(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.preds = []\n"
+        "class Classifier(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.head = torch.nn.Linear(8, 2)\n        self.val_auroc = Auroc()\n"
+        "classifier = Classifier()",
+        "classifier.val_auroc.preds.append(model(batch).detach() * 1)",
+        "classifier.val_auroc.preds[:] = [model(batch).detach() * 1]",
+        r"^{mod}\.classifier\.val_auroc\.preds \(a list\)$",
+    ),
+    (
+        "layer_cache",
+        "class Attention(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.cache = []\n"
+        "class Decoder(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.layers = torch.nn.ModuleList([torch.nn.Identity() for _ in range(3)])\n"
+        "        self.layers.append(torch.nn.Sequential(torch.nn.Identity()))\n"
+        "        self.layers[3].attn = Attention()\n"
+        "decoder = Decoder()",
+        "decoder.layers[3].attn.cache.append(model(batch).detach() * 1)",
+        "decoder.layers[3].attn.cache[:] = [model(batch).detach() * 1]",
+        r"^{mod}\.decoder\.layers\[3\]\.attn\.cache \(a list\)$",
     ),
     (
         "server_results",

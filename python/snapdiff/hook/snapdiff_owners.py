@@ -976,6 +976,24 @@ def _instance_attributes(obj):
     return None
 
 
+# The attributes in which a torch module keeps its submodules, parameters
+# and buffers: a path steps through them unnamed (`model.fc.weight`).
+_MODULE_MEMBER_TABLES = ("_modules", "_parameters", "_buffers")
+
+
+def _is_module_member_table(attrs, table):
+    """Whether dict `table` is one of `_MODULE_MEMBER_TABLES` in `attrs`,
+    the attribute dict of a torch module (known by holding all three, so
+    that torch need not be imported)."""
+    if type(attrs) is not dict or type(table) is not dict:
+        return False
+    try:
+        tables = [dict.get(attrs, name) for name in _MODULE_MEMBER_TABLES]
+    except TypeError:
+        return False
+    return all(type(t) is dict for t in tables) and any(t is table for t in tables)
+
+
 def _hops(parent, holder, key_text):
     """How `parent` holds each object it refers to: `{id: (text to add to
     the path, the container's type name when it is an element of one,
@@ -984,14 +1002,30 @@ def _hops(parent, holder, key_text):
     kind = type(parent)
     index = {}
     if issubclass(kind, dict):
+        holder_attrs = _instance_attributes(holder) if holder is not None else None
         is_attrs = holder is not None and (
-            _instance_attributes(holder) is parent
+            holder_attrs is parent
             or (issubclass(type(holder), type)
                 and gc.get_referents(_type_dict(holder))[0] is parent)
         )
+        if holder is not None and type(holder) is dict:
+            holder_attrs = holder  # a module's attributes, as older Pythons hold them
+        if _is_module_member_table(holder_attrs, parent):
+            # A torch module's submodules, parameters and buffers, written
+            # as users write them: `model.layers[3].attn`, `model.fc.weight`.
+            for k, v in list(dict.items(parent)):
+                if type(k) is str and k.isdigit():
+                    index.setdefault(id(v), (f"[{k}]", None))
+                elif type(k) is str and k.isidentifier():
+                    index.setdefault(id(v), (f".{k}", None))
+                else:
+                    index.setdefault(id(v), (f"[{key_text(k)}]", None))
+            return index
         for k, v in list(dict.items(parent)):
             if is_attrs and type(k) is str:
-                index.setdefault(id(v), (f".{k}", None))
+                index.setdefault(
+                    id(v), (None if _is_module_member_table(parent, v) else f".{k}", None)
+                )
             else:
                 index.setdefault(id(v), (f"[{key_text(k)}]", "dict"))
             index.setdefault(id(k), (f" key {key_text(k)}", "dict"))
@@ -1024,7 +1058,9 @@ def _hops(parent, holder, key_text):
             # Python 3.11+ objects hold their attributes' values directly.
             for k, v in list(dict.items(attrs)):
                 if type(k) is str:
-                    index.setdefault(id(v), (f".{k}", None))
+                    index.setdefault(
+                        id(v), (None if _is_module_member_table(attrs, v) else f".{k}", None)
+                    )
         for klass in _type_mro(kind):  # __slots__
             for name, descriptor in list(_type_dict(klass).items()):
                 if type(descriptor) is types.MemberDescriptorType:
