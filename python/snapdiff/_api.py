@@ -136,7 +136,7 @@ class Suspect:
     series: List[int]
     floor: List[int]
     blocks: List[int]
-    # What kept its blocks alive (`capture --owners`): dicts of `owner`,
+    # What kept its blocks alive (capture's owners files): dicts of `owner`,
     # `kind`, `container`, `example`, `blocks`, `bytes`, `blocks_per_step`.
     held_by: List[dict] = field(default_factory=list)
 

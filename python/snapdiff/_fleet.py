@@ -47,7 +47,7 @@ class FleetLeak:
     ranks: List[Optional[int]]
     growth_per_step: List[Optional[float]]
     growth_bytes: int
-    # What kept its blocks alive (`capture --owners`), as in `Suspect`.
+    # What kept its blocks alive (capture's owners files), as in `Suspect`.
     held_by: List[dict] = field(default_factory=list)
 
     @property

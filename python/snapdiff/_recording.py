@@ -58,7 +58,7 @@ class Recording:
         self._capture = capture.Capture(
             torch, _Settings(folder, every, max_entries, stacks), deferred=False
         )
-        # Each dump followed by its owners file, as `capture --owners` does.
+        # Each dump followed by its owners file, as `capture` does.
         self._capture.settings.owners = bool(owners)
 
     def start(self) -> "Recording":
@@ -78,7 +78,7 @@ class Recording:
     @property
     def dump_owners(self) -> bool:
         """Whether each dump is followed by its owners file (what keeps its
-        live tensors alive), as `capture --owners` does; settable between
+        live tensors alive), as `capture` does; settable between
         dumps."""
         return bool(self._capture.settings.owners)
 

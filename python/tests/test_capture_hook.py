@@ -1,14 +1,19 @@
 """The capture hook's handling of requests, on real torch (CPU tensors):
 dumps slower than the interval never pile up."""
 
+import collections
+import json
 import os
+import pickle
+import subprocess
 import threading
 import time
 
 import pytest
 import torch
 
-from snapdiff.hook import snapdiff_capture
+from snapdiff._cli import binary, one_trend
+from snapdiff.hook import snapdiff_capture, snapdiff_dumping
 
 
 class Settings:
@@ -257,3 +262,38 @@ def test_the_pacer_is_weak_and_an_optimizer_that_takes_no_weak_reference_still_p
     for _ in range(3):
         capture.after_step(second, (), {})
     assert capture.steps == 4
+
+
+FIXTURE = os.path.join(
+    os.path.dirname(__file__), "../../../shared/fixtures/torch/cs336-medium-128-training.pickle"
+)
+
+
+def test_a_cuda_dumps_trace_gets_the_jobs_steps_where_their_times_fall(tmp_path):
+    """PyTorch's trace cannot be told the job's steps while it records: the
+    hook puts them in where their times fall, and reports cut there."""
+    if not os.path.exists(FIXTURE):
+        pytest.skip("../shared/fixtures is not beside the repository")
+    with open(FIXTURE, "rb") as f:
+        snapshot = pickle.load(f)
+    before = list(snapshot["device_traces"][0])
+    first, last = before[0]["time_us"], before[-1]["time_us"]
+    span = last - first
+    # One before recording began (left out), three inside, one after the end.
+    marks = [(0, first - 10)] + [(k, first + k * span // 4) for k in (1, 2, 3)] + [(4, last + 10)]
+    snapdiff_dumping.mark_steps(snapshot, collections.deque(marks))
+    after = snapshot["device_traces"][0]
+    assert [e for e in after if e["action"] != "step"] == before
+    steps = [(i, e) for i, e in enumerate(after) if e["action"] == "step"]
+    assert [e["size"] for _, e in steps] == [1, 2, 3, 4]
+    for i, e in steps:
+        assert after[i - 1]["time_us"] <= e["time_us"]
+        assert i + 1 == len(after) or e["time_us"] < after[i + 1]["time_us"]
+    path = tmp_path / "marked.pickle"
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f, protocol=4)
+    report = one_trend(json.loads(subprocess.run(
+        [binary(), "trend", str(path), "--json"], check=True, capture_output=True, text=True,
+    ).stdout))
+    assert report["checkpoint_source"] == "step_marks", report
+    assert [p["step"] for p in report["points"]] == [1, 2, 3, 4], report["points"]

@@ -220,11 +220,12 @@ train(8)
 
 
 def test_capture_owners_and_trend_name_each_leaks_owner(tmp_path, loaded):
+    """Capture finds owners by default: no flag asks for them."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     dumps = tmp_path / "dumps"
     subprocess.run(
-        [binary(), "capture", "--owners", "--no-report", "-o", dumps, "--every", "1", "--",
+        [binary(), "capture", "--no-report", "-o", dumps, "--every", "1", "--",
          sys.executable, script],
         check=True, capture_output=True,
     )
@@ -780,3 +781,43 @@ def test_a_library_frames_local_is_not_named_when_the_users_code_holds_it_too():
 
 
 _KEPT = None
+
+
+def _capture_entries(tmp_path, *flags, env=None):
+    """The manifest entries and stderr of a capture of a short leaking job
+    (10 steps, a dump each)."""
+    script = tmp_path / "train.py"
+    script.write_text(HEADER.replace("import pytest\n", "") + """
+history = []
+for step in range(10):
+    history.append(model(batch).detach() * 1)
+    optimizer.step()
+""")
+    dumps = tmp_path / "dumps"
+    done = subprocess.run(
+        [binary(), "capture", *flags, "--no-report", "-o", dumps, "--every", "1", "--",
+         sys.executable, script],
+        check=True, capture_output=True, text=True, env={**os.environ, **(env or {})},
+    )
+    lines = (dumps / "manifest.jsonl").read_text().splitlines()
+    return [json.loads(l) for l in lines], done.stderr
+
+
+def test_no_owners_turns_the_search_off(tmp_path):
+    entries, _ = _capture_entries(tmp_path, "--no-owners")
+    assert len(entries) == 11, entries
+    assert not any("owners" in e for e in entries), entries
+    assert not list((tmp_path / "dumps").glob("*.owners.json"))
+
+
+def test_a_search_past_its_budget_spaces_the_next_ones_and_says_so_once(tmp_path):
+    """A budget no search can keep: searches at dumps 1, 3, 7 (every
+    other, then every fourth), and at the exit dump, always."""
+    entries, stderr = _capture_entries(tmp_path, env={"SNAPDIFF_OWNERS_BUDGET": "0.000001"})
+    searched = [i + 1 for i, e in enumerate(entries) if "owners" in e]
+    assert searched == [1, 3, 7, 11], (searched, entries)
+    assert entries[-1]["file"].endswith("-exit.pickle"), entries[-1]
+    assert stderr.count("took its whole budget") == 1, stderr
+    assert "every other dump" in stderr and "--no-owners" in stderr, stderr
+    files = [json.loads((tmp_path / "dumps" / e["owners"]).read_text()) for e in entries if e.get("owners")]
+    assert files and all(f["complete"] is False for f in files), files

@@ -1,5 +1,5 @@
 //! "Held by": what kept a suspect's blocks alive, from the owners files
-//! `capture --owners` writes beside its dumps. One attribution for every
+//! `capture` writes beside its dumps. One attribution for every
 //! report: `trend`, `compare`, `summary` (and so Python's
 //! `Recording.owners()`), `report` and `fleet` (from snapshots, its
 //! Parquet tables or Ray) all group a dump's owners by site here and add

@@ -145,7 +145,8 @@ fn judge_cut(rows: &DeviceRows, series: SiteSeries<'_>, options: &TrendOptions) 
         trend.notes.push(format!(
             "{}'s trace frees {} block{} it never saw allocated: recording \
              began mid-run, or the trace's ring buffer (max_entries) wrapped; only the recorded \
-             window is judged, and blocks from before it are labelled, never counted as growth",
+             window is judged; a site holding blocks from before it says \"some blocks older than \
+             the trace\", and they never count as growth",
             cut.device_name,
             cut.freed_unseen,
             if cut.freed_unseen == 1 { "" } else { "s" }

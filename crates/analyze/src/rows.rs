@@ -169,7 +169,7 @@ pub struct DeviceRows {
     /// The sites live at each checkpoint, by key (parallel to `checkpoints`).
     pub sites: Vec<Vec<SiteRow>>,
     /// What kept each site's blocks alive at each checkpoint, when the job
-    /// said (`capture --owners`; parallel to `checkpoints`), as
+    /// said (capture's owners files; parallel to `checkpoints`), as
     /// `owners.parquet` stores them.
     pub owners: Vec<Option<SiteOwners>>,
     /// Where the checkpoints were cut from one trace; `None` for one

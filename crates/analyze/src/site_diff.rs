@@ -49,7 +49,7 @@ pub struct GroupDiff {
     /// Blocks live in both snapshots (per [`Matching`](crate::Matching); 0 for `site_only`).
     pub blocks_kept: u64,
     /// What kept its blocks alive in AFTER, when the process said
-    /// (`capture --owners`); left out of JSON when empty.
+    /// (capture's owners files); left out of JSON when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<crate::held_by::HeldBy>,
     /// Where the site was in the first of two runs, when its code moved

@@ -176,7 +176,7 @@ pub struct Suspect {
     /// Whether some of its blocks were allocated before recording began.
     pub before_recording: bool,
     /// What kept its blocks alive when the last snapshot was taken, when
-    /// the process said (`capture --owners`): the owners that gained blocks
+    /// the process said (capture's owners files): the owners that gained blocks
     /// first. Left out of JSON when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<HeldBy>,

@@ -1,5 +1,5 @@
-//! "Held by" for the command's reports: the owners files `capture
-//! --owners` (and the pytest plugin) wrote beside the snapshots read,
+//! "Held by" for the command's reports: the owners files `capture`
+//! (and the pytest plugin) wrote beside the snapshots read,
 //! attributed by `snapdiff_analyze` as every report does.
 
 use std::path::Path;

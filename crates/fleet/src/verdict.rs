@@ -143,7 +143,7 @@ pub struct FleetLeak {
     /// Their growth, added up.
     pub growth_bytes: u64,
     /// What kept the blocks alive on the rank that grew most there, of
-    /// those whose job said (`capture --owners`); left out of JSON when
+    /// those whose job said (capture's owners files); left out of JSON when
     /// empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<HeldBy>,

@@ -1,4 +1,4 @@
-//! Owners files: what `capture --owners` (and the pytest plugin) write
+//! Owners files: what `capture` (and the pytest plugin) write
 //! beside a dump, `NAME.owners.json` for `NAME.pickle`: who kept each live
 //! block alive, by block address (written by
 //! `python/snapdiff/hook/snapdiff_owners.py`; its fields are in

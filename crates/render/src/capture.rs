@@ -31,7 +31,7 @@ pub struct DumpTime {
     pub longest: f64,
     /// Seconds of the longest one, its owners' search left out.
     pub longest_without_owners: f64,
-    /// Of those, the seconds finding owners took (`--owners`), in all and
+    /// Of those, the seconds finding owners took (unless `--no-owners`), in all and
     /// the longest; `None` without owners.
     pub owners: Option<(f64, f64)>,
     /// Interval dumps not taken because a dump was being written, summed

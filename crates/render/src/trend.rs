@@ -113,7 +113,7 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
             let mut cell = site_cell_before(&s.site, s.before_recording, options.frames, &base);
             cell.push_str(via[i].as_deref().unwrap_or(""));
             if s.before_recording && s.site.culprit.kind != CulpritKind::NoStack {
-                cell.push_str("\n  (some blocks allocated before recording began)");
+                cell.push_str("\n  (some blocks older than the trace)");
             }
             rows.push(vec![
                 (i + 1).to_string(),

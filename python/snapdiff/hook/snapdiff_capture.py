@@ -32,6 +32,7 @@ Rules it keeps so that it cannot hurt the job:
 """
 
 import atexit
+import collections
 import os
 import signal
 import sys
@@ -76,7 +77,7 @@ class Settings:
         self.entries = int(environ.get("SNAPDIFF_TRACE_ENTRIES") or 100000)
         self.stacks = environ.get("SNAPDIFF_STACKS", "1") != "0"
         # Whether each dump is followed by the owners of its live blocks
-        # (`capture --owners`; see snapdiff_owners).
+        # (`capture` does so unless `--no-owners`; see snapdiff_owners).
         self.owners = environ.get("SNAPDIFF_OWNERS") == "1"
         self.interval = None
         text = environ.get("SNAPDIFF_INTERVAL") or ""
@@ -114,6 +115,10 @@ class Capture(Signals, Dumping):
         self.forked_child = False
         self.cpu = None  # the CPU recorder, when torch sees no CUDA device
         self.steps = 0
+        # When the last optimizer steps were taken (microseconds since the
+        # epoch, as the trace's times), to mark them in a CUDA dump's trace
+        # (`mark_steps`); the CPU recorders mark them as they come.
+        self.step_times = collections.deque(maxlen=max(settings.entries, 1))
         self.rank = None  # this process's rank, once known
         # A weak reference to the optimizer whose steps are counted: the
         # job's model and optimizer state are freed when it drops them.
@@ -139,6 +144,10 @@ class Capture(Signals, Dumping):
         self.last_failure = None
         self.manifest_refused = False  # said once: the manifest cannot be written
         self.dumps = 0  # dumps written
+        # Owners are searched at every `owners_every`th dump: doubled each
+        # time a search runs out of its budget (see Dumping.wants_owners).
+        self.owners_every = 1
+        self.dumps_since_owners = 0
         self.written = []  # their names, in order
         self.previous_handlers = {}
         self.threads = []  # the threads started, for `uninstall`
@@ -279,10 +288,19 @@ class Capture(Signals, Dumping):
         optimizer.register_optimizer_step_post_hook(self.guarded(self.after_step))
 
     def before_step(self, opt, args, kwargs):
-        """The first step of a child process: it is a rank, not a worker."""
+        """The first step of a child process: it is a rank, not a worker.
+        Each step of the pacer is marked in the trace, labelled with the
+        steps taken before it (as the manifest counts them), so that
+        reports cut the trace at the job's own steps."""
         if self.waiting_for_step:
             self.waiting_for_step = False
             self.start_recording()
+        pacer = self.pacer() if self.pacer is not None else None
+        if (pacer is None or opt is pacer) and self.recording and self.settings.entries > 0:
+            if self.cpu is not None:
+                self.cpu.mark_step(self.steps)
+            else:
+                self.step_times.append((self.steps, time.time_ns() // 1000))
 
     def after_step(self, opt, args, kwargs):
         """Counts the steps of one optimizer, the pacer: the first to step,

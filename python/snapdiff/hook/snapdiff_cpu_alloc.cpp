@@ -74,7 +74,8 @@ struct Live {
 };
 
 // What happened to a storage: PyTorch's trace actions, in `kActions`.
-enum Action : uint8_t { kAllocation, kRelease, kDumpMarker };
+// A step marker's size is the number of optimizer steps taken before it.
+enum Action : uint8_t { kAllocation, kRelease, kDumpMarker, kStepMarker };
 
 struct Event {
   Action action;
@@ -407,6 +408,7 @@ enum Word : uint8_t {
   kFreeCompleted,
   kSegmentFree,
   kSnapshot,
+  kStep,
   kWordCount,
 };
 
@@ -442,6 +444,7 @@ const char* const kWords[kWordCount] = {
     "free_completed",
     "segment_free",
     "snapshot",
+    "step",
 };
 
 // A frame's items as given (a dict of str keys and str or int values),
@@ -720,6 +723,7 @@ const std::vector<Word> kActions[] = {
     {kSegmentAlloc, kAlloc},
     {kFreeRequested, kFreeCompleted, kSegmentFree},
     {kSnapshot},
+    {kStep},
 };
 
 // PyTorch's split between the small and the large pool, for `segment_type`.
@@ -948,6 +952,15 @@ void snapdiff_cpu_stop() {
 void snapdiff_cpu_pause() {
   std::lock_guard<std::mutex> lock(state->mu);
   state->recording = false;
+}
+
+// Marks in the trace that the job's optimizer is about to take a step, after
+// `step` steps: reports cut the trace there.
+void snapdiff_cpu_mark_step(uint64_t step) {
+  std::lock_guard<std::mutex> lock(state->mu);
+  if (state->recording) {
+    state->push(Event{kStepMarker, 0, static_cast<size_t>(step), now_us(), kNoStack});
+  }
 }
 
 // How many storages this recording noted.

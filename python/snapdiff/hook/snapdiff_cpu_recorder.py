@@ -152,6 +152,12 @@ class DispatchRecorder(TorchDispatchMode):
         """Keeps the mode but records nothing (a forked child)."""
         self._paused = True
 
+    def mark_step(self, step):
+        """Marks in the trace that the job's optimizer is about to take a
+        step, after `step` steps: reports cut the trace there."""
+        with self._lock:
+            self._trace.append(("step", 0, step, _now_us(), _NO_FRAMES))
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self._paused:
             return func(*args, **(kwargs or {}))
@@ -466,6 +472,11 @@ class AllocatorRecorder:
         code, not the thread's that started recording."""
         self._library.snapdiff_cpu_follow_main_thread()
 
+    def mark_step(self, step):
+        """Marks in the trace that the job's optimizer is about to take a
+        step, after `step` steps: reports cut the trace there."""
+        self._library.snapdiff_cpu_mark_step(step)
+
     def pause(self):
         """Records nothing more in this process (a forked child)."""
         self._library.snapdiff_cpu_pause()
@@ -608,6 +619,8 @@ def _load(folder, name):
     library.snapdiff_cpu_stacks_lost.restype = ctypes.c_int
     library.snapdiff_cpu_follow_main_thread.restype = None
     library.snapdiff_cpu_replaced.restype = ctypes.c_int
+    library.snapdiff_cpu_mark_step.argtypes = [ctypes.c_uint64]
+    library.snapdiff_cpu_mark_step.restype = None
     return library
 
 

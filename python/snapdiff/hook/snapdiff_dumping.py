@@ -75,8 +75,16 @@ class Dumping:
         run = getattr(self.settings, "run", None) or "-"
         temporary = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.{run}.{self.pid}.tmp")
         measured = self.measure()
+        owners = self.wants_owners(reason)
+        found = None
         try:
-            blocks = self.write(temporary, blocks=getattr(self.settings, "owners", False))
+            blocks = self.write(temporary, blocks=owners)
+            # Searched before the dump is published, so that a dump is never
+            # seen for long without its manifest line (a watch reading the
+            # folder would take it for another run's).
+            if owners:
+                searched = time.perf_counter()
+                found = self.find_owners(blocks, stem)
             name = place(temporary, folder, stem)
         except Exception as e:
             remove(temporary)
@@ -86,9 +94,8 @@ class Dumping:
         self.dumps += 1
         self.written.append(name)
         entry = {"file": name, **measured}
-        if getattr(self.settings, "owners", False):
-            searched = time.perf_counter()
-            entry["owners"] = self.write_owners(blocks, name)
+        if owners:
+            entry["owners"] = self.write_owners(found, name) if found is not None else None
             entry["owners_seconds"] = round(time.perf_counter() - searched, 4)
         # How long this dump held the process, owners included.
         seconds = time.perf_counter() - started
@@ -144,11 +151,36 @@ class Dumping:
             )
         return wanted
 
-    def write_owners(self, blocks, name):
-        """Writes the owners of the dump's live blocks beside it
-        (`NAME.owners.json`) and returns that file's name; None when it
-        could not be written (said once, as failed dumps are)."""
-        temporary = None
+    def wants_owners(self, reason):
+        """Whether this dump is followed by its owners: when they are asked
+        for, at every `owners_every`th dump, and always at the job's last
+        (exit, out of memory) and at one asked for by a signal."""
+        if not getattr(self.settings, "owners", False):
+            return False
+        self.dumps_since_owners += 1
+        if reason in ("exit", "oom", "signal") or self.dumps_since_owners >= self.owners_every:
+            self.dumps_since_owners = 0
+            return True
+        return False
+
+    def ran_out_of_time(self, name, seconds):
+        """A search that spent its whole budget: later searches come at
+        every other dump of those they came at (said once), so that owners
+        cost the job at most about one budget every `owners_every` dumps."""
+        self.owners_every *= 2
+        if self.owners_every == 2:
+            warn(
+                f"finding what holds the tensors of {name} took its whole budget "
+                f"({seconds:g} s); owners are now searched at every other dump, and "
+                f"fewer each time it happens again "
+                f"(SNAPDIFF_OWNERS_BUDGET sets the budget; capture --no-owners turns "
+                f"the search off)"
+            )
+
+    def find_owners(self, blocks, stem):
+        """The owners of the dump's live blocks (`snapdiff_owners.find`);
+        None when they could not be searched (said once, as failed dumps
+        are)."""
         try:
             try:  # in the snapdiff package
                 from . import snapdiff_owners
@@ -161,6 +193,19 @@ class Dumping:
                     raise TimeoutError("no time left before the job ends")
                 seconds = min(seconds, snapdiff_owners.budget())
             owners = snapdiff_owners.find(self.torch, blocks, seconds=seconds)
+            if owners.get("complete") is False:
+                self.ran_out_of_time(stem, seconds or snapdiff_owners.budget())
+            return owners
+        except Exception as e:
+            self.failed(f"owners of {stem}", e)
+            return None
+
+    def write_owners(self, owners, name):
+        """Writes `owners` beside the dump `name` (`NAME.owners.json`) and
+        returns that file's name; None when it could not be written (said
+        once, as failed dumps are)."""
+        temporary = None
+        try:
             owners_name = name.rsplit(".", 1)[0] + ".owners.json"
             folder = self.settings.dir
             temporary = os.path.join(folder, f".{owners_name}.{secrets.token_hex(4)}.tmp")
@@ -197,6 +242,7 @@ class Dumping:
             # What `torch.cuda.memory._dump_snapshot` pickles, into a file
             # opened here (it would follow a link at `path`).
             snapshot = self.torch.cuda.memory._snapshot()
+            mark_steps(snapshot, self.step_times)
         for_each_stack(snapshot, frames_of)
         with create_new(path, "wb") as f:
             pickle.dump(snapshot, f, protocol=4)
@@ -260,6 +306,42 @@ class Dumping:
     def report_failures(self):
         if self.failures > 1:
             warn(f"{self.failures} snapshot writes failed; the last: {self.last_failure}")
+
+
+def mark_steps(snapshot, step_times):
+    """Puts a `step` event (its size the steps taken before it, as the CPU
+    recorders write it) into each device's trace where each of
+    `step_times`, `(step, time_us)` in order, falls among its events, so
+    that reports cut the trace at the job's own steps. PyTorch's trace has
+    no way to be told them while it records."""
+    if not step_times:
+        return
+    for d, trace in enumerate(snapshot.get("device_traces") or ()):
+        if not trace or trace[0].get("time_us") is None:
+            continue
+        first = trace[0]["time_us"]
+        marks = [(step, t) for step, t in step_times if t >= first]
+        if not marks:
+            continue
+        merged = []
+        pending = iter(marks)
+        mark = next(pending, None)
+        for event in trace:
+            t = event.get("time_us")
+            while mark is not None and t is not None and mark[1] < t:
+                merged.append(_step_event(mark))
+                mark = next(pending, None)
+            merged.append(event)
+        while mark is not None:
+            merged.append(_step_event(mark))
+            mark = next(pending, None)
+        snapshot["device_traces"][d] = merged
+
+
+def _step_event(mark):
+    step, time_us = mark
+    return {"action": "step", "addr": 0, "size": step, "stream": 0, "time_us": time_us,
+            "frames": []}
 
 
 def each_record(snapshot):

@@ -34,13 +34,19 @@ pub(crate) struct CaptureArgs {
     /// Record no stacks (cheaper; reports then cannot name lines).
     #[arg(long)]
     pub(crate) no_stacks: bool,
-    /// After each dump of a PyTorch job, find what keeps its live tensors
-    /// alive (a global, a local, the autograd graph) and write it beside
-    /// the dump; reports show it as "held by" under each suspect. Costs
-    /// about 0.1 s a dump of a small model's job, 0.2-0.4 s in a process
-    /// of a million objects (docs/performance.md); the search stops at
-    /// SNAPDIFF_OWNERS_BUDGET seconds (default 1).
+    /// Do not look for what keeps a PyTorch job's live tensors alive. By
+    /// default, after each dump, capture finds it (a global, a local, the
+    /// autograd graph) and writes it beside the dump; reports show it as
+    /// "held by" under each suspect. Measured: about 0.1 s a dump of a
+    /// small model's job, 0.2-0.4 s in a process of a million objects
+    /// (docs/performance.md). A search stops at SNAPDIFF_OWNERS_BUDGET
+    /// seconds (default 1); one that spends it all makes later searches
+    /// come at every other dump, then fewer (said once).
     #[arg(long)]
+    pub(crate) no_owners: bool,
+    /// Find owners after each dump: the default, kept so that scripts
+    /// written for earlier versions still run.
+    #[arg(long, hide = true, conflicts_with = "no_owners")]
     pub(crate) owners: bool,
     /// Do not print the trend report afterwards.
     #[arg(long)]

@@ -98,7 +98,7 @@ impl JudgeArgs {
 /// device and checkpoint, with its culprit line), checkpoints.parquet (each
 /// checkpoint's step, time, file and totals), stacks.parquet (each
 /// site's frames) and owners.parquet (what kept each site's blocks alive,
-/// from capture --owners) into DIR; schema in docs/format.md. `snapdiff fleet DIR`
+/// from capture's owners files) into DIR; schema in docs/format.md. `snapdiff fleet DIR`
 /// gives the same verdict as from the snapshots.
 #[derive(Debug, Args)]
 pub(crate) struct ExportArgs {

@@ -60,6 +60,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         max_entries: None,
         no_stacks: false,
         owners: false,
+        no_owners: false,
         no_report: false,
         watch: false,
         live: crate::args::LiveArgs::default(),

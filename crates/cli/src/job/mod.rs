@@ -132,9 +132,9 @@ pub(crate) fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     if args.no_stacks {
         cmd.env(ENV_STACKS, "0");
     }
-    if args.owners {
-        cmd.env("SNAPDIFF_OWNERS", "1");
-    }
+    // Owners are found by default; `--owners` is the default said aloud.
+    let owners = args.owners || !args.no_owners;
+    cmd.env("SNAPDIFF_OWNERS", if owners { "1" } else { "0" });
     let mut python_path = OsString::from(hook.path());
     if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
         python_path.push(":");

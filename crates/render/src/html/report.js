@@ -146,7 +146,7 @@ function verdict(section) {
       return r;
     });
     section.append(table([["", true], ["culprit", false], ["growth", true], [byStep ? "per step" : "per checkpoint", true], ["live bytes (hover: floor and blocks)", false]], rows));
-    // What kept them alive, when the job said (capture --owners).
+    // What kept them alive, when the job said (capture's owners files).
     const held = t.suspects.flatMap((s, i) => (s.held_by || []).slice(0, 3).map(h => {
       const rate = h.blocks_per_step > 0 ? `, +${+h.blocks_per_step.toFixed(2)} a step` : "";
       const what = h.container ? `${h.owner} (a ${h.container})` : h.owner;
