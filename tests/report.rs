@@ -294,6 +294,48 @@ fn too_few_checkpoints_are_no_verdict_in_the_page_and_the_text() {
     assert!(dom.contains("class=\"verdict none\""), "not green: {dom}");
 }
 
+/// A trace that records no times (as torch_npu writes them, here the demo
+/// job's dump as a pickle with its times taken out by CPython) is drawn
+/// in the order of its events, and the page says nothing is per second.
+#[test]
+fn a_trace_without_times_is_drawn_by_event_order_and_says_so() {
+    let dir = tempdir();
+    let files = leaking_training_job(&dir.path().join("job"), 40, 10);
+    let pickle = dir.path().join("timed.pickle");
+    let timeless = dir.path().join("timeless.pickle");
+    snapdiff([
+        "convert".as_ref(),
+        files.last().unwrap().as_os_str(),
+        pickle.as_os_str(),
+    ])
+    .expect_code(0);
+    let strip = "import pickle, sys\n\
+        s = pickle.load(open(sys.argv[1], 'rb'))\n\
+        [e.pop('time_us', None) for t in s['device_traces'] for e in t]\n\
+        pickle.dump(s, open(sys.argv[2], 'wb'), protocol=4)\n";
+    let Ok(status) = std::process::Command::new("python3")
+        .args(["-c", strip])
+        .arg(&pickle)
+        .arg(&timeless)
+        .status()
+    else {
+        crate::util::skip("python3", "apt-get install python3");
+        return;
+    };
+    assert!(status.success());
+    let page = dir.path().join("timeless.html");
+    let html = report(&[&timeless], &page);
+    assert!(html.contains("\"timed\":false"), "the page knows");
+    let Some(browser) = chromium() else { return };
+    let (dom, console) = open(browser, &page, "timeless.png");
+    assert!(console.is_empty(), "console: {console:?}");
+    assert!(dom.contains("id=\"timeline\""), "the timeline is drawn");
+    assert!(
+        dom.contains("in the order of the trace's events: it records no times"),
+        "{dom}"
+    );
+}
+
 #[test]
 fn pinned_host_growth_is_said_in_the_page_not_an_all_clear() {
     let dir = tempdir();

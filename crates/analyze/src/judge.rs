@@ -10,7 +10,7 @@
 //! judged by its trace, cut into checkpoints; several, a checkpoint each.
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::{Owners, PINNED_HOST_DEVICE, Snapshot, StackId};
+use snapdiff_format::{DeviceName, Owners, PINNED_HOST_DEVICE, Snapshot, StackId};
 
 use crate::error::TraceError;
 use crate::group::{culprit_line, describe_site};
@@ -255,10 +255,25 @@ pub(crate) fn judge_trace(
         .into_iter()
         .collect();
     let describe = |key: StackKey| Some((snap, stacks.get(&key).copied().flatten()));
+    let several = rows.devices.len() > 1;
     let trends = rows
         .devices
         .iter()
-        .map(|device| judge(device, &describe, &mut |_| None, options).trend)
+        .map(|device| {
+            let mut trend = judge(device, &describe, &mut |_| None, options).trend;
+            if several {
+                // Each device's verdict is its own: its suspects and notes
+                // say whose they are.
+                for s in &mut trend.suspects {
+                    s.device = Some(device.device);
+                }
+                let name = DeviceName(device.device).to_string();
+                for note in trend.notes.iter_mut().filter(|n| !n.starts_with(&name)) {
+                    *note = format!("{name}: {note}");
+                }
+            }
+            trend
+        })
         .collect();
     Ok(merge_device_trends(snap, trends))
 }

@@ -175,6 +175,10 @@ pub struct Suspect {
     pub floor: Vec<u64>,
     /// Whether some of its blocks were allocated before recording began.
     pub before_recording: bool,
+    /// The device whose trace it grew in, when one file's trace holds
+    /// several busy devices, each judged on its own; else left out of JSON.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
     /// What kept its blocks alive when the last snapshot was taken, when
     /// the process said (capture's owners files): the owners that gained blocks
     /// first. Left out of JSON when empty.
@@ -391,6 +395,7 @@ pub(crate) fn trend_of_series(
             series: bytes,
             blocks: totals.iter().map(|t| t.blocks).collect(),
             before_recording: series.before_recording.contains(&key),
+            device: None,
             held_by: Vec::new(),
         });
     }

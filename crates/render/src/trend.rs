@@ -112,6 +112,9 @@ pub fn write_text(trend: &Trend, options: &TextOptions, out: &mut dyn Write) -> 
         for (i, s) in shown.iter().enumerate() {
             let mut cell = site_cell_before(&s.site, s.before_recording, options.frames, &base);
             cell.push_str(via[i].as_deref().unwrap_or(""));
+            if let Some(device) = s.device {
+                cell.push_str(&format!("\n  (on {})", snapdiff_format::DeviceName(device)));
+            }
             if s.before_recording && s.site.culprit.kind != CulpritKind::NoStack {
                 cell.push_str("\n  (some blocks older than the trace)");
             }

@@ -154,11 +154,18 @@ class Dumping:
     def wants_owners(self, reason):
         """Whether this dump is followed by its owners: when they are asked
         for, at every `owners_every`th dump, and always at the job's last
-        (exit, out of memory) and at one asked for by a signal."""
+        (exit, out of memory); and only on
+        the main thread. The search asks PyTorch about every tensor, and off
+        the main thread it would do so while the job's own operators, the
+        GIL released, change those tensors: a race inside PyTorch that can
+        corrupt the job's heap. On the main thread a dump comes between
+        two of the job's statements (a step's end, a signal, exit)."""
         if not getattr(self.settings, "owners", False):
             return False
+        if threading.current_thread() is not threading.main_thread():
+            return False
         self.dumps_since_owners += 1
-        if reason in ("exit", "oom", "signal") or self.dumps_since_owners >= self.owners_every:
+        if reason in ("exit", "oom") or self.dumps_since_owners >= self.owners_every:
             self.dumps_since_owners = 0
             return True
         return False

@@ -106,6 +106,9 @@ pub fn write_page(page: &Page<'_>, out: &mut dyn Write) -> io::Result<()> {
         data["timeline"] = json!({
             "device": t.device,
             "events": t.events,
+            // Whether the trace records times: the axis is event order
+            // either way, and the page says which it has.
+            "timed": t.time_us.iter().any(Option::is_some),
             "allocated": t.allocated,
             "sites": described,
         });

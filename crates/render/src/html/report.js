@@ -135,7 +135,8 @@ function verdict(section) {
     const byStep = t.suspects.every(s => s.growth_per_step != null);
     const rows = t.suspects.map((s, i) => {
       const r = el("tr", { class: "suspect", "data-growth": String(s.growth_bytes) });
-      const name = cell(culprit(s), { class: "culprit" });
+      // One file's several devices are judged apart: say whose site it is.
+      const name = cell(culprit(s) + (s.device != null ? ` (on device ${s.device})` : ""), { class: "culprit" });
       hover(name, () => stackText(s));
       const perStep = byStep ? size(Math.round(s.growth_per_step)) : size(s.growth_per_checkpoint);
       const evidence = el("td");
@@ -204,7 +205,10 @@ function timeline(section) {
     legend.append(el("span", {}, el("i", { style: `background:${site.suspect ? "#e15759" : COLORS[k % COLORS.length]}` }), site.label));
   });
   section.append(legend);
-  section.append(el("p", { class: "note" }, `${tl.events[tl.events.length - 1]} events in ${n} points; each point is the highest of its stretch.`));
+  const axis = tl.timed
+    ? "left to right in the order of the trace's events"
+    : "left to right in the order of the trace's events: it records no times, so nothing here is per second";
+  section.append(el("p", { class: "note", id: "timeline-axis" }, `${tl.events[tl.events.length - 1]} events in ${n} points, ${axis}; each point is the highest of its stretch.`));
 }
 
 function peak(section) {
