@@ -764,6 +764,79 @@ fn iterations_are_found_from_the_traces_own_calls() {
         "{report:#}"
     );
 
+    // The same trace with C++-heavy stacks, as PyTorch records them with
+    // `stacks="all"`: the allocator's and ATen's frames innermost, and the
+    // interpreter's between each two Python frames. The same line and bytes.
+    let native = d.join("native.pickle");
+    let interleave = "import pickle, sys\n\
+        s = pickle.load(open(sys.argv[1], 'rb'))\n\
+        def cxx(name, lib):\n\
+        \x20   return {'name': name, 'filename': '/opt/venv/lib/python3.11/site-packages/torch/lib/' + lib, 'line': 0}\n\
+        inner = [cxx('c10::alloc_cpu(unsigned long)', 'libc10.so'),\n\
+        \x20        cxx('at::native::empty_cpu(c10::ArrayRef<long>)', 'libtorch_cpu.so'),\n\
+        \x20        cxx('at::_ops::ones::call(c10::ArrayRef<c10::SymInt>)', 'libtorch_cpu.so')]\n\
+        interp = {'name': '_PyEval_EvalFrameDefault', 'filename': '/usr/bin/python3.11', 'line': 0}\n\
+        outer = [{'name': 'Py_RunMain', 'filename': '/usr/bin/python3.11', 'line': 0},\n\
+        \x20        {'name': '__libc_start_main', 'filename': '/usr/lib/x86_64-linux-gnu/libc.so.6', 'line': 0}]\n\
+        def heavy(frames):\n\
+        \x20   out = list(inner)\n\
+        \x20   for f in frames:\n\
+        \x20       out += [f, dict(interp)]\n\
+        \x20   return out + outer\n\
+        for t in s['device_traces']:\n\
+        \x20   for e in t:\n\
+        \x20       e['frames'] = heavy(e.get('frames') or [])\n\
+        for seg in s['segments']:\n\
+        \x20   for b in seg['blocks']:\n\
+        \x20       b['frames'] = heavy(b.get('frames') or [])\n\
+        pickle.dump(s, open(sys.argv[2], 'wb'), protocol=4)\n";
+    let done = Command::new("python3")
+        .args(["-c", interleave])
+        .arg(&three)
+        .arg(&native)
+        .status()
+        .unwrap();
+    assert!(done.success());
+    let report = trend_json(std::slice::from_ref(&native));
+    assert_eq!(report["checkpoint_source"], "calls", "{report:#}");
+    let suspects = report["suspects"].as_array().unwrap();
+    assert_eq!(suspects.len(), 1, "{report:#}");
+    assert_eq!(suspects[0]["culprit"]["line"], leak_line, "{report:#}");
+    assert_eq!(suspects[0]["growth_per_step"], 40.0 * 1024.0 * 1024.0);
+
+    // And with C++ frames only (a libtorch program: its own functions in
+    // .cpp files, no Python): cut at the same calls, the same line.
+    let cpp = d.join("cpp.pickle");
+    let only_cpp = "import os, pickle, sys\n\
+        s = pickle.load(open(sys.argv[1], 'rb'))\n\
+        def cpp(frames):\n\
+        \x20   out = [{'name': 'c10::alloc_cpu(unsigned long)', 'filename': '/opt/libtorch/lib/libc10.so', 'line': 0}]\n\
+        \x20   for f in frames:\n\
+        \x20       name = 'main' if f['name'] == '<module>' else f['name'] + '(int)'\n\
+        \x20       base = os.path.basename(f['filename']).replace('.py', '.cpp')\n\
+        \x20       out.append({'name': name, 'filename': '/home/ana/trainer/' + base, 'line': f['line']})\n\
+        \x20   return out\n\
+        for t in s['device_traces']:\n\
+        \x20   for e in t:\n\
+        \x20       e['frames'] = cpp(e.get('frames') or [])\n\
+        for seg in s['segments']:\n\
+        \x20   for b in seg['blocks']:\n\
+        \x20       b['frames'] = cpp(b.get('frames') or [])\n\
+        pickle.dump(s, open(sys.argv[2], 'wb'), protocol=4)\n";
+    let done = Command::new("python3")
+        .args(["-c", only_cpp])
+        .arg(&three)
+        .arg(&cpp)
+        .status()
+        .unwrap();
+    assert!(done.success());
+    let report = trend_json(std::slice::from_ref(&cpp));
+    assert_eq!(report["checkpoint_source"], "calls", "{report:#}");
+    let suspects = report["suspects"].as_array().unwrap();
+    assert_eq!(suspects.len(), 1, "{report:#}");
+    assert_eq!(suspects[0]["culprit"]["line"], leak_line, "{report:#}");
+    assert_eq!(suspects[0]["growth_per_step"], 40.0 * 1024.0 * 1024.0);
+
     let twelve = run(12, "twelve");
     let report = trend_json(std::slice::from_ref(&twelve));
     assert_eq!(report["checkpoint_source"], "calls", "{report:#}");
