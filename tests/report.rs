@@ -10,7 +10,7 @@ use crate::util::{leaking_training_job, root, snapdiff, tempdir};
 
 /// Headless chromium, or `None` (with a line saying why) when it is not
 /// installed and SNAPDIFF_REQUIRE_CHROMIUM is not set.
-fn chromium() -> Option<&'static str> {
+pub(crate) fn chromium() -> Option<&'static str> {
     let found = Command::new("chromium")
         .arg("--version")
         .output()
@@ -28,7 +28,7 @@ fn chromium() -> Option<&'static str> {
 
 /// Opens `page` in headless chromium: its DOM after the script ran, and
 /// every console message. Saves a screenshot as `shot`.
-fn open(browser: &str, page: &Path, shot: &str) -> (String, Vec<String>) {
+pub(crate) fn open(browser: &str, page: &Path, shot: &str) -> (String, Vec<String>) {
     open_url(browser, &format!("file://{}", page.display()), shot)
 }
 

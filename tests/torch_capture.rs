@@ -633,6 +633,37 @@ fn check_against_a_baseline_passes_moved_code_and_names_the_one_real_change() {
         )),
         "{md}"
     );
+    // The page: the run beside its baseline, the changed line over, the
+    // lines that only moved marked with where they were.
+    let page = d.join("against.html");
+    snapdiff([
+        "report".as_ref(),
+        "--baseline".as_ref(),
+        base.as_os_str(),
+        grown.as_os_str(),
+        "-o".as_ref(),
+        page.as_os_str(),
+    ])
+    .expect_code(0);
+    if let Some(browser) = crate::report::chromium() {
+        let (dom, console) = crate::report::open(browser, &page, "baseline.png");
+        assert!(console.is_empty(), "console: {console:?}");
+        assert!(
+            dom.contains("figures over the baseline by more than 5% and 1.00 MiB"),
+            "{dom}"
+        );
+        let over = dom
+            .split("class=\"baseline-site over moved\"")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no site over: {dom}"));
+        let over = &over[..over.find("</tr>").unwrap()];
+        assert!(
+            over.contains(&format!("train  fit_larger.py:{line}"))
+                && over.contains(&format!("moved from train  torch_train.py:{}", line - 2)),
+            "{over}"
+        );
+        assert!(dom.contains("class=\"baseline-category\""), "{dom}");
+    }
     let update = |more: &[&str]| {
         let mut args = vec![
             "check".as_ref(),

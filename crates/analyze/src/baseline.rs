@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use snapdiff_format::Snapshot;
 
+use crate::category::{Categories, Category};
 use crate::culprit::CulpritRules;
 use crate::frame_class::classify;
 use crate::group::{Site, SiteNamer, live_sites_by_device};
@@ -66,6 +67,10 @@ pub struct SiteBaseline {
     pub blocks: u64,
     /// Bytes it kept growing after warm-up (0: steady).
     pub kept_bytes: u64,
+    /// What its memory is for (parameters, optimizer state, ...), from its
+    /// stack; absent from files written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<Category>,
 }
 
 impl Baseline {
@@ -93,6 +98,7 @@ impl Baseline {
         for (device, (_, at_peak)) in &devices {
             for SiteAt {
                 site,
+                category,
                 bytes,
                 blocks,
             } in at_peak
@@ -107,6 +113,7 @@ impl Baseline {
                 entry.line = line;
                 entry.peak_bytes += bytes;
                 entry.blocks += blocks;
+                entry.category.get_or_insert(*category);
             }
         }
         Baseline {
@@ -134,6 +141,7 @@ impl Baseline {
                 if s.peak_bytes >= e.peak_bytes {
                     e.line.clone_from(&s.line);
                     e.blocks = s.blocks;
+                    e.category = s.category.or(e.category);
                 }
                 e.peak_bytes = e.peak_bytes.max(s.peak_bytes);
                 e.kept_bytes = e.kept_bytes.max(s.kept_bytes);
@@ -152,6 +160,7 @@ impl Baseline {
 /// A site's live bytes and blocks at one moment.
 struct SiteAt {
     site: Site,
+    category: Category,
     bytes: u64,
     blocks: u64,
 }
@@ -171,6 +180,7 @@ fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
     let keys = StackKeys::new(snap);
     // What each distinct frame is, worked out once for all the sites.
     let namer = SiteNamer::new(snap, rules);
+    let categories = Categories::new(snap);
     let mut out: Vec<Moment> = live_sites_by_device(snap, &keys)
         .into_iter()
         .map(|d| Moment {
@@ -186,6 +196,7 @@ fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
                 .iter()
                 .map(|(key, t)| SiteAt {
                     site: namer.site(*key, d.stacks[key]),
+                    category: categories.of(d.stacks[key]),
                     bytes: t.bytes,
                     blocks: t.blocks,
                 })
@@ -202,6 +213,7 @@ fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
                 .into_iter()
                 .map(|s| SiteAt {
                     site: s.site,
+                    category: s.category,
                     bytes: s.bytes,
                     blocks: s.blocks,
                 })
@@ -388,6 +400,62 @@ pub fn check(baseline: &Baseline, run: &Baseline, tolerance: Tolerance) -> Check
     });
     over.extend(sites_over);
     Check { over, changed }
+}
+
+/// One site's bytes at the peak in a baseline and in a run, side by side:
+/// what a check's page shows.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SitePair {
+    /// Device ordinal.
+    pub device: u32,
+    /// Its key and line where the run has it (else the baseline's).
+    pub key: String,
+    /// See [`SiteBaseline::line`].
+    pub line: String,
+    /// Its line in the baseline when its code moved (another key, or the
+    /// same key at another line); empty otherwise.
+    pub was: String,
+    /// What its memory is for, when known.
+    pub category: Option<Category>,
+    /// Bytes at the baseline's peak (0: a new site).
+    pub before: u64,
+    /// Bytes at the run's peak (0: a site gone).
+    pub now: u64,
+}
+
+/// Every site of `baseline` and `run`, paired as `check` pairs them, the
+/// largest change first.
+pub fn side_by_side(baseline: &Baseline, run: &Baseline) -> Vec<SitePair> {
+    let mut pairs: Vec<SitePair> = pair_sites(baseline, run)
+        .into_iter()
+        .map(|(before, now)| {
+            let shown = now.or(before).expect("a pair holds a site");
+            let moved = matches!((before, now), (Some(b), Some(n)) if b.line != n.line);
+            SitePair {
+                device: shown.device,
+                key: shown.key.clone(),
+                line: shown.line.clone(),
+                was: if moved {
+                    before.map(|b| b.line.clone()).unwrap_or_default()
+                } else {
+                    String::new()
+                },
+                category: now
+                    .and_then(|n| n.category)
+                    .or(before.and_then(|b| b.category)),
+                before: before.map_or(0, |b| b.peak_bytes),
+                now: now.map_or(0, |n| n.peak_bytes),
+            }
+        })
+        .collect();
+    pairs.sort_by_key(|p| {
+        (
+            std::cmp::Reverse((p.now as i64 - p.before as i64).unsigned_abs()),
+            std::cmp::Reverse(p.now.max(p.before)),
+            p.key.clone(),
+        )
+    });
+    pairs
 }
 
 /// The baseline `check --update` writes: each figure the lower of the

@@ -10,7 +10,7 @@
 //! nothing is guessed.
 
 use rustc_hash::FxHashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use snapdiff_format::{Action, Frame, Snapshot, StackId};
 
 /// What a block is for. Declared from the strongest evidence to the
@@ -18,7 +18,7 @@ use snapdiff_format::{Action, Frame, Snapshot, StackId};
 /// the training loop around it runs a module's forward, and a backward
 /// function's allocation is the backward's though a module's call is
 /// further out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
     /// Made by an optimizer's `step`: its state (Adam's moments) and

@@ -77,6 +77,11 @@ pub(crate) struct ReportPageArgs {
     /// snapshots, folders of ranks or site-table folders.
     #[arg(long)]
     pub(crate) fleet: bool,
+    /// Show the run beside a baseline file (`snapdiff baseline`): the
+    /// peak by site and category before and after, the sites whose code
+    /// moved marked, and what `check` says at its default tolerance.
+    #[arg(long, value_name = "BASELINE", conflicts_with = "fleet")]
+    pub(crate) baseline: Option<PathBuf>,
 }
 
 /// Draw live memory by stack as a flame graph (SVG), or write folded stacks.

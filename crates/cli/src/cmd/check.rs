@@ -63,7 +63,7 @@ pub(crate) fn run(args: CheckArgs) -> anyhow::Result<Exit> {
 
 /// Reads the baseline file at `path`: a regular file of at most
 /// [`MOST_BASELINE_BYTES`], in the layout `snapdiff baseline` writes.
-fn read_baseline(path: &std::path::Path) -> anyhow::Result<Baseline> {
+pub(crate) fn read_baseline(path: &std::path::Path) -> anyhow::Result<Baseline> {
     let shown = crate::output::shown(path);
     let meta = std::fs::metadata(path).with_context(|| format!("{shown}: cannot read"))?;
     if !meta.is_file() {

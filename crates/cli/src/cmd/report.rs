@@ -1,6 +1,7 @@
 //! `snapdiff report FILE... -o report.html`: reads and analyses the files,
 //! and has `snapdiff_render::html` draw the page.
 
+use snapdiff_analyze::baseline::{Tolerance, check};
 use snapdiff_analyze::peak::DevicePeak;
 use snapdiff_analyze::{
     CompareOptions, CulpritRules, LiveMoment, PeakOptions, Site, StackKeys, Timeline, Trend,
@@ -8,7 +9,7 @@ use snapdiff_analyze::{
 };
 use snapdiff_format::{Action, Parts};
 use snapdiff_render::flamegraph::Drawn;
-use snapdiff_render::html::{Page, write_page};
+use snapdiff_render::html::{BaselinePage, Page, write_page};
 
 use snapdiff_fleet::Rows;
 
@@ -95,6 +96,16 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
     };
     let empty = matches!(&flame, Drawn::One(sites) if sites.is_empty());
     let last_name = last.display().to_string();
+    // Beside a baseline: the run's own, made and checked as `check` does.
+    let against = match &args.baseline {
+        Some(path) => {
+            let before = crate::cmd::check::read_baseline(path)?;
+            let (now, _) = crate::judging::files::baseline_of(files.clone(), &options)?;
+            let checked = check(&before, &now, Tolerance::default());
+            Some((crate::output::shown(path).to_string(), before, now, checked))
+        }
+        None => None,
+    };
     let page = Page {
         files: names,
         trend: trend.as_ref(),
@@ -104,6 +115,15 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
             .as_ref()
             .map(|(t, sites)| (t, sites.iter().collect())),
         flame: (!empty).then_some((&flame, last_name.as_str())),
+        baseline: against
+            .as_ref()
+            .map(|(file, before, now, check)| BaselinePage {
+                file,
+                before,
+                now,
+                check,
+                tolerance: Tolerance::default(),
+            }),
         processes: if several {
             processes
                 .iter()

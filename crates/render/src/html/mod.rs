@@ -10,6 +10,7 @@
 use std::io::{self, Write};
 
 use serde_json::{Value, json};
+use snapdiff_analyze::baseline::{Baseline, Check, Tolerance, side_by_side};
 use snapdiff_analyze::peak::DevicePeak;
 use snapdiff_analyze::{Comparison, Site, Timeline, Trend};
 
@@ -40,6 +41,76 @@ pub struct Page<'a> {
     pub timeline: Option<(&'a Timeline, Vec<&'a Site>)>,
     /// Live memory by stack, with the file it is of.
     pub flame: Option<(&'a Drawn, &'a str)>,
+    /// The run checked against a baseline file (`report --baseline`).
+    pub baseline: Option<BaselinePage<'a>>,
+}
+
+/// A run beside its baseline: the peak by site and by category, before
+/// and after, and what the check said.
+pub struct BaselinePage<'a> {
+    /// The baseline file, as given.
+    pub file: &'a str,
+    /// The baseline it holds.
+    pub before: &'a Baseline,
+    /// The run's, made as `snapdiff baseline` makes it.
+    pub now: &'a Baseline,
+    /// The check of `now` against `before`.
+    pub check: &'a Check,
+    /// The tolerance it was checked at.
+    pub tolerance: Tolerance,
+}
+
+/// Sites of the baseline's table on the page: the largest changes.
+const BASELINE_ROWS: usize = 25;
+
+/// The page's data for `b`.
+fn baseline_data(b: &BaselinePage<'_>) -> io::Result<Value> {
+    let pairs = side_by_side(b.before, b.now);
+    // Each device's peak by category, before and after, largest first.
+    let mut categories: std::collections::BTreeMap<(u32, String), (u64, u64)> =
+        std::collections::BTreeMap::new();
+    for p in &pairs {
+        let category = to_value(p.category)?
+            .as_str()
+            .unwrap_or("unknown")
+            .to_owned();
+        let e = categories.entry((p.device, category)).or_default();
+        e.0 += p.before;
+        e.1 += p.now;
+    }
+    let mut categories: Vec<Value> = categories
+        .into_iter()
+        .map(|((device, category), (before, now))| {
+            json!({ "device": device, "category": category, "before": before, "now": now })
+        })
+        .collect();
+    categories.sort_by_key(|c| std::cmp::Reverse(c["now"].as_u64().max(c["before"].as_u64())));
+    let devices: Vec<Value> = b
+        .now
+        .devices
+        .iter()
+        .map(|n| {
+            let before = b.before.devices.iter().find(|d| d.device == n.device);
+            json!({
+                "device": n.device,
+                "allocated_before": before.map(|d| d.peak_allocated),
+                "allocated_now": n.peak_allocated,
+                "reserved_before": before.map(|d| d.peak_reserved),
+                "reserved_now": n.peak_reserved,
+            })
+        })
+        .collect();
+    let moved = pairs.iter().filter(|p| !p.was.is_empty()).count();
+    Ok(json!({
+        "file": b.file,
+        "tolerance": { "share": b.tolerance.share, "bytes": b.tolerance.bytes },
+        "over": b.check.over,
+        "devices": devices,
+        "categories": categories,
+        "moved": moved,
+        "more_sites": pairs.len().saturating_sub(BASELINE_ROWS),
+        "sites": pairs.into_iter().take(BASELINE_ROWS).collect::<Vec<_>>(),
+    }))
 }
 
 /// `value` as JSON for the page's data.
@@ -77,6 +148,9 @@ pub fn write_page(page: &Page<'_>, out: &mut dyn Write) -> io::Result<()> {
     }
     if let Some(peak) = page.peak {
         data["peak"] = to_value(peak)?;
+    }
+    if let Some(b) = &page.baseline {
+        data["baseline"] = baseline_data(b)?;
     }
     if let Some((t, drawn)) = &page.timeline {
         let is_suspect = |site: &Site| {

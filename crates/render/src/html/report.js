@@ -240,6 +240,44 @@ function comparison(section) {
   })));
 }
 
+// A run against a baseline file (report --baseline): what the check said,
+// each device's peak, the peak by category and by site, before and after,
+// the sites whose code moved marked with where they were.
+function baseline(section) {
+  const b = data.baseline;
+  if (!b) return;
+  section.append(el("h2", {}, `Against the baseline ${b.file}`));
+  const tolerance = `${Math.round(b.tolerance.share * 1000) / 10}% and ${size(b.tolerance.bytes)}`;
+  const box = el("p", { class: "verdict" + (b.over.length ? " leak" : ""), id: "baseline-verdict" });
+  box.textContent = b.over.length
+    ? `${b.over.length} figure${b.over.length > 1 ? "s" : ""} over the baseline by more than ${tolerance}.`
+    : `Within the baseline: nothing rose by more than ${tolerance}.`;
+  section.append(box);
+  const change = (before, now) => {
+    const d = now - (before || 0);
+    return cell(d === 0 ? "" : (d > 0 ? "+" : "") + size(d), { class: "num " + (d > 0 ? "grow" : d < 0 ? "shrink" : "") });
+  };
+  section.append(table([["", false], ["peak allocated", true], ["change", true], ["peak reserved", true], ["change", true]], b.devices.map(d =>
+    el("tr", {}, cell(deviceName(d.device)),
+      cell(`${d.allocated_before != null ? size(d.allocated_before) : "(none)"} → ${size(d.allocated_now)}`, { class: "num" }), change(d.allocated_before, d.allocated_now),
+      cell(`${d.reserved_before != null ? size(d.reserved_before) : "(none)"} → ${size(d.reserved_now)}`, { class: "num" }), change(d.reserved_before, d.reserved_now)))));
+  section.append(table([["at the peak", false], ["baseline", true], ["this run", true], ["change", true]], b.categories.map(c =>
+    el("tr", { class: "baseline-category" }, cell(`${c.category.replaceAll("_", " ")}${b.devices.length > 1 ? " (" + deviceName(c.device) + ")" : ""}`),
+      cell(size(c.before), { class: "num" }), cell(size(c.now), { class: "num" }), change(c.before, c.now)))));
+  const over = new Set(b.over.filter(o => o.key).map(o => `${o.device} ${o.key} ${o.line}`));
+  section.append(table([["site", false], ["what", false], ["baseline", true], ["this run", true], ["change", true]], b.sites.map(s => {
+    const name = cell(`${s.line}${b.devices.length > 1 ? " (" + deviceName(s.device) + ")" : ""}`, { class: "culprit" });
+    if (s.was) name.append(el("span", { class: "moved" }, ` moved from ${s.was}`));
+    const tags = (over.has(`${s.device} ${s.key} ${s.line}`) ? " over" : "") + (s.was ? " moved" : "");
+    return el("tr", { class: "baseline-site" + tags, "data-delta": String(s.now - s.before) }, name,
+      cell((s.category || "unknown").replaceAll("_", " ")), cell(size(s.before), { class: "num" }), cell(size(s.now), { class: "num" }), change(s.before, s.now));
+  })));
+  const more = [];
+  if (b.more_sites) more.push(`${b.more_sites} more site${b.more_sites > 1 ? "s" : ""} not shown (smaller changes)`);
+  if (b.moved) more.push(`${b.moved} site${b.moved > 1 ? "s" : ""} whose code moved (matched by their functions and files, as check matches them)`);
+  if (more.length) section.append(el("p", { class: "note" }, more.join("; ") + "."));
+}
+
 // A whole job (report --fleet): the verdict, the leaking lines and the
 // imbalanced ranks, a heat map of every rank's live memory over its
 // checkpoints, and one rank's own report, opened by a click (or #rank=N).
@@ -398,6 +436,7 @@ const main = document.getElementById("report");
 fleet(main);
 processes(main);
 verdict(main);
+baseline(main);
 comparison(main);
 timeline(main);
 peak(main);
