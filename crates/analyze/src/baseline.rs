@@ -657,6 +657,7 @@ mod tests {
             peak_bytes,
             blocks: 1,
             kept_bytes: 0,
+            category: None,
         }
     }
 
