@@ -9,6 +9,10 @@
 //! (`Module._call_impl`). A stack that shows none of these is `Unknown`:
 //! nothing is guessed.
 
+use std::borrow::Cow;
+use std::sync::LazyLock;
+
+use memchr::memmem;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use snapdiff_format::{Action, Frame, Snapshot, StackId};
@@ -187,22 +191,59 @@ fn region_categories(snap: &Snapshot) -> FxHashMap<StackId, Category> {
     by_stack
 }
 
+/// Finders for what [`frame_category`] looks for, built once: it looks at
+/// every distinct frame of every file a fleet reads, and most frames hold
+/// none of it.
+struct Needles {
+    torch_folder: memmem::Finder<'static>,
+    autograd: memmem::Finder<'static>,
+    accumulate_grad: memmem::Finder<'static>,
+}
+
+static NEEDLES: LazyLock<Needles> = LazyLock::new(|| Needles {
+    torch_folder: memmem::Finder::new("/torch/"),
+    autograd: memmem::Finder::new("torch::autograd::"),
+    accumulate_grad: memmem::Finder::new("AccumulateGrad"),
+});
+
 /// What one frame says about its stack, if anything.
 fn frame_category(frame: &Frame) -> Option<Category> {
+    let needles = &*NEEDLES;
     let name = frame.name.as_str();
-    let file = frame.file.replace('\\', "/");
-    let in_torch = |module: &str| file.contains(&format!("/torch/{module}"));
+    let file: Cow<'_, str> = if frame.file.contains('\\') {
+        frame.file.replace('\\', "/").into()
+    } else {
+        frame.file.as_str().into()
+    };
+    // What follows each `/torch/` of the path (`optim/adamw.py`).
+    let torch_at = needles.torch_folder.find(file.as_bytes());
+    let in_torch = |module: &str| {
+        torch_at.is_some()
+            && needles
+                .torch_folder
+                .find_iter(file.as_bytes())
+                .any(|at| file[at + "/torch/".len()..].starts_with(module))
+    };
     if in_torch("optim/") || name.starts_with("Optimizer.step") {
         return Some(Category::OptimizerState);
     }
+    let in_autograd = |what: &str| {
+        needles
+            .autograd
+            .find_iter(name.as_bytes())
+            .any(|at| name[at + "torch::autograd::".len()..].starts_with(what))
+    };
     // Anomaly mode's forward frames follow a backward allocation's own.
     if frame.is_forward_marker()
-        || name.contains("torch::autograd::Engine::")
-        || name.contains("torch::autograd::generated::")
-        || name.contains("AccumulateGrad")
+        || in_autograd("Engine::")
+        || in_autograd("generated::")
+        || needles.accumulate_grad.find(name.as_bytes()).is_some()
         || (in_torch("autograd/") && (name == "backward" || name == "_engine_run_backward"))
     {
         return Some(Category::Backward);
+    }
+    if torch_at.is_none() {
+        return None;
     }
     if in_torch("nn/modules/module.py")
         && matches!(
