@@ -242,9 +242,8 @@ fn frame_category(frame: &Frame) -> Option<Category> {
     {
         return Some(Category::Backward);
     }
-    if torch_at.is_none() {
-        return None;
-    }
+    // Beyond here only torch's own files say anything.
+    torch_at?;
     if in_torch("nn/modules/module.py")
         && matches!(
             name,
