@@ -699,6 +699,42 @@ fn check_against_a_baseline_passes_moved_code_and_names_the_one_real_change() {
     );
 }
 
+/// A copy of the pickle `file` beside it, rewritten by CPython: `change`
+/// runs with the snapshot loaded as `s`.
+fn rewritten(file: &Path, change: &str) -> PathBuf {
+    static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = file.with_extension(format!("rewritten{n}.pickle"));
+    let script = format!(
+        "import pickle, sys\n\
+         s = pickle.load(open(sys.argv[1], 'rb'))\n\
+         {change}\
+         pickle.dump(s, open(sys.argv[2], 'wb'), protocol=4)\n"
+    );
+    let done = Command::new("python3")
+        .args(["-c", &script])
+        .arg(file)
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(done.success());
+    out
+}
+
+/// A [`rewritten`] change that gives every event's and block's frames to
+/// `stack(frames)`, which `defining` defines.
+fn each_stack(defining: &str) -> String {
+    format!(
+        "{defining}\
+         for t in s['device_traces']:\n\
+         \x20   for e in t:\n\
+         \x20       e['frames'] = stack(e.get('frames') or [])\n\
+         for seg in s['segments']:\n\
+         \x20   for b in seg['blocks']:\n\
+         \x20       b['frames'] = stack(b.get('frames') or [])\n"
+    )
+}
+
 /// A job's one exit dump, without markers: the trace's own calls are its
 /// iterations. A step called three times from one loop line, keeping
 /// 40 MiB a call beside a flat 180 MiB site, is named at its line as a
@@ -765,20 +801,12 @@ fn iterations_are_found_from_the_traces_own_calls() {
 
     // The same trace without times (as torch_npu writes them): the same
     // line and bytes a step, and no figure per second, said so.
-    let timeless = d.join("timeless.pickle");
     // Only `segments` and `device_traces`, as a non-CUDA backend writes them.
-    let strip = "import pickle, sys\n\
-        s = pickle.load(open(sys.argv[1], 'rb'))\n\
-        s = {k: s[k] for k in ('segments', 'device_traces')}\n\
-        [e.pop('time_us', None) for t in s['device_traces'] for e in t]\n\
-        pickle.dump(s, open(sys.argv[2], 'wb'), protocol=4)\n";
-    let done = Command::new("python3")
-        .args(["-c", strip])
-        .arg(&three)
-        .arg(&timeless)
-        .status()
-        .unwrap();
-    assert!(done.success());
+    let timeless = rewritten(
+        &three,
+        "s = {k: s[k] for k in ('segments', 'device_traces')}\n\
+         [e.pop('time_us', None) for t in s['device_traces'] for e in t]\n",
+    );
     let mut args: Vec<OsString> = vec!["trend".into(), timeless.into()];
     args.extend(["--json", "--device-memory", "8GiB"].map(OsString::from));
     let report = snapdiff(args).expect_code(0).one_trend();
@@ -802,36 +830,24 @@ fn iterations_are_found_from_the_traces_own_calls() {
     // The same trace with C++-heavy stacks, as PyTorch records them with
     // `stacks="all"`: the allocator's and ATen's frames innermost, and the
     // interpreter's between each two Python frames. The same line and bytes.
-    let native = d.join("native.pickle");
-    let interleave = "import pickle, sys\n\
-        s = pickle.load(open(sys.argv[1], 'rb'))\n\
-        def cxx(name, lib):\n\
-        \x20   return {'name': name, 'filename': '/opt/venv/lib/python3.11/site-packages/torch/lib/' + lib, 'line': 0}\n\
-        inner = [cxx('c10::alloc_cpu(unsigned long)', 'libc10.so'),\n\
-        \x20        cxx('at::native::empty_cpu(c10::ArrayRef<long>)', 'libtorch_cpu.so'),\n\
-        \x20        cxx('at::_ops::ones::call(c10::ArrayRef<c10::SymInt>)', 'libtorch_cpu.so')]\n\
-        interp = {'name': '_PyEval_EvalFrameDefault', 'filename': '/usr/bin/python3.11', 'line': 0}\n\
-        outer = [{'name': 'Py_RunMain', 'filename': '/usr/bin/python3.11', 'line': 0},\n\
-        \x20        {'name': '__libc_start_main', 'filename': '/usr/lib/x86_64-linux-gnu/libc.so.6', 'line': 0}]\n\
-        def heavy(frames):\n\
-        \x20   out = list(inner)\n\
-        \x20   for f in frames:\n\
-        \x20       out += [f, dict(interp)]\n\
-        \x20   return out + outer\n\
-        for t in s['device_traces']:\n\
-        \x20   for e in t:\n\
-        \x20       e['frames'] = heavy(e.get('frames') or [])\n\
-        for seg in s['segments']:\n\
-        \x20   for b in seg['blocks']:\n\
-        \x20       b['frames'] = heavy(b.get('frames') or [])\n\
-        pickle.dump(s, open(sys.argv[2], 'wb'), protocol=4)\n";
-    let done = Command::new("python3")
-        .args(["-c", interleave])
-        .arg(&three)
-        .arg(&native)
-        .status()
-        .unwrap();
-    assert!(done.success());
+    let native = rewritten(
+        &three,
+        &each_stack(
+            "def cxx(name, lib):\n\
+             \x20   return {'name': name, 'filename': '/opt/venv/lib/python3.11/site-packages/torch/lib/' + lib, 'line': 0}\n\
+             inner = [cxx('c10::alloc_cpu(unsigned long)', 'libc10.so'),\n\
+             \x20        cxx('at::native::empty_cpu(c10::ArrayRef<long>)', 'libtorch_cpu.so'),\n\
+             \x20        cxx('at::_ops::ones::call(c10::ArrayRef<c10::SymInt>)', 'libtorch_cpu.so')]\n\
+             interp = {'name': '_PyEval_EvalFrameDefault', 'filename': '/usr/bin/python3.11', 'line': 0}\n\
+             outer = [{'name': 'Py_RunMain', 'filename': '/usr/bin/python3.11', 'line': 0},\n\
+             \x20        {'name': '__libc_start_main', 'filename': '/usr/lib/x86_64-linux-gnu/libc.so.6', 'line': 0}]\n\
+             def stack(frames):\n\
+             \x20   out = list(inner)\n\
+             \x20   for f in frames:\n\
+             \x20       out += [f, dict(interp)]\n\
+             \x20   return out + outer\n",
+        ),
+    );
     let report = trend_json(std::slice::from_ref(&native));
     assert_eq!(report["checkpoint_source"], "calls", "{report:#}");
     let suspects = report["suspects"].as_array().unwrap();
@@ -841,30 +857,19 @@ fn iterations_are_found_from_the_traces_own_calls() {
 
     // And with C++ frames only (a libtorch program: its own functions in
     // .cpp files, no Python): cut at the same calls, the same line.
-    let cpp = d.join("cpp.pickle");
-    let only_cpp = "import os, pickle, sys\n\
-        s = pickle.load(open(sys.argv[1], 'rb'))\n\
-        def cpp(frames):\n\
-        \x20   out = [{'name': 'c10::alloc_cpu(unsigned long)', 'filename': '/opt/libtorch/lib/libc10.so', 'line': 0}]\n\
-        \x20   for f in frames:\n\
-        \x20       name = 'main' if f['name'] == '<module>' else f['name'] + '(int)'\n\
-        \x20       base = os.path.basename(f['filename']).replace('.py', '.cpp')\n\
-        \x20       out.append({'name': name, 'filename': '/home/ana/trainer/' + base, 'line': f['line']})\n\
-        \x20   return out\n\
-        for t in s['device_traces']:\n\
-        \x20   for e in t:\n\
-        \x20       e['frames'] = cpp(e.get('frames') or [])\n\
-        for seg in s['segments']:\n\
-        \x20   for b in seg['blocks']:\n\
-        \x20       b['frames'] = cpp(b.get('frames') or [])\n\
-        pickle.dump(s, open(sys.argv[2], 'wb'), protocol=4)\n";
-    let done = Command::new("python3")
-        .args(["-c", only_cpp])
-        .arg(&three)
-        .arg(&cpp)
-        .status()
-        .unwrap();
-    assert!(done.success());
+    let cpp = rewritten(
+        &three,
+        &each_stack(
+            "import os\n\
+             def stack(frames):\n\
+             \x20   out = [{'name': 'c10::alloc_cpu(unsigned long)', 'filename': '/opt/libtorch/lib/libc10.so', 'line': 0}]\n\
+             \x20   for f in frames:\n\
+             \x20       name = 'main' if f['name'] == '<module>' else f['name'] + '(int)'\n\
+             \x20       base = os.path.basename(f['filename']).replace('.py', '.cpp')\n\
+             \x20       out.append({'name': name, 'filename': '/home/ana/trainer/' + base, 'line': f['line']})\n\
+             \x20   return out\n",
+        ),
+    );
     let report = trend_json(std::slice::from_ref(&cpp));
     assert_eq!(report["checkpoint_source"], "calls", "{report:#}");
     let suspects = report["suspects"].as_array().unwrap();
