@@ -469,6 +469,25 @@ fn compare_of_two_runs_matches_moved_code_and_names_the_one_real_change() {
     );
     assert_eq!(groups[0]["delta_bytes"], (4096 - 64) * 4);
     assert_eq!(groups[0]["moved_from"]["culprit"]["line"], line - 2);
+    // The peaks inside the two traces, as `peak` finds each.
+    let peak_of = |f: &Path| {
+        snapdiff(["peak".as_ref(), f.as_os_str(), "--json".as_ref()]).json()["devices"][0]
+            ["allocated_bytes"]
+            .clone()
+    };
+    assert_eq!(one_change["peak_before"], peak_of(&base), "{one_change:#}");
+    assert_eq!(one_change["peak_after"], peak_of(&big), "{one_change:#}");
+    assert!(
+        one_change["peak_after"].as_u64() > one_change["peak_before"].as_u64(),
+        "{one_change:#}"
+    );
+    let text = snapdiff(["compare".as_ref(), base.as_os_str(), big.as_os_str()])
+        .expect_code(0)
+        .stdout();
+    assert!(
+        text.lines().nth(1).unwrap_or("").contains(", peak "),
+        "{text}"
+    );
     assert_eq!(
         one_change["allocated_after"].as_i64().unwrap()
             - one_change["allocated_before"].as_i64().unwrap(),

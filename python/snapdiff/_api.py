@@ -108,6 +108,10 @@ class Comparison(_AsReport):
     #: net change.
     grown_bytes: int = 0
     shrunk_bytes: int = 0
+    #: Between two runs whose files hold traces, the highest live bytes of
+    #: any device inside each; None otherwise.
+    peak_before: Optional[int] = None
+    peak_after: Optional[int] = None
     #: Pinned host memory (host RAM, never in the figures above) `before`
     #: and `after`, when either file recorded it: dicts of
     #: `reserved_bytes`, `in_use_bytes`, `cached_bytes`, `cached_blocks`...
@@ -328,6 +332,8 @@ def compare(before: PathArg, after: PathArg) -> Comparison:
         runs_told_by=r["runs"]["told_by"],
         grown_bytes=r["grown"]["bytes"],
         shrunk_bytes=r["shrunk"]["bytes"],
+        peak_before=r.get("peak_before"),
+        peak_after=r.get("peak_after"),
         pinned_host=r.get("pinned_host"),
         files=[os.fsdecode(before), os.fsdecode(after)],
     )

@@ -84,6 +84,14 @@ pub struct Comparison {
     pub allocated_before: u64,
     /// Allocated bytes after.
     pub allocated_after: u64,
+    /// Between two runs whose files hold traces: the highest live bytes of
+    /// any device inside each trace ([`Comparison::peaks_from`]); left out
+    /// of JSON otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_before: Option<u64>,
+    /// See `peak_before`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_after: Option<u64>,
     /// How blocks were matched.
     pub matching: Matching,
     /// One run or two. Two runs are compared site by site, never block by
@@ -407,6 +415,8 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
         reserved_after: tb.reserved_bytes,
         allocated_before: ta.allocated_bytes,
         allocated_after: tb.allocated_bytes,
+        peak_before: None,
+        peak_after: None,
         matching,
         runs: Runs {
             count: if two { 2 } else { 1 },
@@ -422,6 +432,22 @@ pub fn compare(before: &Snapshot, after: &Snapshot, options: &CompareOptions) ->
 }
 
 impl Comparison {
+    /// Sets `peak_before` and `peak_after` from the traces of the two files
+    /// (read with their events), where both hold allocations.
+    pub fn peaks_from(&mut self, before: &Snapshot, after: &Snapshot) {
+        let highest = |snap: &Snapshot| {
+            crate::peak(snap, &crate::PeakOptions::default())
+                .devices
+                .iter()
+                .map(|d| d.allocated_bytes)
+                .max()
+        };
+        if let (Some(a), Some(b)) = rayon::join(|| highest(before), || highest(after)) {
+            self.peak_before = Some(a);
+            self.peak_after = Some(b);
+        }
+    }
+
     /// Fills in `held_by` of the sites that grew, from the owners when
     /// AFTER was dumped and, when known, when BEFORE was (for how many
     /// blocks each gained a step over `steps`). `line_of` gives the

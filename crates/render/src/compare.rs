@@ -91,12 +91,16 @@ fn write_two_runs(
         "{before} -> {after}: two runs ({}), compared site by site",
         snapdiff_format::visible::escaped(&cmp.runs.told_by)
     )?;
-    writeln!(
+    write!(
         out,
         "allocated {}, reserved {}",
         net(cmp.allocated_before, cmp.allocated_after, options),
         net(cmp.reserved_before, cmp.reserved_after, options)
     )?;
+    if let (Some(a), Some(b)) = (cmp.peak_before, cmp.peak_after) {
+        write!(out, ", peak {}", net(a, b, options))?;
+    }
+    writeln!(out)?;
     if let Some(host) = &cmp.pinned_host {
         crate::pinned_host::write_change(host, options.color, out)?;
     }

@@ -48,6 +48,7 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         options.two_runs = Some(format!("different processes: {a} and {b}"));
     }
     let mut cmp = compare(&before, &after, &options);
+    let (before_traces, after_traces) = (before.traces.len(), after.traces.len());
     crate::owners::add_held_by_to_comparison(
         &mut cmp,
         (&args.before, &before),
@@ -55,6 +56,14 @@ pub(crate) fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         &options.rules,
     );
     crate::input::release([before, after]);
+    // Two runs: what each ran up to matters as much as where it ended, and
+    // their traces say it. Read again, with events, only then.
+    if cmp.runs.count == 2 && before_traces > 0 && after_traces > 0 {
+        let read = |path| crate::input::read_parts(path, Parts::All);
+        let (a, b) = (read(&args.before)?, read(&args.after)?);
+        cmp.peaks_from(&a, &b);
+        crate::input::release([a, b]);
+    }
     let exit = match args.max_growth {
         Some(limit) if cmp.leaked_bytes > limit => {
             eprintln!(

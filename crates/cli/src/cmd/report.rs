@@ -62,8 +62,16 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
         let (a, b) = (read(before)?, read(after)?);
         let mut c = compare(&a, &b, &CompareOptions::default());
         c.groups.truncate(TABLE_ROWS);
-        cmp = Some(c);
+        let traced = !a.traces.is_empty() && !b.traces.is_empty();
         crate::input::release([a, b]);
+        if c.runs.count == 2 && traced {
+            // Two runs' peaks, from their traces, as `compare` gives them.
+            let read = |p| crate::input::read_parts(p, Parts::All);
+            let (a, b) = (read(before)?, read(after)?);
+            c.peaks_from(&a, &b);
+            crate::input::release([a, b]);
+        }
+        cmp = Some(c);
     }
     let (mut live, mut device_peak, mut drawn_timeline) = (None, None, None);
     if let [file] = &files[..] {

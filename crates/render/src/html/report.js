@@ -228,7 +228,8 @@ function comparison(section) {
   const c = data.compare;
   if (!c) return;
   section.append(el("h2", {}, `${data.files[0]} → ${data.files[1]}`));
-  section.append(el("p", { id: "compare-text" }, `${size(c.leaked_bytes)} more live memory; allocated ${size(c.allocated_before)} → ${size(c.allocated_after)}, reserved ${size(c.reserved_before)} → ${size(c.reserved_after)}.`));
+  const peak = c.peak_before != null ? `, peak ${size(c.peak_before)} → ${size(c.peak_after)}` : "";
+  section.append(el("p", { id: "compare-text" }, `${size(c.leaked_bytes)} more live memory; allocated ${size(c.allocated_before)} → ${size(c.allocated_after)}, reserved ${size(c.reserved_before)} → ${size(c.reserved_after)}${peak}.`));
   section.append(table([["culprit", false], ["blocks", true], ["bytes", true], ["change", true]], c.groups.map(g => {
     const name = cell(culprit(g), { class: "culprit" });
     hover(name, () => stackText(g));
