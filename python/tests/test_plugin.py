@@ -9,6 +9,7 @@ import json
 import re
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -498,3 +499,34 @@ def test_paths_are_never_read_as_options(tmp_path):
     copy.write_bytes(open(real, "rb").read())
     assert snapdiff.peak(copy).devices == snapdiff.peak(real).devices
     assert snapdiff.trend(os.fsencode(tmp_path)).checkpoints == snapdiff.trend(tmp_path).checkpoints
+
+
+def test_compare_of_two_runs_gives_each_runs_peak(tmp_path):
+    """Two captured runs of one job, the second keeping more a step: two
+    runs, the net change split, and each trace's peak as `peak` finds it."""
+    from snapdiff._cli import binary
+
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import sys, torch\n"
+        "kept = []\n"
+        "for step in range(10):\n"
+        "    x = torch.ones(1 << 16)\n"
+        "    kept.append(torch.ones(int(sys.argv[1])))\n"
+    )
+    files = []
+    for name, size in (("a", 256), ("b", 1024)):
+        out = tmp_path / name
+        subprocess.run([binary(), "capture", "-o", out, "--no-report", "--", sys.executable, job,
+                        str(size)], check=True, capture_output=True)
+        files.append(str(next(out.glob("*.pickle"))))
+    result = snapdiff.compare(*files)
+    assert result.runs == 2, result
+    assert result.grown_bytes == 10 * (1024 - 256) * 4, result
+    peaks = [
+        json.loads(subprocess.run([binary(), "peak", f, "--json"], check=True, capture_output=True,
+                                  text=True).stdout)["devices"][0]["allocated_bytes"]
+        for f in files
+    ]
+    assert [result.peak_before, result.peak_after] == peaks
+    assert peaks[1] > peaks[0]
