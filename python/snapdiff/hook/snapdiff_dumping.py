@@ -153,13 +153,13 @@ class Dumping:
 
     def wants_owners(self, reason):
         """Whether this dump is followed by its owners: when they are asked
-        for, at every `owners_every`th dump, and always at the job's last
-        (exit, out of memory); and only on
-        the main thread. The search asks PyTorch about every tensor, and off
-        the main thread it would do so while the job's own operators, the
-        GIL released, change those tensors: a race inside PyTorch that can
-        corrupt the job's heap. On the main thread a dump comes between
-        two of the job's statements (a step's end, a signal, exit)."""
+        for, at every `owners_every`th dump and always at the job's last
+        (exit, out of memory), and only on the main thread. The search asks
+        PyTorch about every tensor; off the main thread it would do so while
+        the job's own operators, the GIL released, change those tensors: a
+        race inside PyTorch that can corrupt the job's heap. On the main
+        thread a dump comes between two of the job's statements (a step's
+        end, a SIGTERM, exit)."""
         if not getattr(self.settings, "owners", False):
             return False
         if threading.current_thread() is not threading.main_thread():
