@@ -276,14 +276,20 @@ mod tests {
     use super::*;
     use std::net::{SocketAddr, TcpStream as StdStream};
 
-    /// A server on a free loopback port, and its address.
+    /// A server on a free loopback port, and its address. A port free a
+    /// moment ago may be taken by a test running beside this one before
+    /// the server binds it: another is tried then.
     fn server() -> (MetricsServer, SocketAddr) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        drop(listener);
-        let server = MetricsServer::start(&port.to_string()).unwrap();
-        server.set("snapdiff_suspects 3\n# EOF\n".into());
-        (server, format!("127.0.0.1:{port}").parse().unwrap())
+        for _ in 0..100 {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = listener.local_addr().unwrap().port();
+            drop(listener);
+            if let Ok(server) = MetricsServer::start(&port.to_string()) {
+                server.set("snapdiff_suspects 3\n# EOF\n".into());
+                return (server, format!("127.0.0.1:{port}").parse().unwrap());
+            }
+        }
+        panic!("no loopback port could be listened on");
     }
 
     fn get(addr: SocketAddr, request: &[u8]) -> String {
