@@ -718,6 +718,37 @@ fn check_against_a_baseline_passes_moved_code_and_names_the_one_real_change() {
     );
 }
 
+/// A training step called CALLS times from one loop line: each call keeps
+/// 40 MiB at the `# LEAK` line, and the first makes a 180 MiB state that
+/// stays flat.
+const LEAKING_STEP: &str = "import torch\n\
+    kept = []\n\
+    state = {}\n\
+    def train_step(i):\n\
+    \x20   x = torch.ones(10 << 20)\n\
+    \x20   y = (x * 2).sum()\n\
+    \x20   kept.append(torch.ones(10 << 20))  # LEAK\n\
+    \x20   if 'adam' not in state:\n\
+    \x20       state['adam'] = torch.zeros(45 << 20)\n\
+    \x20   return y\n\
+    for i in range(CALLS):\n\
+    \x20   train_step(i)\n";
+
+/// The one dump (its exit dump) of `text`, written to `d/NAME.py` and run
+/// under `capture -o d/NAME`.
+fn exit_dump_of(d: &Path, name: &str, text: &str) -> PathBuf {
+    let script = d.join(format!("{name}.py"));
+    std::fs::write(&script, text).unwrap();
+    let out = d.join(name);
+    let mut args: Vec<OsString> = vec!["capture".into(), "-o".into(), out.clone().into()];
+    args.extend(["--no-report", "--", "python3"].map(OsString::from));
+    args.push(script.into());
+    snapdiff(args).expect_code(0);
+    let dumps = pickles(&out);
+    assert_eq!(dumps.len(), 1, "{dumps:?}");
+    dumps[0].clone()
+}
+
 /// A copy of the pickle `file` beside it, rewritten by CPython: `change`
 /// runs with the snapshot loaded as `s`.
 fn rewritten(file: &Path, change: &str) -> PathBuf {
@@ -768,31 +799,10 @@ fn iterations_are_found_from_the_traces_own_calls() {
     }
     let dir = tempdir();
     let d = dir.path();
-    let step = "import torch\n\
-        kept = []\n\
-        state = {}\n\
-        def train_step(i):\n\
-        \x20   x = torch.ones(10 << 20)\n\
-        \x20   y = (x * 2).sum()\n\
-        \x20   kept.append(torch.ones(10 << 20))  # LEAK\n\
-        \x20   if 'adam' not in state:\n\
-        \x20       state['adam'] = torch.zeros(45 << 20)\n\
-        \x20   return y\n\
-        for i in range(CALLS):\n\
-        \x20   train_step(i)\n";
+    let step = LEAKING_STEP;
     let leak_line = step.lines().position(|l| l.ends_with("# LEAK")).unwrap() + 1;
-    let run = |calls: u32, name: &str| {
-        let script = d.join(format!("{name}.py"));
-        std::fs::write(&script, step.replace("CALLS", &calls.to_string())).unwrap();
-        let out = d.join(name);
-        let mut args: Vec<OsString> = vec!["capture".into(), "-o".into(), out.clone().into()];
-        args.extend(["--no-report", "--", "python3"].map(OsString::from));
-        args.push(script.into());
-        snapdiff(args).expect_code(0);
-        let dumps = pickles(&out);
-        assert_eq!(dumps.len(), 1, "{dumps:?}");
-        dumps[0].clone()
-    };
+    let run =
+        |calls: u32, name: &str| exit_dump_of(d, name, &step.replace("CALLS", &calls.to_string()));
     let three = run(3, "three");
     let report = trend_json(std::slice::from_ref(&three));
     assert_eq!(report["checkpoint_source"], "calls", "{report:#}");
@@ -939,29 +949,9 @@ fn two_devices_in_one_file_are_cut_apart_and_the_verdict_names_the_device() {
     }
     let dir = tempdir();
     let d = dir.path();
-    let step = "import torch\n\
-        kept = []\n\
-        state = {}\n\
-        def train_step(i):\n\
-        \x20   x = torch.ones(10 << 20)\n\
-        \x20   y = (x * 2).sum()\n\
-        \x20   kept.append(torch.ones(10 << 20))  # LEAK\n\
-        \x20   if 'adam' not in state:\n\
-        \x20       state['adam'] = torch.zeros(45 << 20)\n\
-        \x20   return y\n\
-        for i in range(6):\n\
-        \x20   train_step(i)\n";
+    let step = &LEAKING_STEP.replace("CALLS", "6");
     let leak_line = step.lines().position(|l| l.ends_with("# LEAK")).unwrap() + 1;
-    let run = |name: &str, text: &str| {
-        let script = d.join(format!("{name}.py"));
-        std::fs::write(&script, text).unwrap();
-        let out = d.join(name);
-        let mut args: Vec<OsString> = vec!["capture".into(), "-o".into(), out.clone().into()];
-        args.extend(["--no-report", "--", "python3"].map(OsString::from));
-        args.push(script.into());
-        snapdiff(args).expect_code(0);
-        pickles(&out).remove(0)
-    };
+    let run = |name: &str, text: &str| exit_dump_of(d, name, text);
     let leaking = run("leaking", step);
     let steady = run(
         "steady",
