@@ -536,10 +536,35 @@ fn snap_files_of_format_version_1_still_read() {
     let mut original = read_path(fixture("torch-format/snapshot-p4.pickle")).unwrap();
     original.sort_frames(); // as convert writes them
     assert_eq!(read_path(&v1_file).unwrap(), original);
-    // Written again, it is version 2, and reads the same.
-    let v2 = snap_bytes(&original);
-    assert_eq!(v2[8..12], 2u32.to_le_bytes());
-    assert_eq!(read_bytes(&v2).unwrap(), original);
+    // Written again, it is version 3, and reads the same.
+    let v3 = snap_bytes(&original);
+    assert_eq!(v3[8..12], 3u32.to_le_bytes());
+    assert_eq!(read_bytes(&v3).unwrap(), original);
+}
+
+/// Files of format version 2 (one zstd frame holding the whole snapshot,
+/// events in the middle) still read, whole and without their events.
+#[test]
+fn snap_files_of_format_version_2_still_read() {
+    for name in ["newest-step6.pickle", "snapshot-2dev-awaiting.pickle"] {
+        let snap = read_path(fixture(&format!("torch-format/{name}"))).unwrap();
+        assert!(snap.trace_len() > 0, "{name} has a trace");
+        let body = crate::util::snap_v2_body(&snap);
+        let v2 =
+            crate::util::snap_v2_file(body.len() as u64, &zstd::bulk::compress(&body, 3).unwrap());
+        assert_eq!(read_bytes(&v2).unwrap(), snap, "{name}");
+        let without = snapdiff_format::Reader::new()
+            .parts(snapdiff_format::Parts::WithoutEvents)
+            .read_bytes(&v2)
+            .unwrap();
+        assert_eq!(without.trace_len(), 0, "{name}");
+        assert_eq!(
+            without.traces.iter().map(|t| t.device).collect::<Vec<_>>(),
+            snap.traces.iter().map(|t| t.device).collect::<Vec<_>>(),
+            "{name}"
+        );
+        assert_eq!(without.segments, snap.segments, "{name}");
+    }
 }
 
 #[test]
@@ -723,29 +748,50 @@ fn bad_input_gets_one_clear_line_and_exit_code_2() {
     let mut huge = snap.clone();
     huge[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
     check_bad_input(d, "huge.snap", &huge, "cannot expand");
-    check_bad_input(d, "cut.snap", &snap[..snap.len() - 10], ".snap body");
+    check_bad_input(d, "cut.snap", &snap[..snap.len() - 10], ".snap events");
+    check_bad_input(d, "cut-header.snap", &snap[..30], "truncated .snap header");
+    check_bad_input(d, "cut-head.snap", &snap[..40], "its head frame of");
     // A whole frame that does not record its size, holding less than the
-    // header declares: found as the body is decoded.
-    let body = zstd::bulk::decompress(&snap[20..], 1 << 30).unwrap();
-    let mut short = snap[..20].to_vec();
-    short[12..20].copy_from_slice(&(body.len() as u64 + 100).to_le_bytes());
+    // header declares: found as the events are decoded.
+    let head_end = 36 + u64::from_le_bytes(snap[20..28].try_into().unwrap()) as usize;
+    let events = zstd::bulk::decompress(&snap[head_end..], 1 << 30).unwrap();
+    let mut short = snap[..head_end].to_vec();
+    short[28..36].copy_from_slice(&(events.len() as u64 + 100).to_le_bytes());
     let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
     encoder.include_contentsize(false).unwrap();
-    std::io::Write::write_all(&mut encoder, &body).unwrap();
+    std::io::Write::write_all(&mut encoder, &events).unwrap();
     short.extend(encoder.finish().unwrap());
     check_bad_input(
         d,
-        "short-body.snap",
+        "short-events.snap",
         &short,
         &format!(
-            "truncated .snap body: {} of {} bytes",
-            body.len(),
-            body.len() + 100
+            "truncated .snap events: {} of {} bytes",
+            events.len(),
+            events.len() + 100
         ),
     );
-    let mut garbage = snap[..20].to_vec();
+    let mut garbage = snap[..36].to_vec();
+    garbage[20..28].copy_from_slice(&(random.len() as u64).to_le_bytes());
     garbage.extend_from_slice(&random);
-    check_bad_input(d, "garbage.snap", &garbage, ".snap body");
+    check_bad_input(d, "garbage.snap", &garbage, "corrupt .snap head");
+    // Another snapshot's events under this one's head.
+    let mut other = Vec::new();
+    write_snap(
+        &read_path(fixture("torch-format/newest-step6.pickle")).unwrap(),
+        &mut other,
+    )
+    .unwrap();
+    let other_head_end = 36 + u64::from_le_bytes(other[20..28].try_into().unwrap()) as usize;
+    let mut swapped = snap[..head_end].to_vec();
+    swapped[28..36].copy_from_slice(&other[28..36]);
+    swapped.extend_from_slice(&other[other_head_end..]);
+    check_bad_input(
+        d,
+        "swapped-events.snap",
+        &swapped,
+        "where its head declares",
+    );
 
     // JSON.
     check_bad_input(

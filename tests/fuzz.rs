@@ -329,9 +329,9 @@ fn mutate_pickle(rng: &mut fastrand::Rng, data: &mut Vec<u8>) {
 
 // ---- .snap and JSON ----
 
-/// The `.snap` file of `snap`, with its MessagePack body passed through
-/// `mutate_body` and its zstd frames rearranged by `framing`.
-fn snap_file(body: &[u8], declared: u64, framing: u8, rng: &mut fastrand::Rng) -> Vec<u8> {
+/// A `.snap` file of format version 2 holding `body`, whose header
+/// declares `declared` bytes, its zstd frames rearranged by `framing`.
+fn snap_v2_file(body: &[u8], declared: u64, framing: u8, rng: &mut fastrand::Rng) -> Vec<u8> {
     let frame = zstd::bulk::compress(body, 1).unwrap();
     let skippable = |n: u32| {
         let mut s = 0x184D_2A50u32.to_le_bytes().to_vec();
@@ -348,7 +348,7 @@ fn snap_file(body: &[u8], declared: u64, framing: u8, rng: &mut fastrand::Rng) -
         _ => frame,
     };
     let mut out = snapdiff_format::MAGIC.to_vec();
-    out.extend_from_slice(&snapdiff_format::FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&2u32.to_le_bytes());
     out.extend_from_slice(&declared.to_le_bytes());
     out.extend_from_slice(&compressed);
     out
@@ -453,15 +453,9 @@ fn pickles_never_panic_or_blow_up() {
 
 #[test]
 fn snap_and_json_never_panic_or_blow_up() {
-    // Each seed's MessagePack body and JSON document, made once.
-    let mut seeds: Vec<(Vec<u8>, serde_json::Value)> = seed_snapshots()
-        .iter()
-        .map(|snap| {
-            let mut json = Vec::new();
-            write_json(snap, &mut json).unwrap();
-            (rmp_body(snap), serde_json::from_slice(&json).unwrap())
-        })
-        .collect();
+    // Each seed as a version-2 body, the two bodies of its version-3 file
+    // (head and events) and its JSON document, made once.
+    let mut seeds: Vec<Seed> = seed_snapshots().iter().map(Seed::of).collect();
     // A body of empty events, just over the most a small file may hold:
     // its columns compress to almost nothing (see `snap::EVENTS_PER_BYTE`).
     let mut empty = snapdiff_format::Events::new();
@@ -475,38 +469,58 @@ fn snap_and_json_never_panic_or_blow_up() {
         }],
         ..Snapshot::default()
     };
-    seeds.push((rmp_body(&many), serde_json::Value::Null));
+    seeds.push(Seed {
+        json: serde_json::Value::Null,
+        ..Seed::of(&many)
+    });
     drop(many);
     assert!(!seeds.is_empty());
     let mut rng = fastrand::Rng::with_seed(0x5eed_0002);
     let started = Instant::now();
     let (mut tried, mut read) = (0, 0);
     for round in 0..rounds(3000) {
-        let (body, doc) = &seeds[round % seeds.len()];
-        let input = if round % 2 == 0 || doc.is_null() {
-            let mut body = body.clone();
-            let declared = match rng.u8(..4) {
-                0 => body.len() as u64 * rng.u64(2..2000),
-                _ => body.len() as u64,
-            };
-            if rng.bool() {
-                mutate_bytes(&mut rng, &mut body, &[]);
+        let seed = &seeds[round % seeds.len()];
+        let input = match round % 3 {
+            0 => {
+                let mut body = seed.v2_body.clone();
+                let declared = declared_len(&mut rng, &body);
+                if rng.bool() {
+                    mutate_bytes(&mut rng, &mut body, &[]);
+                }
+                let mut file = snap_v2_file(&body, declared, rng.u8(..8), &mut rng);
+                if rng.u8(..4) == 0 {
+                    mutate_bytes(&mut rng, &mut file, &[]);
+                }
+                file
             }
-            let mut file = snap_file(&body, declared, rng.u8(..8), &mut rng);
-            if rng.u8(..4) == 0 {
-                mutate_bytes(&mut rng, &mut file, &[]);
+            1 if !seed.json.is_null() => {
+                let mut doc = seed.json.clone();
+                for _ in 0..rng.usize(1..4) {
+                    mutate_json(&mut rng, &mut doc, 0);
+                }
+                let mut text = serde_json::to_vec(&doc).unwrap();
+                if rng.u8(..4) == 0 {
+                    mutate_bytes(&mut rng, &mut text, &[]);
+                }
+                text
             }
-            file
-        } else {
-            let mut doc = doc.clone();
-            for _ in 0..rng.usize(1..4) {
-                mutate_json(&mut rng, &mut doc, 0);
+            _ => {
+                let (mut head, mut events) = (seed.head.clone(), seed.events.clone());
+                match rng.u8(..3) {
+                    0 => mutate_bytes(&mut rng, &mut head, &[]),
+                    1 => mutate_bytes(&mut rng, &mut events, &[]),
+                    _ => {}
+                }
+                let declared = (
+                    declared_len(&mut rng, &head),
+                    declared_len(&mut rng, &events),
+                );
+                let mut file = snap_v3_file(&head, &events, declared);
+                if rng.u8(..4) == 0 {
+                    mutate_bytes(&mut rng, &mut file, &[]);
+                }
+                file
             }
-            let mut text = serde_json::to_vec(&doc).unwrap();
-            if rng.u8(..4) == 0 {
-                mutate_bytes(&mut rng, &mut text, &[]);
-            }
-            text
         };
         read += usize::from(check(&input, &format!("round {round}")));
         tried += 1;
@@ -521,11 +535,53 @@ fn snap_and_json_never_panic_or_blow_up() {
     );
 }
 
-/// The MessagePack body of `snap`'s `.snap` file.
-fn rmp_body(snap: &Snapshot) -> Vec<u8> {
-    let mut file = Vec::new();
-    write_snap(snap, &mut file).unwrap();
-    zstd::bulk::decompress(&file[20..], 1 << 30).unwrap()
+/// A snapshot to mutate, in each of the forms the fuzzer mutates.
+struct Seed {
+    /// The MessagePack body of its `.snap` file of format version 2.
+    v2_body: Vec<u8>,
+    /// The head and events bodies of its `.snap` file (version 3 on).
+    head: Vec<u8>,
+    events: Vec<u8>,
+    /// Its JSON document (null when too large to mutate).
+    json: serde_json::Value,
+}
+
+impl Seed {
+    fn of(snap: &Snapshot) -> Seed {
+        let mut file = Vec::new();
+        write_snap(snap, &mut file).unwrap();
+        let head_end = 36 + u64::from_le_bytes(file[20..28].try_into().unwrap()) as usize;
+        let mut json = Vec::new();
+        write_json(snap, &mut json).unwrap();
+        Seed {
+            v2_body: rmp_serde::to_vec(snap).unwrap(),
+            head: zstd::bulk::decompress(&file[36..head_end], 1 << 30).unwrap(),
+            events: zstd::bulk::decompress(&file[head_end..], 1 << 30).unwrap(),
+            json: serde_json::from_slice(&json).unwrap(),
+        }
+    }
+}
+
+/// The length a header declares for `body`: mostly its own, sometimes far more.
+fn declared_len(rng: &mut fastrand::Rng, body: &[u8]) -> u64 {
+    match rng.u8(..4) {
+        0 => body.len() as u64 * rng.u64(2..2000),
+        _ => body.len() as u64,
+    }
+}
+
+/// A `.snap` file of format version 3 holding `head` and `events`, whose
+/// header declares the lengths `declared`.
+fn snap_v3_file(head: &[u8], events: &[u8], declared: (u64, u64)) -> Vec<u8> {
+    let head_frame = zstd::bulk::compress(head, 1).unwrap();
+    let mut out = snapdiff_format::MAGIC.to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&declared.0.to_le_bytes());
+    out.extend_from_slice(&(head_frame.len() as u64).to_le_bytes());
+    out.extend_from_slice(&declared.1.to_le_bytes());
+    out.extend_from_slice(&head_frame);
+    out.extend_from_slice(&zstd::bulk::compress(events, 1).unwrap());
+    out
 }
 
 #[test]
@@ -554,7 +610,8 @@ fn a_long_snap_trace_is_read_without_holding_its_body() {
     let mut file = Vec::new();
     write_snap(&snap, &mut file).unwrap();
     drop(snap);
-    let body_len = u64::from_le_bytes(file[12..20].try_into().unwrap()) as isize;
+    // The events' uncompressed length, from the header.
+    let body_len = u64::from_le_bytes(file[28..36].try_into().unwrap()) as isize;
 
     let base = LIVE.with(Cell::get);
     PEAK.with(|p| p.set(base));

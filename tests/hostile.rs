@@ -251,53 +251,111 @@ fn zeros_frame(n: usize) -> Vec<u8> {
     enc.finish().unwrap()
 }
 
-/// A `.snap` file: header declaring `body_len` bytes, then `compressed`.
-fn snap_file(body_len: u64, compressed: &[u8]) -> Vec<u8> {
+/// A `.snap` file of format version 3: its header declaring `head_len` and
+/// `events_len` bytes, then `head_frame` and `events_frame` (one zstd frame
+/// each, in a file snapdiff wrote).
+fn snap_v3_file(head_len: u64, head_frame: &[u8], events_len: u64, events_frame: &[u8]) -> Vec<u8> {
     let mut out = snapdiff_format::MAGIC.to_vec();
-    out.extend_from_slice(&snapdiff_format::FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&body_len.to_le_bytes());
-    out.extend_from_slice(compressed);
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&head_len.to_le_bytes());
+    out.extend_from_slice(&(head_frame.len() as u64).to_le_bytes());
+    out.extend_from_slice(&events_len.to_le_bytes());
+    out.extend_from_slice(head_frame);
+    out.extend_from_slice(events_frame);
     out
+}
+
+/// The head's length and frame, and the events' length and frame, of a
+/// `.snap` file of format version 3.
+fn snap_v3_parts(file: &[u8]) -> (u64, &[u8], u64, &[u8]) {
+    let field = |at: usize| u64::from_le_bytes(file[at..at + 8].try_into().unwrap());
+    let head_end = 36 + field(20) as usize;
+    (field(12), &file[36..head_end], field(28), &file[head_end..])
 }
 
 #[test]
 fn snap_decompression_bombs_are_refused_before_they_expand() {
     let dir = tempdir();
     let d = dir.path();
-    let mut real = Vec::new();
     let snap = snapdiff_format::read_path(fixture("torch-format/snapshot-p4.pickle")).unwrap();
+    let mut real = Vec::new();
     snapdiff_format::write_snap(&snap, &mut real).unwrap();
-    let body_len = u64::from_le_bytes(real[12..20].try_into().unwrap());
-    let frame = &real[20..];
+    let (head_len, head, events_len, events) = snap_v3_parts(&real);
+    let body = crate::util::snap_v2_body(&snap);
+    let (body_len, frame) = (body.len() as u64, zstd::bulk::compress(&body, 3).unwrap());
+    let frame = &frame[..];
     let bomb = zeros_frame(1 << 30);
     let mut skippable = 0x184D_2A50u32.to_le_bytes().to_vec();
     skippable.extend_from_slice(&8u32.to_le_bytes());
     skippable.extend_from_slice(&[0; 8]);
+    let v2 = crate::util::snap_v2_file;
 
-    let cases: [(&str, Vec<u8>, &str); 5] = [
+    let cases: [(&str, Vec<u8>, &str); 12] = [
+        // Format version 2: one frame.
         (
             "skippable-first.snap",
-            snap_file(1 << 30, &[&skippable[..], &bomb].concat()),
+            v2(1 << 30, &[&skippable[..], &bomb].concat()),
             "cannot expand",
         ),
         (
             "skippable-then-real.snap",
-            snap_file(body_len, &[&skippable[..], frame].concat()),
+            v2(body_len, &[&skippable[..], frame].concat()),
             "does not start with a zstd frame",
         ),
         (
             "bomb-after-real.snap",
-            snap_file(body_len, &[frame, &bomb[..]].concat()),
+            v2(body_len, &[frame, &bomb[..]].concat()),
             "bytes follow its zstd frame",
         ),
         (
             "skippable-after-real.snap",
-            snap_file(body_len, &[frame, &skippable[..]].concat()),
+            v2(body_len, &[frame, &skippable[..]].concat()),
             "bytes follow its zstd frame",
         ),
         (
             "wrong-declared-size.snap",
-            snap_file(body_len * 4, frame),
+            v2(body_len * 4, frame),
+            "the header says",
+        ),
+        // Version 3: the same, in the head and in the events.
+        (
+            "head-bomb.snap",
+            snap_v3_file(1 << 30, &bomb, events_len, events),
+            "cannot expand",
+        ),
+        (
+            "skippable-then-head.snap",
+            snap_v3_file(
+                head_len,
+                &[&skippable[..], head].concat(),
+                events_len,
+                events,
+            ),
+            "does not start with a zstd frame",
+        ),
+        (
+            "bomb-after-head.snap",
+            snap_v3_file(head_len, &[head, &bomb[..]].concat(), events_len, events),
+            "corrupt .snap head",
+        ),
+        (
+            "wrong-head-size.snap",
+            snap_v3_file(head_len * 4, head, events_len, events),
+            "the header says",
+        ),
+        (
+            "events-bomb.snap",
+            snap_v3_file(head_len, head, 1 << 30, &bomb),
+            "cannot expand",
+        ),
+        (
+            "bomb-after-events.snap",
+            snap_v3_file(head_len, head, events_len, &[events, &bomb[..]].concat()),
+            "bytes follow its zstd frame",
+        ),
+        (
+            "wrong-events-size.snap",
+            snap_v3_file(head_len, head, events_len * 4, events),
             "the header says",
         ),
     ];
@@ -323,12 +381,113 @@ fn a_small_snap_declaring_millions_of_events_is_refused_in_bounded_memory() {
     drop(snap);
     assert!(file.len() < 64 << 10, "{} bytes", file.len());
     let dir = tempdir();
+    // Refused from the head, before any event is read.
     refused_within(
         dir.path(),
         "empty-events.snap",
         &file,
         "its traces declare more than 1048576 events, the most a",
-        64 * MIB,
+        peak_reading_a_small_file() + 4 * MIB,
+    );
+}
+
+/// The memory `snapdiff summary` takes to read a small `.snap` file: what
+/// the program takes before it reads anything much.
+fn peak_reading_a_small_file() -> u64 {
+    let (run, peak) = snapdiff_with_peak(&[
+        "summary".as_ref(),
+        fixture("snap-v1/snapshot-p4.snap").as_os_str(),
+    ]);
+    run.expect_code(0);
+    peak
+}
+
+/// The reliability campaign's file: a `.snap` of format version 2, 241
+/// KB, whose one trace holds 150 million empty events (its actions column
+/// alone 150 MB of zero bytes, which zstd packs into nothing; the file's
+/// size is a label of random text). It was read whole, 410 MiB, before the
+/// event count refused it; each column is now read no further than the
+/// events a file of its size may hold (64 a byte).
+#[test]
+fn the_campaigns_snap_of_150_million_empty_events_is_refused_in_bounded_memory() {
+    let mut rng = fastrand::Rng::with_seed(150);
+    let label: String = (0..240_000).map(|_| rng.alphanumeric()).collect();
+    let one_event = snapdiff_format::Snapshot {
+        meta: snapdiff_format::Meta {
+            label: Some(label),
+            ..Default::default()
+        },
+        traces: vec![snapdiff_format::DeviceTrace {
+            device: 0,
+            events: [snapdiff_format::TraceEvent::default()]
+                .into_iter()
+                .collect(),
+        }],
+        ..Default::default()
+    };
+    // The body, its actions column (bin 8 of length 1, holding 0) replaced
+    // by a bin 32 of 150 million zero bytes.
+    let body = crate::util::snap_v2_body(&one_event);
+    let trace = rmp_serde::to_vec(&one_event.traces[0]).unwrap();
+    let at = body
+        .windows(trace.len())
+        .position(|w| w == trace)
+        .expect("the trace's bytes in the body");
+    assert_eq!(
+        &trace[..5],
+        [0x9e, 0x00, 0xc4, 0x01, 0x00],
+        "array, device, actions"
+    );
+    let count: u32 = 150_000_000;
+    let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+    let mut body_len = 0u64;
+    let mut write = |bytes: &[u8]| {
+        std::io::Write::write_all(&mut encoder, bytes).unwrap();
+        body_len += bytes.len() as u64;
+    };
+    write(&body[..at + 2]);
+    write(&[0xc6]);
+    write(&count.to_be_bytes());
+    let zeros = vec![0u8; 1 << 20];
+    for chunk in 0..count.div_ceil(1 << 20) {
+        let len = (count - chunk * (1 << 20)).min(1 << 20);
+        write(&zeros[..len as usize]);
+    }
+    write(&body[at + 5..]);
+    let file = crate::util::snap_v2_file(body_len, &encoder.finish().unwrap());
+    assert!(file.len() < 256_000, "{} bytes", file.len());
+    let dir = tempdir();
+    refused_within(
+        dir.path(),
+        "150M-events-v2.snap",
+        &file,
+        "a trace column is longer than its events can make it",
+        peak_reading_a_small_file() + 32 * MIB,
+    );
+
+    // Since format version 3 the head says how many events each trace
+    // has: the same claim is refused before any event is read.
+    let mut v3 = Vec::new();
+    snapdiff_format::write_snap(&one_event, &mut v3).unwrap();
+    let (_, head_frame, events_len, events_frame) = snap_v3_parts(&v3);
+    let mut head = zstd::bulk::decompress(head_frame, 1 << 30).unwrap();
+    let one = [0x92, 0x00, 0x01]; // the trace's head: [device 0, 1 event]
+    let at = head.windows(3).rposition(|w| w == one).unwrap();
+    let claim = [&[0x92, 0x00, 0xce][..], &count.to_be_bytes()].concat();
+    head.splice(at..at + 3, claim);
+    let head_frame = zstd::bulk::compress(&head, 3).unwrap();
+    let file = snap_v3_file(head.len() as u64, &head_frame, events_len, events_frame);
+    assert!(
+        file.len() > 170_000 && file.len() < 256_000,
+        "{} bytes",
+        file.len()
+    );
+    refused_within(
+        dir.path(),
+        "150M-events-v3.snap",
+        &file,
+        "its traces declare more than 1048576 events",
+        peak_reading_a_small_file() + 4 * MIB,
     );
 }
 

@@ -331,3 +331,20 @@ pub fn sibling_runs(parent: &Path) -> (PathBuf, Vec<PathBuf>) {
     }
     (job, files)
 }
+
+/// The body of `snap`'s `.snap` file of format version 2: the MessagePack
+/// encoding of the whole snapshot, events and all.
+pub fn snap_v2_body(snap: &snapdiff_format::Snapshot) -> Vec<u8> {
+    rmp_serde::to_vec(snap).unwrap()
+}
+
+/// A `.snap` file of format version 2, as snapdiff wrote them before
+/// version 3: the 20-byte header declaring a body of `body_len` bytes, then
+/// `compressed` (one zstd frame, in a file snapdiff wrote).
+pub fn snap_v2_file(body_len: u64, compressed: &[u8]) -> Vec<u8> {
+    let mut out = snapdiff_format::MAGIC.to_vec();
+    out.extend_from_slice(&2u32.to_le_bytes());
+    out.extend_from_slice(&body_len.to_le_bytes());
+    out.extend_from_slice(compressed);
+    out
+}

@@ -252,7 +252,7 @@ impl<'de> Deserialize<'de> for DeviceTrace {
                 events: rows.events,
             });
         }
-        d.deserialize_seq(TraceColumnsVisitor)
+        d.deserialize_seq(TraceColumnsVisitor { head: None })
     }
 }
 
@@ -302,12 +302,84 @@ fn take_events(n: usize) -> Result<(), String> {
     Ok(())
 }
 
+thread_local! {
+    // The bytes the column being read may still take, while one is read
+    // from a `.snap` file: its reader hands bytes over through
+    // [`spend_column_bytes`], so that a column declared longer than its
+    // events can be is refused before it is read whole into memory.
+    static COLUMN_BYTES_LEFT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// MessagePack's bytes around a column: its marker and length.
+const COLUMN_OVERHEAD: u64 = 16;
+
+/// Counts `n` bytes handed to the MessagePack reader against the length
+/// the trace column being read may have; an error once it is over.
+pub(crate) fn spend_column_bytes(n: usize) -> std::io::Result<()> {
+    let Some(left) = COLUMN_BYTES_LEFT.get() else {
+        return Ok(());
+    };
+    let left = left.checked_sub(n as u64).ok_or_else(|| {
+        std::io::Error::other("a trace column is longer than its events can make it")
+    })?;
+    COLUMN_BYTES_LEFT.set(Some(left));
+    Ok(())
+}
+
+/// The longest a numeric column of `n` events can be: a presence bitmap
+/// and two varints of at most 10 bytes each per event (`pool_id`).
+fn most_column_bytes(n: usize) -> u64 {
+    (n as u64).div_ceil(8) + 20 * n as u64 + COLUMN_OVERHEAD
+}
+
+/// Reads the events frame of a version-3 `.snap` file from `body`: each
+/// trace's columns, in the order of the head's `traces`, each with the
+/// device and number of events its head declares.
+pub(crate) fn read_traces(
+    body: impl std::io::Read,
+    traces: &[crate::snap::TraceHead],
+) -> Result<Vec<DeviceTrace>, rmp_serde::decode::Error> {
+    struct Traces<'a>(&'a [crate::snap::TraceHead]);
+    impl<'de> Visitor<'de> for Traces<'_> {
+        type Value = Vec<DeviceTrace>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "{} traces", self.0.len())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<DeviceTrace>, A::Error> {
+            let mut traces = Vec::with_capacity(self.0.len());
+            for &head in self.0 {
+                let trace = seq
+                    .next_element_seed(TraceColumnsVisitor { head: Some(head) })?
+                    .ok_or_else(|| A::Error::custom("fewer traces than its head declares"))?;
+                traces.push(trace);
+            }
+            if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                return Err(A::Error::custom("more traces than its head declares"));
+            }
+            Ok(traces)
+        }
+    }
+    let mut d = rmp_serde::Deserializer::new(body);
+    d.deserialize_seq(Traces(traces))
+}
+
 /// Reads a trace's columns one at a time, each turned into its events'
 /// values as the reader hands its bytes over ([`Decoded`]). A `.snap` body
 /// is streamed from its zstd frame, so neither the body nor a trace's
 /// columns are ever held whole: reading a long trace takes the memory of its
-/// events and of its longest column.
-struct TraceColumnsVisitor;
+/// events and of its longest column. `head` is the device and number of
+/// events the file's head declares for the trace (version 3 on).
+struct TraceColumnsVisitor {
+    head: Option<crate::snap::TraceHead>,
+}
+
+impl<'de> DeserializeSeed<'de> for TraceColumnsVisitor {
+    type Value = DeviceTrace;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<DeviceTrace, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
 
 impl<'de> Visitor<'de> for TraceColumnsVisitor {
     type Value = DeviceTrace;
@@ -318,22 +390,44 @@ impl<'de> Visitor<'de> for TraceColumnsVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<DeviceTrace, A::Error> {
         let device: u32 = element(&mut seq)?;
-        let actions = column(&mut seq, |bytes| {
+        if let Some(head) = self.head
+            && head.device != device
+        {
+            return Err(A::Error::custom(format!(
+                "a trace of device {device} where its head says device {}",
+                head.device
+            )));
+        }
+        // The most events the actions column (a byte each) may hold.
+        let most = match self.head {
+            Some(head) => Some(head.events),
+            None => EVENT_LIMIT.get().map(|limit| limit.left),
+        };
+        let actions = column(&mut seq, most.map(|n| n + COLUMN_OVERHEAD), |bytes| {
             take_events(bytes.len())?;
             Ok(bytes.to_vec())
         })?;
         let n = actions.len();
+        if let Some(head) = self.head
+            && head.events != n as u64
+        {
+            return Err(A::Error::custom(format!(
+                "a trace of {n} events where its head declares {}",
+                head.events
+            )));
+        }
         let names: Vec<String> = element(&mut seq)?;
         let other_actions = other_actions(&actions, names).map_err(A::Error::custom)?;
-        let address = column(&mut seq, |bytes| dense(bytes, n, |r| r.u64()))?;
-        let size = column(&mut seq, |bytes| dense(bytes, n, |r| r.u64()))?;
-        let stream = column(&mut seq, |bytes| {
+        let most = Some(most_column_bytes(n));
+        let address = column(&mut seq, most, |bytes| dense(bytes, n, |r| r.u64()))?;
+        let size = column(&mut seq, most, |bytes| dense(bytes, n, |r| r.u64()))?;
+        let stream = column(&mut seq, most, |bytes| {
             let mut r = ColumnReader::dense(bytes);
             let stream = Column::read(n, || r.i64())?;
             r.finish()?;
             Ok(stream)
         })?;
-        let time_us = column(&mut seq, |bytes| {
+        let time_us = column(&mut seq, most, |bytes| {
             let mut r = ColumnReader::sparse(bytes, n)?;
             let mut last_time = 0i64;
             let time_us = Optional::read(r.present, n, || {
@@ -343,14 +437,14 @@ impl<'de> Visitor<'de> for TraceColumnsVisitor {
             r.finish()?;
             Ok(time_us)
         })?;
-        let stack = column(&mut seq, |bytes| ids(bytes, n))?;
-        let device_free = column(&mut seq, |bytes| rare(bytes, n, |r| r.u64()))?;
-        let compile_context = column(&mut seq, |bytes| ids(bytes, n))?;
-        let user_metadata = column(&mut seq, |bytes| ids(bytes, n))?;
-        let pool_id = column(&mut seq, |bytes| {
+        let stack = column(&mut seq, most, |bytes| ids(bytes, n))?;
+        let device_free = column(&mut seq, most, |bytes| rare(bytes, n, |r| r.u64()))?;
+        let compile_context = column(&mut seq, most, |bytes| ids(bytes, n))?;
+        let user_metadata = column(&mut seq, most, |bytes| ids(bytes, n))?;
+        let pool_id = column(&mut seq, most, |bytes| {
             rare(bytes, n, |r| Ok((r.i64()?, r.i64()?)))
         })?;
-        let alloc_seq = column(&mut seq, |bytes| rare(bytes, n, |r| r.u64()))?;
+        let alloc_seq = column(&mut seq, most, |bytes| rare(bytes, n, |r| r.u64()))?;
         let extra: Vec<(u32, Extra)> = element(&mut seq)?;
         let details = details(n, device_free, pool_id, extra).map_err(A::Error::custom)?;
         Ok(DeviceTrace {
@@ -372,19 +466,42 @@ impl<'de> Visitor<'de> for TraceColumnsVisitor {
     }
 }
 
+/// Steps over a trace's columns after its device, each read no further
+/// than its events allow (the events counted against the file's limit),
+/// keeping nothing.
+pub(crate) fn skip_columns<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<(), A::Error> {
+    let most = EVENT_LIMIT.get().map(|limit| limit.left + COLUMN_OVERHEAD);
+    let n = column(seq, most, |bytes| {
+        take_events(bytes.len())?;
+        Ok(bytes.len())
+    })?;
+    element::<A, de::IgnoredAny>(seq)?;
+    // address, size, stream, time_deltas, stack, device_free,
+    // compile_context, user_metadata, pool_id, alloc_seq
+    for _ in 0..10 {
+        column(seq, Some(most_column_bytes(n)), |_| Ok(()))?;
+    }
+    while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
 /// The next element of a trace's columns, which must be there.
 fn element<'de, A: SeqAccess<'de>, T: Deserialize<'de>>(seq: &mut A) -> Result<T, A::Error> {
     seq.next_element()?
         .ok_or_else(|| A::Error::custom("a trace ends before its last column"))
 }
 
-/// The next column of a trace, turned into values by `decode`.
+/// The next column of a trace, of at most `most_bytes` bytes with its
+/// MessagePack marker, turned into values by `decode`.
 fn column<'de, A: SeqAccess<'de>, T>(
     seq: &mut A,
+    most_bytes: Option<u64>,
     decode: impl FnOnce(&[u8]) -> Result<T, String>,
 ) -> Result<T, A::Error> {
-    seq.next_element_seed(Decoded(decode))?
-        .ok_or_else(|| A::Error::custom("a trace ends before its last column"))
+    COLUMN_BYTES_LEFT.set(most_bytes);
+    let column = seq.next_element_seed(Decoded(decode));
+    COLUMN_BYTES_LEFT.set(None);
+    column?.ok_or_else(|| A::Error::custom("a trace ends before its last column"))
 }
 
 /// Decodes a byte string with its function while the deserializer still

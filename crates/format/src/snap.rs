@@ -1,16 +1,25 @@
 //! The native `.snap` file and its `.json` twin.
 //!
-//! A `.snap` file is a 20-byte header followed by one zstd frame:
+//! A `.snap` file is a 36-byte header followed by two zstd frames, the
+//! snapshot without its trace events (the *head*) and then the events:
 //!
 //! ```text
 //! offset  size  field
 //! 0       8     magic: the ASCII bytes "SNAPDIFF"
-//! 8       4     format version, u32 little-endian (currently 2)
-//! 12      8     length of the uncompressed body, u64 little-endian
-//! 20      ...   zstd frame; uncompressed, the MessagePack encoding of a
-//!               `Snapshot`, structs as arrays in field order
+//! 8       4     format version, u32 little-endian (currently 3)
+//! 12      8     length of the uncompressed head, u64 little-endian
+//! 20      8     length of the head's zstd frame, u64 little-endian
+//! 28      8     length of the uncompressed events, u64 little-endian
+//! 36      ...   zstd frame of the head: the MessagePack encoding of a
+//!               `Snapshot`, structs as arrays in field order, each trace
+//!               as [device, number of events]
+//! ...     ...   zstd frame of the events: each trace's columns, in order
 //! ```
 //!
+//! The events come last and apart so that a reader that needs no events
+//! (`fleet`, `summary`) never decompresses them, and so that a reader that
+//! does knows how many there are before it reads any. Versions 1 and 2 (a
+//! 20-byte header, then one frame holding the whole snapshot) still read.
 //! The full layout, field by field, and the versioning rule are in
 //! `docs/format.md`. Any change to the model's fields bumps the version;
 //! readers refuse versions newer than they know.
@@ -18,7 +27,6 @@
 use std::io::{BufRead, Read, Write};
 use std::path::Path;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::Parts;
@@ -31,9 +39,11 @@ use crate::value::{Extra, Value};
 /// The first bytes of every `.snap` file.
 pub const MAGIC: &[u8; 8] = b"SNAPDIFF";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
-/// Header length in bytes.
-const HEADER_LEN: usize = 20;
+pub const FORMAT_VERSION: u32 = 3;
+/// Header length in bytes since version 3.
+const HEADER_LEN: usize = 36;
+/// Header length in bytes of versions 1 and 2.
+const HEADER_LEN_V2: usize = 20;
 
 /// zstd level: 3 is zstd's default, fast to write and about as small as the
 /// slower levels on this data (see docs/performance.md).
@@ -57,18 +67,77 @@ const EVENTS_PER_BYTE: u64 = 64;
 /// Trace events any `.snap` file may hold, whatever its size.
 const EVENTS_ALWAYS_ALLOWED: u64 = 1 << 20;
 
+/// A [`Snapshot`] without its events, as the head frame holds it: the
+/// snapshot's fields in order, each trace as its device and event count.
+#[derive(Serialize)]
+struct HeadOut<'a> {
+    meta: &'a Meta,
+    #[serde(serialize_with = "frame_columns")]
+    frames: &'a [Frame],
+    #[serde(serialize_with = "stack_columns")]
+    stacks: &'a [Vec<FrameId>],
+    strings: &'a [String],
+    segments: &'a [Segment],
+    traces: Vec<TraceHead>,
+    annotations: &'a [Annotation],
+    allocator_settings: &'a Value,
+    extra: &'a Extra,
+}
+
+fn frame_columns<S: serde::Serializer>(frames: &&[Frame], s: S) -> Result<S::Ok, S::Error> {
+    crate::columns::frames::serialize(frames, s)
+}
+
+fn stack_columns<S: serde::Serializer>(stacks: &&[Vec<FrameId>], s: S) -> Result<S::Ok, S::Error> {
+    crate::columns::stacks::serialize(stacks, s)
+}
+
+/// A trace in the head: its device and how many events the events frame
+/// holds for it.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct TraceHead {
+    pub(crate) device: u32,
+    pub(crate) events: u64,
+}
+
 /// Encodes `snap` as a `.snap` file into `out`.
 pub fn write_snap<W: Write>(snap: &Snapshot, mut out: W) -> Result<()> {
-    let body = rmp_serde::to_vec(snap)
-        .map_err(|e| Error::new(ErrorKind::Malformed, format!("cannot encode snapshot: {e}")))?;
-    let compressed = zstd::bulk::compress(&body, ZSTD_LEVEL)
-        .map_err(|e| Error::io("cannot compress snapshot", e))?;
+    let encode = |e: rmp_serde::encode::Error| {
+        Error::new(ErrorKind::Malformed, format!("cannot encode snapshot: {e}"))
+    };
+    let head = rmp_serde::to_vec(&HeadOut {
+        meta: &snap.meta,
+        frames: &snap.frames,
+        stacks: &snap.stacks,
+        strings: &snap.strings,
+        segments: &snap.segments,
+        traces: snap
+            .traces
+            .iter()
+            .map(|t| TraceHead {
+                device: t.device,
+                events: t.events.len() as u64,
+            })
+            .collect(),
+        annotations: &snap.annotations,
+        allocator_settings: &snap.allocator_settings,
+        extra: &snap.extra,
+    })
+    .map_err(encode)?;
+    let events = rmp_serde::to_vec(&snap.traces).map_err(encode)?;
+    let compress = |body: &[u8]| {
+        zstd::bulk::compress(body, ZSTD_LEVEL).map_err(|e| Error::io("cannot compress snapshot", e))
+    };
+    let (head_frame, events_frame) = (compress(&head)?, compress(&events)?);
     let mut header = [0u8; HEADER_LEN];
     header[..8].copy_from_slice(MAGIC);
     header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    header[12..20].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    header[12..20].copy_from_slice(&(head.len() as u64).to_le_bytes());
+    header[20..28].copy_from_slice(&(head_frame.len() as u64).to_le_bytes());
+    header[28..36].copy_from_slice(&(events.len() as u64).to_le_bytes());
     out.write_all(&header)
-        .and_then(|()| out.write_all(&compressed))
+        .and_then(|()| out.write_all(&head_frame))
+        .and_then(|()| out.write_all(&events_frame))
         .map_err(|e| Error::io("cannot write", e))
 }
 
@@ -80,14 +149,8 @@ pub(crate) fn read_snap_parts(
     parts: Parts,
     progress: Option<Progress>,
 ) -> Result<Snapshot> {
-    if data.len() < HEADER_LEN {
-        return Err(Error::new(
-            ErrorKind::Truncated,
-            format!(
-                "truncated .snap header ({} of {HEADER_LEN} bytes)",
-                data.len()
-            ),
-        ));
+    if data.len() < HEADER_LEN_V2 {
+        return Err(truncated_header(data.len(), HEADER_LEN_V2));
     }
     if &data[..8] != MAGIC {
         return Err(Error::new(
@@ -97,28 +160,123 @@ pub(crate) fn read_snap_parts(
     }
     let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
     check_version(version, ".snap")?;
-    let body_len = u64::from_le_bytes(data[12..20].try_into().unwrap());
-    let input = ZstdInput {
-        data,
-        pos: HEADER_LEN,
-        progress,
-        next_progress: PROGRESS_EVERY,
-    };
-    let snap: Snapshot = match parts {
-        Parts::All => read_body(input, body_len)?,
-        Parts::WithoutEvents => read_body::<WithoutEvents>(input, body_len)?.into(),
+    let snap = if version >= 3 {
+        read_split(data, parts, progress)?
+    } else {
+        read_whole(data, parts, progress)?
     };
     snap.check_references()
         .map_err(|m| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {m}")))?;
     Ok(snap)
 }
 
-/// A [`Snapshot`] as a `.snap` body holds it, with each trace read for its
-/// device only: the same fields in the same order (the body is a MessagePack
-/// array of them), so the columns of millions of events are stepped over
-/// instead of decoded. A test checks it reads what `Snapshot` writes.
+fn truncated_header(len: usize, header_len: usize) -> Error {
+    Error::new(
+        ErrorKind::Truncated,
+        format!("truncated .snap header ({len} of {header_len} bytes)"),
+    )
+}
+
+/// Reads a `.snap` file of version 3: the head frame, then the events
+/// frame only when `parts` asks for events.
+fn read_split(data: &[u8], parts: Parts, progress: Option<Progress>) -> Result<Snapshot> {
+    if data.len() < HEADER_LEN {
+        return Err(truncated_header(data.len(), HEADER_LEN));
+    }
+    let field = |at: usize| u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+    let (head_len, head_frame_len, events_len) = (field(12), field(20), field(28));
+    let head_end = usize::try_from(head_frame_len)
+        .ok()
+        .and_then(|len| HEADER_LEN.checked_add(len))
+        .filter(|&end| end <= data.len())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Truncated,
+                format!(
+                    "truncated .snap file: its head frame of {head_frame_len} bytes runs past its end ({} bytes)",
+                    data.len()
+                ),
+            )
+        })?;
+    let mut input = ZstdInput {
+        data,
+        pos: HEADER_LEN,
+        end: head_end,
+        progress,
+        next_progress: PROGRESS_EVERY,
+    };
+    let head: WithoutEvents<TraceHead> = read_frame(&mut input, head_len, "head", |body| {
+        rmp_serde::from_read(body)
+    })?;
+    input.end = data.len();
+    let events_frame = check_frame(&data[head_end..], events_len, "events")?;
+    let declared = head
+        .traces
+        .iter()
+        .fold(0u64, |sum, t| sum.saturating_add(t.events));
+    let most = most_events(events_frame.len());
+    if declared > most {
+        return Err(Error::new(
+            ErrorKind::Malformed,
+            format!(
+                "corrupt .snap head: its traces declare more than {most} events, the most a {}-byte zstd frame can hold",
+                events_frame.len()
+            ),
+        ));
+    }
+    if parts == Parts::WithoutEvents {
+        return Ok(head.into_snapshot(|t| t.device));
+    }
+    let traces = read_frame(&mut input, events_len, "events", |body| {
+        crate::columns::with_event_limit(declared, events_frame.len(), || {
+            crate::columns::read_traces(body, &head.traces)
+        })
+    })?;
+    let mut snap = head.into_snapshot(|t| t.device);
+    snap.traces = traces;
+    Ok(snap)
+}
+
+/// Reads a `.snap` file of version 1 or 2: one frame holding the snapshot.
+fn read_whole(data: &[u8], parts: Parts, progress: Option<Progress>) -> Result<Snapshot> {
+    let body_len = u64::from_le_bytes(data[12..20].try_into().unwrap());
+    let mut input = ZstdInput {
+        data,
+        pos: HEADER_LEN_V2,
+        end: data.len(),
+        progress,
+        next_progress: PROGRESS_EVERY,
+    };
+    let frame_len = data.len() - HEADER_LEN_V2;
+    match parts {
+        Parts::All => read_frame(&mut input, body_len, "body", |body| {
+            crate::columns::with_event_limit(most_events(frame_len), frame_len, || {
+                rmp_serde::from_read(body)
+            })
+        }),
+        Parts::WithoutEvents => Ok(read_frame(&mut input, body_len, "body", |body| {
+            crate::columns::with_event_limit(most_events(frame_len), frame_len, || {
+                rmp_serde::from_read::<_, WithoutEvents<TraceDevice>>(body)
+            })
+        })?
+        .into_snapshot(|t| t.0)),
+    }
+}
+
+/// The most trace events a zstd frame of `frame_len` bytes may declare.
+fn most_events(frame_len: usize) -> u64 {
+    (frame_len as u64)
+        .saturating_mul(EVENTS_PER_BYTE)
+        .max(EVENTS_ALWAYS_ALLOWED)
+}
+
+/// A [`Snapshot`] as a `.snap` file's head (or, before version 3, its
+/// body) holds it, with each trace read as a `T` that gives its device:
+/// the same fields in the same order (a MessagePack array of them), so the
+/// columns of millions of events are stepped over instead of decoded. A
+/// test checks it reads what `Snapshot` writes.
 #[derive(Deserialize)]
-struct WithoutEvents {
+struct WithoutEvents<T> {
     meta: Meta,
     #[serde(with = "crate::columns::frames")]
     frames: Vec<Frame>,
@@ -126,36 +284,38 @@ struct WithoutEvents {
     stacks: Vec<Vec<FrameId>>,
     strings: Vec<String>,
     segments: Vec<Segment>,
-    traces: Vec<TraceDevice>,
+    traces: Vec<T>,
     annotations: Vec<Annotation>,
     allocator_settings: Value,
     extra: Extra,
 }
 
-impl From<WithoutEvents> for Snapshot {
-    fn from(w: WithoutEvents) -> Snapshot {
+impl<T> WithoutEvents<T> {
+    /// The snapshot, each trace without events, on the device `device` finds.
+    fn into_snapshot(self, device: impl Fn(&T) -> u32) -> Snapshot {
         Snapshot {
-            meta: w.meta,
-            frames: w.frames,
-            stacks: w.stacks,
-            strings: w.strings,
-            segments: w.segments,
-            traces: w
+            meta: self.meta,
+            frames: self.frames,
+            stacks: self.stacks,
+            strings: self.strings,
+            segments: self.segments,
+            traces: self
                 .traces
-                .into_iter()
+                .iter()
                 .map(|t| DeviceTrace {
-                    device: t.0,
+                    device: device(t),
                     events: Events::new(),
                 })
                 .collect(),
-            annotations: w.annotations,
-            allocator_settings: w.allocator_settings,
-            extra: w.extra,
+            annotations: self.annotations,
+            allocator_settings: self.allocator_settings,
+            extra: self.extra,
         }
     }
 }
 
-/// The device of a trace's columns (their first field); the rest skipped.
+/// The device of a version-2 trace's columns (their first field); the
+/// columns stepped over, each no longer than its events allow.
 struct TraceDevice(u32);
 
 impl<'de> Deserialize<'de> for TraceDevice {
@@ -170,11 +330,11 @@ impl<'de> Deserialize<'de> for TraceDevice {
                 self,
                 mut seq: A,
             ) -> std::result::Result<TraceDevice, A::Error> {
-                use serde::de::{Error as _, IgnoredAny};
+                use serde::de::Error as _;
                 let device = seq
                     .next_element()?
                     .ok_or_else(|| A::Error::custom("a trace without its device"))?;
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                crate::columns::skip_columns(&mut seq)?;
                 Ok(TraceDevice(device))
             }
         }
@@ -182,29 +342,21 @@ impl<'de> Deserialize<'de> for TraceDevice {
     }
 }
 
-/// Decodes the body of a `.snap` file from its zstd frame (the rest of
-/// `input`), which must expand to `body_len` bytes, as it is decompressed: the body is
-/// never held whole, and a trace's columns are turned into events one at a
-/// time as they arrive (`columns.rs`).
-///
-/// The body must be one zstd frame, as [`write_snap`] writes it: no skippable
-/// frames or further frames before or after, whose sizes no header bounds.
-/// Decompression stops at `body_len` bytes, so no stream can expand past
-/// what the header declared, and the header may declare at most
-/// [`MAX_EXPANSION`] times the frame's size or [`ALWAYS_ALLOWED`] bytes;
-/// its traces, at most [`EVENTS_PER_BYTE`] events a byte of the frame or
-/// [`EVENTS_ALWAYS_ALLOWED`].
-fn read_body<T: DeserializeOwned>(input: ZstdInput, body_len: u64) -> Result<T> {
-    let compressed = &input.data[input.pos..];
+/// Checks that `compressed` is one whole zstd frame, as [`write_snap`]
+/// writes it, that may expand to the `body_len` bytes the header declares
+/// for it, and returns it. No skippable frames or further frames before or
+/// after, whose sizes no header bounds; a frame may declare at most
+/// [`MAX_EXPANSION`] times its size or [`ALWAYS_ALLOWED`] bytes.
+fn check_frame<'a>(compressed: &'a [u8], body_len: u64, what: &str) -> Result<&'a [u8]> {
     let corrupt =
-        |what: String| Error::new(ErrorKind::Malformed, format!("corrupt .snap body: {what}"));
+        |why: String| Error::new(ErrorKind::Malformed, format!("corrupt .snap {what}: {why}"));
     if body_len > (compressed.len() as u64).saturating_mul(MAX_EXPANSION)
         && body_len > ALWAYS_ALLOWED
     {
         return Err(Error::new(
             ErrorKind::Malformed,
             format!(
-                "corrupt .snap header: a {}-byte body cannot expand to the {body_len} bytes it claims",
+                "corrupt .snap header: a {}-byte {what} cannot expand to the {body_len} bytes it claims",
                 compressed.len()
             ),
         ));
@@ -216,7 +368,7 @@ fn read_body<T: DeserializeOwned>(input: ZstdInput, body_len: u64) -> Result<T> 
     let frame_len = zstd::zstd_safe::find_frame_compressed_size(compressed).map_err(|_| {
         Error::new(
             ErrorKind::Truncated,
-            "truncated or corrupt .snap body: its zstd frame is incomplete",
+            format!("truncated or corrupt .snap {what}: its zstd frame is incomplete"),
         )
     })?;
     if frame_len != compressed.len() {
@@ -232,15 +384,31 @@ fn read_body<T: DeserializeOwned>(input: ZstdInput, body_len: u64) -> Result<T> 
             "its zstd frame holds {declared} bytes, the header says {body_len}"
         )));
     }
-    let decoder =
-        zstd::stream::read::Decoder::with_buffer(input).map_err(|e| corrupt(e.to_string()))?;
-    let mut body = Body::new(decoder.take(body_len));
-    let most_events = (frame_len as u64)
-        .saturating_mul(EVENTS_PER_BYTE)
-        .max(EVENTS_ALWAYS_ALLOWED);
-    let decoded = crate::columns::with_event_limit(most_events, frame_len, || {
-        rmp_serde::from_read(&mut body)
-    });
+    Ok(compressed)
+}
+
+/// Decodes with `decode` the zstd frame of `input` (its bytes up to
+/// `input.end`), which must expand to `body_len` bytes (see
+/// [`check_frame`]), as it is decompressed: the body is never held whole,
+/// and a trace's columns are turned into events one at a time as they
+/// arrive (`columns.rs`). Decompression stops at `body_len` bytes, so no
+/// stream can expand past what the header declared.
+fn read_frame<T>(
+    input: &mut ZstdInput,
+    body_len: u64,
+    what: &str,
+    decode: impl FnOnce(&mut Body<&mut dyn Read>) -> std::result::Result<T, rmp_serde::decode::Error>,
+) -> Result<T> {
+    let frame_end = input.end;
+    check_frame(&input.data[input.pos..frame_end], body_len, what)?;
+    let corrupt =
+        |why: String| Error::new(ErrorKind::Malformed, format!("corrupt .snap {what}: {why}"));
+    let decoder = zstd::stream::read::Decoder::with_buffer(&mut *input)
+        .map_err(|e| corrupt(e.to_string()))?
+        .single_frame();
+    let mut limited = decoder.take(body_len);
+    let mut body = Body::new(&mut limited as &mut dyn Read);
+    let decoded = decode(&mut body);
     // Whether the frame ran out before the header's length: the body is
     // cut. The rest of the frame (nothing, in a file snapdiff wrote) is
     // read to find out.
@@ -251,19 +419,28 @@ fn read_body<T: DeserializeOwned>(input: ZstdInput, body_len: u64) -> Result<T> 
     if cut {
         return Err(Error::new(
             ErrorKind::Truncated,
-            format!("truncated .snap body: {} of {body_len} bytes", body.count),
+            format!("truncated .snap {what}: {} of {body_len} bytes", body.count),
         ));
     }
-    decoded.map_err(|e| corrupt(e.to_string()))
+    let decoded = decoded.map_err(|e| corrupt(e.to_string()))?;
+    // The decompressor stops at the body's last byte, which may come before
+    // the frame's last block header or checksum: the next frame starts at
+    // the end of this one.
+    drop(body);
+    drop(limited);
+    input.pos = frame_end;
+    Ok(decoded)
 }
 
-/// The zstd frame of a `.snap` file, as the decompressor reads it: the file
-/// from `pos` on, telling `progress` how far it has got.
+/// A zstd frame of a `.snap` file, as the decompressor reads it: the file
+/// from `pos` to `end`, telling `progress` how far it has got.
 struct ZstdInput<'a> {
     /// The whole file.
     data: &'a [u8],
     /// Where the next unread byte is.
     pos: usize,
+    /// Where the frame being read ends.
+    end: usize,
     progress: Option<Progress>,
     /// The position at which `progress` is told next.
     next_progress: usize,
@@ -271,7 +448,7 @@ struct ZstdInput<'a> {
 
 impl BufRead for ZstdInput<'_> {
     fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
-        Ok(&self.data[self.pos..])
+        Ok(&self.data[self.pos..self.end])
     }
 
     fn consume(&mut self, n: usize) {
@@ -337,11 +514,13 @@ impl<R: Read> Read for Body<R> {
             if out.len() >= self.buf.len() {
                 let n = self.inner.read(out)?;
                 self.count += n as u64;
+                crate::columns::spend_column_bytes(n)?;
                 return Ok(n);
             }
             self.refill()?;
         }
         let n = out.len().min(self.end - self.pos);
+        crate::columns::spend_column_bytes(n)?;
         out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
         self.pos += n;
         Ok(n)
