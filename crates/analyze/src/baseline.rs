@@ -77,18 +77,15 @@ impl Baseline {
     /// The baseline of one process's `snapshots` (its dumps, oldest first;
     /// those with traces give the peak inside them), `trend` their verdict.
     pub fn of(snapshots: &[Snapshot], trend: Option<&Trend>, rules: &CulpritRules) -> Baseline {
-        let mut devices: BTreeMap<u32, (DeviceBaseline, Vec<SiteAt>)> = BTreeMap::new();
-        for snap in snapshots {
-            for m in moments(snap, rules) {
-                let entry = devices.entry(m.device).or_default();
-                entry.0.device = m.device;
-                entry.0.peak_reserved = entry.0.peak_reserved.max(m.reserved);
-                if m.allocated >= entry.0.peak_allocated {
-                    entry.0.peak_allocated = m.allocated;
-                    entry.1 = m.sites;
-                }
-            }
-        }
+        Baseline::with_trend(Peaks::of(snapshots, rules), trend)
+    }
+
+    /// The baseline of a process from its [`Peaks`] and its verdict
+    /// `trend`, which give the bytes each site kept after warm-up. Apart
+    /// from [`Baseline::of`] so that the two, each a replay of the trace,
+    /// can be worked out side by side.
+    pub fn with_trend(peaks: Peaks, trend: Option<&Trend>) -> Baseline {
+        let devices = peaks.0;
         let mut kept: BTreeMap<(String, String), u64> = BTreeMap::new();
         for s in trend.map_or(&[][..], |t| &t.suspects[..]) {
             *kept.entry((key_of(&s.site), line_of(&s.site))).or_default() += s.growth_bytes;
@@ -157,6 +154,34 @@ impl Baseline {
     }
 }
 
+/// Each device's highest moment over a process's snapshots, with what was
+/// live at each site then: the part of its [`Baseline`] that needs no
+/// verdict.
+pub struct Peaks(BTreeMap<u32, (DeviceBaseline, Vec<SiteAt>)>);
+
+impl Peaks {
+    /// The peaks of one process's `snapshots`: inside each trace where a
+    /// snapshot has one, else its state when dumped.
+    pub fn of<'a>(
+        snapshots: impl IntoIterator<Item = &'a Snapshot>,
+        rules: &CulpritRules,
+    ) -> Peaks {
+        let mut devices: BTreeMap<u32, (DeviceBaseline, Vec<SiteAt>)> = BTreeMap::new();
+        for snap in snapshots {
+            for m in moments(snap, rules) {
+                let entry = devices.entry(m.device).or_default();
+                entry.0.device = m.device;
+                entry.0.peak_reserved = entry.0.peak_reserved.max(m.reserved);
+                if m.allocated >= entry.0.peak_allocated {
+                    entry.0.peak_allocated = m.allocated;
+                    entry.1 = m.sites;
+                }
+            }
+        }
+        Peaks(devices)
+    }
+}
+
 /// A site's live bytes and blocks at one moment.
 struct SiteAt {
     site: Site,
@@ -175,22 +200,37 @@ struct Moment {
 }
 
 /// Each device's highest moment in `snap`: the peak inside its trace where
-/// it has one, else its state when dumped.
+/// it has one and it is higher than the state when dumped, else that state.
+/// The state's sites are named only where it is the highest.
 fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
     let keys = StackKeys::new(snap);
     // What each distinct frame is, worked out once for all the sites.
     let namer = SiteNamer::new(snap, rules);
     let categories = Categories::new(snap);
-    let mut out: Vec<Moment> = live_sites_by_device(snap, &keys)
-        .into_iter()
-        .map(|d| Moment {
+    let mut peaks = device_peaks(snap, &keys, &namer);
+    let mut out = Vec::new();
+    for d in live_sites_by_device(snap, &keys) {
+        let allocated: u64 = d.totals.values().map(|t| t.bytes).sum();
+        let reserved: u64 = snap
+            .device_segments()
+            .filter(|s| s.device == d.device)
+            .map(|s| s.total_size)
+            .sum();
+        let higher_peak = peaks
+            .iter()
+            .position(|p| p.device == d.device && p.allocated_bytes > allocated);
+        if let Some(at) = higher_peak {
+            let peak = peaks.remove(at);
+            let mut moment = peak_moment(peak);
+            moment.reserved = moment.reserved.max(reserved);
+            out.push(moment);
+            continue;
+        }
+        peaks.retain(|p| p.device != d.device);
+        out.push(Moment {
             device: d.device,
-            reserved: snap
-                .device_segments()
-                .filter(|s| s.device == d.device)
-                .map(|s| s.total_size)
-                .sum(),
-            allocated: d.totals.values().map(|t| t.bytes).sum(),
+            reserved,
+            allocated,
             sites: d
                 .totals
                 .iter()
@@ -201,34 +241,30 @@ fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
                     blocks: t.blocks,
                 })
                 .collect(),
-        })
-        .collect();
-    for p in device_peaks(snap, &keys, &namer) {
-        let at = Moment {
-            device: p.device,
-            allocated: p.allocated_bytes,
-            reserved: p.reserved_bytes.unwrap_or(0),
-            sites: p
-                .sites
-                .into_iter()
-                .map(|s| SiteAt {
-                    site: s.site,
-                    category: s.category,
-                    bytes: s.bytes,
-                    blocks: s.blocks,
-                })
-                .collect(),
-        };
-        match out.iter_mut().find(|m| m.device == at.device) {
-            Some(m) if at.allocated > m.allocated => {
-                let reserved = at.reserved.max(m.reserved);
-                *m = Moment { reserved, ..at };
-            }
-            Some(_) => {}
-            None => out.push(at),
-        }
+        });
     }
+    // Devices with a trace and no segments.
+    out.extend(peaks.into_iter().map(peak_moment));
     out
+}
+
+/// The moment of a device's peak inside its trace.
+fn peak_moment(p: crate::peak::DevicePeak) -> Moment {
+    Moment {
+        device: p.device,
+        allocated: p.allocated_bytes,
+        reserved: p.reserved_bytes.unwrap_or(0),
+        sites: p
+            .sites
+            .into_iter()
+            .map(|s| SiteAt {
+                site: s.site,
+                category: s.category,
+                bytes: s.bytes,
+                blocks: s.blocks,
+            })
+            .collect(),
+    }
 }
 
 /// A site's key: `function@file` of its own code's innermost frames; its

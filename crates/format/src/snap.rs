@@ -417,7 +417,10 @@ fn read_frame<T>(
         if (whole.len() as u64) < body_len {
             return Err(Error::new(
                 ErrorKind::Truncated,
-                format!("truncated .snap {what}: {} of {body_len} bytes", whole.len()),
+                format!(
+                    "truncated .snap {what}: {} of {body_len} bytes",
+                    whole.len()
+                ),
             ));
         }
         input.pos = frame_end;

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use snapdiff_analyze::baseline::Baseline;
+use snapdiff_analyze::baseline::{Baseline, Peaks};
 use snapdiff_analyze::{NamedSnapshot, Trend, TrendOptions, judge_dumps};
 use snapdiff_format::Snapshot;
 use snapdiff_render::trend::process_name;
@@ -59,10 +59,13 @@ pub(crate) fn baseline_of(
     for (_, files) in snapdiff_runs::by_process(files) {
         let (read, e) = read_all(&files);
         errored |= e;
-        for (_, snapshots) in split_by_process(read) {
-            let trend = judged(&snapshots, options).ok().map(|j| j.trend);
-            let snapshots: Vec<Snapshot> = snapshots.into_iter().map(|r| r.snapshot).collect();
-            each.push(Baseline::of(&snapshots, trend.as_ref(), &options.rules));
+        for (_, read) in split_by_process(read) {
+            // The verdict and the peaks each replay the traces: side by side.
+            let (trend, peaks) = rayon::join(
+                || judged(&read, options).ok().map(|j| j.trend),
+                || Peaks::of(read.iter().map(|r| &r.snapshot), &options.rules),
+            );
+            each.push(Baseline::with_trend(peaks, trend.as_ref()));
         }
     }
     if each.is_empty() {
