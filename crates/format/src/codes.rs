@@ -19,7 +19,12 @@ macro_rules! impl_coded_enum {
                 }
             }
 
-            fn from_code(code: u64) -> Option<$ty> {
+            /// The value's one-byte code in `.snap` files.
+            pub(crate) fn code(self) -> u8 {
+                match self { $($ty::$variant => $code),+ }
+            }
+
+            pub(crate) fn from_code(code: u64) -> Option<$ty> {
                 match code {
                     $($code => Some($ty::$variant),)+
                     _ => None,
@@ -32,7 +37,7 @@ macro_rules! impl_coded_enum {
                 if s.is_human_readable() {
                     s.serialize_str(self.name())
                 } else {
-                    s.serialize_u8(match self { $($ty::$variant => $code),+ })
+                    s.serialize_u8(self.code())
                 }
             }
         }

@@ -17,6 +17,8 @@ use crate::events::{Column, Events, OTHER_ACTION, Optional};
 use crate::model::{Action, CompactString, DeviceTrace, EventDetails, Frame};
 use crate::value::Extra;
 
+pub(crate) mod segments;
+
 #[derive(Serialize)]
 struct TraceRows<'a> {
     device: u32,
@@ -102,6 +104,14 @@ impl<'a> ColumnReader<'a> {
                 return Err(Corrupt);
             }
         }
+    }
+
+    /// The next byte as it is.
+    #[inline]
+    fn byte(&mut self) -> Result<u8, Corrupt> {
+        let b = *self.bytes.get(self.pos).ok_or(Corrupt)?;
+        self.pos += 1;
+        Ok(b)
     }
 
     #[inline]

@@ -77,6 +77,7 @@ struct HeadOut<'a> {
     #[serde(serialize_with = "stack_columns")]
     stacks: &'a [Vec<FrameId>],
     strings: &'a [String],
+    #[serde(serialize_with = "segment_table")]
     segments: &'a [Segment],
     traces: Vec<TraceHead>,
     annotations: &'a [Annotation],
@@ -90,6 +91,10 @@ fn frame_columns<S: serde::Serializer>(frames: &&[Frame], s: S) -> Result<S::Ok,
 
 fn stack_columns<S: serde::Serializer>(stacks: &&[Vec<FrameId>], s: S) -> Result<S::Ok, S::Error> {
     crate::columns::stacks::serialize(stacks, s)
+}
+
+fn segment_table<S: serde::Serializer>(segments: &&[Segment], s: S) -> Result<S::Ok, S::Error> {
+    crate::columns::segments::serialize(segments, s)
 }
 
 /// A trace in the head: its device and how many events the events frame
@@ -283,6 +288,7 @@ struct WithoutEvents<T> {
     #[serde(with = "crate::columns::stacks")]
     stacks: Vec<Vec<FrameId>>,
     strings: Vec<String>,
+    #[serde(deserialize_with = "crate::columns::segments::deserialize")]
     segments: Vec<Segment>,
     traces: Vec<T>,
     annotations: Vec<Annotation>,
