@@ -41,8 +41,16 @@ const LEAST_BLOCK_BYTES: usize = 5;
 #[derive(Default, Serialize, Deserialize)]
 struct Rare {
     segment_extra: Vec<(u32, Extra)>,
-    /// Block index (over all segments), its history and its extra keys.
-    blocks: Vec<(u64, Vec<HistoryEntry>, Vec<(String, Value)>)>,
+    blocks: Vec<RareBlock>,
+}
+
+/// A block with a history or extra keys.
+#[derive(Serialize, Deserialize)]
+struct RareBlock {
+    /// Its index over all segments' blocks.
+    index: u64,
+    history: Vec<HistoryEntry>,
+    extra: Vec<(String, Value)>,
 }
 
 /// Writes the segment table as one byte string.
@@ -107,8 +115,11 @@ pub(crate) fn serialize<S: Serializer>(segments: &[Segment], s: S) -> Result<S::
                 write_u64(&mut w, seq);
             }
             if !b.history.is_empty() || !b.extra.is_empty() {
-                rare.blocks
-                    .push((index, b.history.to_vec(), b.extra.to_vec()));
+                rare.blocks.push(RareBlock {
+                    index,
+                    history: b.history.to_vec(),
+                    extra: b.extra.to_vec(),
+                });
             }
             index += 1;
         }
@@ -207,7 +218,12 @@ fn from_bytes(bytes: &[u8]) -> Result<Vec<Segment>, String> {
     }
     let mut blocks = segments.iter_mut().flat_map(|s| s.blocks.iter_mut());
     let mut at = 0u64;
-    for (index, history, extra) in rare.blocks {
+    for RareBlock {
+        index,
+        history,
+        extra,
+    } in rare.blocks
+    {
         let skip = index
             .checked_sub(at)
             .ok_or("rare fields of blocks out of order")?;
