@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Each reading figure beside its limit, measured in the same run: snapdiff
+# against CPython's `pickle.load` and against walking the pickle's opcodes
+# with nothing built (`opcode_floor`); `fleet` against `cat` of the same
+# files from the page cache; `check` against the program's own start.
+#
+#   bash bench/limits.sh            # on the machine as it is
+#   BUSY=1 bash bench/limits.sh     # beside a second process spinning on a core
+#
+# Needs the inputs of bench/real_shaped.sh (target/real-shaped) and of
+# bench/fleet.sh (target/fleet/1024); makes 32 ranks of PyTorch pickles from
+# the latter into target/fleet/pickles. Wall times of whole processes, one
+# run each: run the script three times.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q
+cargo build --release -q -p snapdiff-format --example opcode_floor
+snapdiff=$PWD/target/release/snapdiff
+shaped=target/real-shaped/real-a.pickle
+snaps=target/fleet/1024/job
+pickles=target/fleet/pickles
+for need in $shaped $snaps; do
+  [ -e $need ] || { echo "missing $need: run bench/real_shaped.sh and bench/fleet.sh first" >&2; exit 2; }
+done
+if [ ! -d $pickles ]; then
+  for n in 0 1 2 3; do
+    mkdir -p $pickles.partial/node$n
+    for f in $snaps/node$n/*.snap; do
+      $snapdiff convert "$f" $pickles.partial/node$n/"$(basename "$f" .snap)".pickle
+    done
+    sed 's/\.snap"/.pickle"/' $snaps/node$n/manifest.jsonl > $pickles.partial/node$n/manifest.jsonl
+  done
+  mv $pickles.partial $pickles
+fi
+if [ -n "${BUSY:-}" ]; then
+  yes > /dev/null &
+  hog=$!
+  trap 'kill $hog' EXIT
+fi
+
+# Seconds and peak KiB of a whole process: "secs kib".
+measure() {
+  /usr/bin/time -f "%e %M" -o /tmp/snapdiff-limits-time "$@" > /dev/null 2>&1 || [ $? -eq 1 ]
+  tail -1 /tmp/snapdiff-limits-time
+}
+# Seconds a run of a short command takes, the mean of 20.
+mean_of_20() {
+  local t0 t1
+  t0=$(date +%s.%N)
+  for _ in $(seq 20); do "$@" > /dev/null 2>&1 || [ $? -eq 1 ]; done
+  t1=$(date +%s.%N)
+  awk -v a=$t0 -v b=$t1 'BEGIN {print (b - a) / 20}'
+}
+bytes() { du -sbL "$@" | awk '{n += $1} END {print n}'; }
+
+echo "machine: $(nproc) cores, ${BUSY:+busy (a second process spinning), }$(date -u +%F)"
+file_bytes=$(bytes $shaped)
+read -r py_s py_kib < <(measure python3 -c 'import pickle, sys; pickle.load(open(sys.argv[1], "rb"))' $shaped)
+read -r sd_s sd_kib < <(measure $snapdiff summary $shaped)
+# Best of repeated walks, in milliseconds.
+floor_s=$(target/release/examples/opcode_floor $shaped | awk '{print $2 / 1000}')
+awk -v f=$file_bytes -v p=$py_s -v s=$sd_s -v k=$sd_kib -v o=$floor_s 'BEGIN {
+  printf "summary of a %.0f MiB pickle: %.2f s; pickle.load %.2f s (%.1fx); opcodes alone %.3f s (%.1fx the floor); peak %.2fx the file\n",
+         f / 1048576, s, p, p / s, o, s / o, k * 1024 / f }'
+
+# Seconds to read files from the page cache (a first read puts them there).
+cat_warm() {
+  cat "$@" > /dev/null
+  local t0 t1
+  t0=$(date +%s.%N)
+  cat "$@" > /dev/null
+  t1=$(date +%s.%N)
+  awk -v a=$t0 -v b=$t1 'BEGIN {print b - a}'
+}
+snap_files=$(find $snaps -name '*.snap' | wc -l)
+snap_bytes=$(bytes $snaps)
+snap_cat=$(cat_warm $(find $snaps -name '*.snap'))
+read -r fl_s fl_kib < <(measure $snapdiff fleet $snaps -j 2)
+awk -v n=$snap_files -v b=$snap_bytes -v s=$fl_s -v c=$snap_cat 'BEGIN {
+  printf "fleet -j 2 of %d .snap dumps (%.0f MiB): %.2f s, %.0f dumps/s, %.0f MiB/s; cat of the same, warm: %.2f s, %.0f MiB/s (%.1fx)\n",
+         n, b / 1048576, s, n / s, b / s / 1048576, c, b / c / 1048576, s / c }'
+
+pickle_files=$(find $pickles -name '*.pickle' | wc -l)
+pickle_bytes=$(bytes $pickles)
+pickle_cat=$(cat_warm $(find $pickles -name '*.pickle'))
+read -r fp_s fp_kib < <(measure $snapdiff fleet $pickles -j 2)
+awk -v n=$pickle_files -v b=$pickle_bytes -v s=$fp_s -v c=$pickle_cat 'BEGIN {
+  printf "fleet -j 2 of %d PyTorch pickles (%.1f MiB each): %.2f s, %.0f MiB/s; cat of the same, warm: %.3f s, %.0f MiB/s (%.1fx)\n",
+         n, b / n / 1048576, s, b / s / 1048576, c, b / c / 1048576, s / c }'
+
+$snapdiff baseline target/real-shaped/real-a.pickle -o /tmp/snapdiff-limits-baseline.json --force 2> /dev/null
+read -r ck_s ck_kib < <(measure $snapdiff check /tmp/snapdiff-limits-baseline.json target/real-shaped/real-b.pickle)
+step=$snaps/node0/rank0-step9.snap
+$snapdiff baseline $step -o /tmp/snapdiff-limits-step.json --force 2> /dev/null
+one_s=$(mean_of_20 $snapdiff check /tmp/snapdiff-limits-step.json $step)
+start_s=$(mean_of_20 $snapdiff --version)
+awk -v c=$ck_s -v s=$sd_s -v o=$one_s -v z=$start_s 'BEGIN {
+  printf "check of a 1M-block run: %.2f s (its summary %.2f s); of one step dump: %.1f ms (the program starting: %.1f ms)\n",
+         c, s, o * 1000, z * 1000 }'
