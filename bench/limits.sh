@@ -72,21 +72,19 @@ cat_warm() {
   t1=$(date +%s.%N)
   awk -v a=$t0 -v b=$t1 'BEGIN {print b - a}'
 }
-snap_files=$(find $snaps -name '*.snap' | wc -l)
-snap_bytes=$(bytes $snaps)
-snap_cat=$(cat_warm $(find $snaps -name '*.snap'))
-read -r fl_s fl_kib < <(measure $snapdiff fleet $snaps -j 2)
-awk -v n=$snap_files -v b=$snap_bytes -v s=$fl_s -v c=$snap_cat 'BEGIN {
-  printf "fleet -j 2 of %d .snap dumps (%.0f MiB): %.2f s, %.0f dumps/s, %.0f MiB/s; cat of the same, warm: %.2f s, %.0f MiB/s (%.1fx)\n",
-         n, b / 1048576, s, n / s, b / s / 1048576, c, b / c / 1048576, s / c }'
-
-pickle_files=$(find $pickles -name '*.pickle' | wc -l)
-pickle_bytes=$(bytes $pickles)
-pickle_cat=$(cat_warm $(find $pickles -name '*.pickle'))
-read -r fp_s fp_kib < <(measure $snapdiff fleet $pickles -j 2)
-awk -v n=$pickle_files -v b=$pickle_bytes -v s=$fp_s -v c=$pickle_cat 'BEGIN {
-  printf "fleet -j 2 of %d PyTorch pickles (%.1f MiB each): %.2f s, %.0f MiB/s; cat of the same, warm: %.3f s, %.0f MiB/s (%.1fx)\n",
-         n, b / n / 1048576, s, b / s / 1048576, c, b / c / 1048576, s / c }'
+# fleet -j 2 of the files named *.EXT under DIR, beside cat of the same.
+fleet_line() {
+  local dir=$1 ext=$2 files bytes warm secs kib
+  files=$(find $dir -name "*.$ext" | wc -l)
+  bytes=$(bytes $dir)
+  warm=$(cat_warm $(find $dir -name "*.$ext"))
+  read -r secs kib < <(measure $snapdiff fleet $dir -j 2)
+  awk -v e=$ext -v n=$files -v b=$bytes -v s=$secs -v c=$warm 'BEGIN {
+    printf "fleet -j 2 of %d .%s files (%.2f MiB each): %.2f s, %.0f files/s, %.0f MiB/s; cat of the same, warm: %.3f s, %.0f MiB/s (%.1fx)\n",
+           n, e, b / n / 1048576, s, n / s, b / s / 1048576, c, b / c / 1048576, s / c }'
+}
+fleet_line $snaps snap
+fleet_line $pickles pickle
 
 $snapdiff baseline target/real-shaped/real-a.pickle -o /tmp/snapdiff-limits-baseline.json --force 2> /dev/null
 read -r ck_s ck_kib < <(measure $snapdiff check /tmp/snapdiff-limits-baseline.json target/real-shaped/real-b.pickle)

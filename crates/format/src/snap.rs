@@ -214,7 +214,7 @@ fn read_split(data: &[u8], parts: Parts, progress: Option<Progress>) -> Result<S
         rmp_serde::from_read(body)
     })?;
     input.end = data.len();
-    let events_frame = check_frame(&data[head_end..], events_len, "events")?;
+    let events_frame = &data[head_end..];
     let declared = head
         .traces
         .iter()
@@ -230,6 +230,9 @@ fn read_split(data: &[u8], parts: Parts, progress: Option<Progress>) -> Result<S
         ));
     }
     if parts == Parts::WithoutEvents {
+        // Not decompressed, but a file whose events are cut or followed by
+        // more is refused here too.
+        check_frame(events_frame, events_len, "events")?;
         return Ok(head.into_snapshot(|t| t.device));
     }
     let traces = read_frame(&mut input, events_len, "events", |body| {
@@ -419,7 +422,11 @@ fn read_frame<T>(
                 };
                 decompressor.decompress_to_buffer(frame, &mut whole)
             })
-            .map_err(|e| corrupt(e.to_string()))?;
+            .map_err(|e| {
+                corrupt(format!(
+                    "its zstd frame does not expand to the header's {body_len} bytes ({e})"
+                ))
+            })?;
         if (whole.len() as u64) < body_len {
             return Err(Error::new(
                 ErrorKind::Truncated,

@@ -178,21 +178,17 @@ fn from_bytes(bytes: &[u8]) -> Result<Vec<Segment>, String> {
     let mut block_counts = Vec::with_capacity(count as usize);
     for _ in 0..count {
         segments.push(segment(&mut r).map_err(<&str>::from)?);
-        let blocks = r.u64().map_err(<&str>::from)?;
-        if blocks > (left(&r) / LEAST_BLOCK_BYTES) as u64 {
-            return Err(format!(
-                "a segment declares {blocks} blocks, more than the table holds"
-            ));
-        }
-        block_counts.push(blocks as usize);
+        block_counts.push(r.u64().map_err(<&str>::from)?);
     }
+    // Each segment's blocks are reserved for only once the bytes left can
+    // hold them.
     for (seg, &n) in segments.iter_mut().zip(&block_counts) {
-        if n > left(&r) / LEAST_BLOCK_BYTES {
+        if n > (left(&r) / LEAST_BLOCK_BYTES) as u64 {
             return Err(format!(
                 "a segment declares {n} blocks, more than the table holds"
             ));
         }
-        seg.blocks.reserve_exact(n);
+        seg.blocks.reserve_exact(n as usize);
         let mut expected = seg.address;
         for _ in 0..n {
             let b = block(&mut r, expected).map_err(<&str>::from)?;
