@@ -491,6 +491,183 @@ fn the_campaigns_snap_of_150_million_empty_events_is_refused_in_bounded_memory()
     );
 }
 
+/// A `.snap` file of format version 3 holding `snap`, its head's table
+/// `table` (the bytes the writer made for it, found once) replaced by what
+/// `replace` writes: the head compressed as it is written, never held.
+fn snap_v3_with_table(
+    snap: &snapdiff_format::Snapshot,
+    table: &[u8],
+    replace: impl FnOnce(&mut dyn FnMut(&[u8])),
+) -> Vec<u8> {
+    let mut real = Vec::new();
+    snapdiff_format::write_snap(snap, &mut real).unwrap();
+    let (_, head_frame, events_len, events_frame) = snap_v3_parts(&real);
+    let head = zstd::bulk::decompress(head_frame, 1 << 30).unwrap();
+    let at = head.windows(table.len()).position(|w| w == table);
+    let at = at.expect("the table's bytes in the head");
+    let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 19).unwrap();
+    let mut head_len = 0u64;
+    let mut write = |bytes: &[u8]| {
+        std::io::Write::write_all(&mut encoder, bytes).unwrap();
+        head_len += bytes.len() as u64;
+    };
+    write(&head[..at]);
+    replace(&mut write);
+    write(&head[at + table.len()..]);
+    snap_v3_file(
+        head_len,
+        &encoder.finish().unwrap(),
+        events_len,
+        events_frame,
+    )
+}
+
+/// `n` copies of `bytes`, written a megabyte at a time.
+fn repeat(write: &mut dyn FnMut(&[u8]), bytes: &[u8], n: usize) {
+    let chunk = bytes.repeat((1 << 20) / bytes.len());
+    let per_chunk = chunk.len() / bytes.len();
+    for _ in 0..n / per_chunk {
+        write(&chunk);
+    }
+    write(&bytes.repeat(n % per_chunk));
+}
+
+/// A varint as the `.snap` tables write them.
+fn varint(mut n: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    while n >= 0x80 {
+        out.push(n as u8 | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+    out
+}
+
+/// A head's tables other than segments and events expand at most 13
+/// times from their frame in real files: a head of 16 million empty
+/// strings, empty stacks or empty values, which zstd packs into a
+/// kilobyte and which would take 400 MB and more read, is refused once it
+/// is past what its frame allows, in a few MiB (2 to 5 measured).
+#[test]
+fn a_small_head_of_millions_of_empty_items_is_refused_in_bounded_memory() {
+    use snapdiff_format::{Snapshot, Value};
+    const N: u32 = 16_000_000;
+    let dir = tempdir();
+    let most = peak_reading_a_small_file() + 8 * MIB;
+    let expect = "its tables other than segments and events take more than";
+
+    let strings = Snapshot {
+        strings: vec!["HOSTILE-MARKER".into()],
+        ..Default::default()
+    };
+    let file = snap_v3_with_table(&strings, b"\x91\xaeHOSTILE-MARKER", |write| {
+        write(&[&[0xdd][..], &N.to_be_bytes()].concat());
+        repeat(write, &[0xa0], N as usize);
+    });
+    assert!(file.len() < 8 << 10, "{} bytes", file.len());
+    refused_within(dir.path(), "empty-strings.snap", &file, expect, most);
+
+    let stacks = Snapshot {
+        stacks: vec![vec![7; 5]],
+        ..Default::default()
+    };
+    let file = snap_v3_with_table(&stacks, &[0xc4, 7, 1, 5, 7, 7, 7, 7, 7], |write| {
+        let count = varint(N.into());
+        let len = count.len() as u32 + N;
+        write(&[&[0xc6][..], &len.to_be_bytes(), &count].concat());
+        repeat(write, &[0], N as usize);
+    });
+    assert!(file.len() < 8 << 10, "{} bytes", file.len());
+    refused_within(dir.path(), "empty-stacks.snap", &file, expect, most);
+
+    let values = Snapshot {
+        extra: vec![("HOSTILE".into(), Value::List(Vec::new()))],
+        ..Default::default()
+    };
+    let file = snap_v3_with_table(&values, b"\xa7HOSTILE\x90", |write| {
+        write(b"\xa7HOSTILE\xdd");
+        write(&N.to_be_bytes());
+        repeat(write, &[0xc0], N as usize);
+    });
+    assert!(file.len() < 8 << 10, "{} bytes", file.len());
+    refused_within(dir.path(), "empty-values.snap", &file, expect, most);
+}
+
+/// A million blocks (and more) of one size from one line, as a leak of one
+/// line's tensors leaves them, compress ten thousand times: such a file
+/// reads, while a smaller frame declaring more blocks than it may hold is
+/// refused before they are built.
+#[test]
+fn a_segment_table_holds_what_its_frame_allows() {
+    use snapdiff_format::{Block, Segment, Snapshot};
+    let leak = Snapshot {
+        stacks: vec![Vec::new()],
+        segments: (0..300u64)
+            .map(|s| Segment {
+                address: s << 21,
+                total_size: 1 << 21,
+                blocks: (0..4096u64)
+                    .map(|b| Block {
+                        address: (s << 21) + b * 512,
+                        size: 512,
+                        requested_size: 4,
+                        stack: Some(0),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let mut file = Vec::new();
+    snapdiff_format::write_snap(&leak, &mut file).unwrap();
+    assert!(file.len() < 4 << 10, "{} bytes", file.len());
+    let back = snapdiff_format::read_bytes(&file).unwrap();
+    assert_eq!(back.segments.len(), 300);
+    assert_eq!(
+        back.segments[299].blocks[4095],
+        leak.segments[299].blocks[4095]
+    );
+    drop((leak, back));
+
+    // One segment of 1.2 million blocks of 5 bytes each, 6 MB that zstd
+    // packs into about 500 bytes: a frame that small may hold a million.
+    const N: u32 = 1_200_000;
+    let one = Snapshot {
+        segments: vec![Segment::default()],
+        ..Default::default()
+    };
+    let mut table = Vec::new();
+    snapdiff_format::write_snap(&one, &mut table).unwrap();
+    let (_, head_frame, _, _) = snap_v3_parts(&table);
+    let head = zstd::bulk::decompress(head_frame, 1 << 20).unwrap();
+    // The table of one empty segment: count, its fields, no blocks, the
+    // rare fields' document ([[], []], 3 bytes).
+    let empty = [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 3, 0x92, 0x90, 0x90];
+    let table = [&[0xc4, empty.len() as u8][..], &empty].concat();
+    assert!(head.windows(table.len()).any(|w| w == table));
+    let file = snap_v3_with_table(&one, &table, |write| {
+        let count = varint(N.into());
+        let len = empty.len() as u32 - 1 + count.len() as u32 + 5 * N;
+        write(&[&[0xc6][..], &len.to_be_bytes(), &empty[..9], &count].concat());
+        // Each block: its address where the last ended, size 1, 1 requested,
+        // a sequence number 0.
+        repeat(write, &[0, 1, 1, 8, 0], N as usize);
+        write(&empty[10..]);
+    });
+    let head_frame_len = snap_v3_parts(&file).1.len() as u32;
+    assert!(2048 * head_frame_len < N, "a {head_frame_len}-byte frame");
+    let dir = tempdir();
+    refused_within(
+        dir.path(),
+        "many-blocks.snap",
+        &file,
+        "segments and blocks, the most a",
+        peak_reading_a_small_file() + 16 * MIB,
+    );
+}
+
 #[test]
 fn json_with_a_byte_order_mark_reads() {
     let dir = tempdir();

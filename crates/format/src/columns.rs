@@ -262,7 +262,7 @@ impl<'de> Deserialize<'de> for DeviceTrace {
                 events: rows.events,
             });
         }
-        d.deserialize_seq(TraceColumnsVisitor { head: None })
+        crate::head_limit::in_bulk_table(|| d.deserialize_seq(TraceColumnsVisitor { head: None }))
     }
 }
 

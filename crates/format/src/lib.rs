@@ -30,6 +30,7 @@ mod compressed;
 mod error;
 mod events;
 mod forward;
+mod head_limit;
 mod intern;
 mod model;
 pub mod names;

@@ -38,6 +38,7 @@ pub struct Snapshot {
     /// [`StrId`]s index this table.
     pub strings: Vec<String>,
     /// Reserved memory: every segment of every device, each with its blocks.
+    #[serde(deserialize_with = "crate::columns::segments::deserialize")]
     pub segments: Vec<Segment>,
     /// Recorded allocator events, one trace per device, oldest first.
     pub traces: Vec<DeviceTrace>,
@@ -188,6 +189,7 @@ pub struct Segment {
     /// Stack that created the segment.
     pub stack: Option<StackId>,
     /// The blocks, in address order.
+    #[serde(deserialize_with = "crate::columns::segments::counted_blocks")]
     pub blocks: Vec<Block>,
     /// PyTorch's `allocated_size`, as the file states it. It normally equals
     /// the sum over the blocks ([`Totals`] always recomputes it), but

@@ -210,8 +210,9 @@ fn read_split(data: &[u8], parts: Parts, progress: Option<Progress>) -> Result<S
         progress,
         next_progress: PROGRESS_EVERY,
     };
+    let head_frame_len = head_end - HEADER_LEN;
     let head: WithoutEvents<TraceHead> = read_frame(&mut input, head_len, "head", |body| {
-        rmp_serde::from_read(body)
+        crate::head_limit::with_head_limit(head_len, head_frame_len, || rmp_serde::from_read(body))
     })?;
     input.end = data.len();
     let events_frame = &data[head_end..];
@@ -258,13 +259,17 @@ fn read_whole(data: &[u8], parts: Parts, progress: Option<Progress>) -> Result<S
     let frame_len = data.len() - HEADER_LEN_V2;
     match parts {
         Parts::All => read_frame(&mut input, body_len, "body", |body| {
-            crate::columns::with_event_limit(most_events(frame_len), frame_len, || {
-                rmp_serde::from_read(body)
+            crate::head_limit::with_head_limit(body_len, frame_len, || {
+                crate::columns::with_event_limit(most_events(frame_len), frame_len, || {
+                    rmp_serde::from_read(body)
+                })
             })
         }),
         Parts::WithoutEvents => Ok(read_frame(&mut input, body_len, "body", |body| {
-            crate::columns::with_event_limit(most_events(frame_len), frame_len, || {
-                rmp_serde::from_read::<_, WithoutEvents<TraceDevice>>(body)
+            crate::head_limit::with_head_limit(body_len, frame_len, || {
+                crate::columns::with_event_limit(most_events(frame_len), frame_len, || {
+                    rmp_serde::from_read::<_, WithoutEvents<TraceDevice>>(body)
+                })
             })
         })?
         .into_snapshot(|t| t.0)),
@@ -347,7 +352,7 @@ impl<'de> Deserialize<'de> for TraceDevice {
                 Ok(TraceDevice(device))
             }
         }
-        d.deserialize_seq(Columns)
+        crate::head_limit::in_bulk_table(|| d.deserialize_seq(Columns))
     }
 }
 
@@ -439,7 +444,7 @@ fn read_frame<T>(
         input.pos = frame_end;
         let mut nothing = std::io::empty();
         let mut body = Body::whole(whole, &mut nothing as &mut dyn Read);
-        return decode(&mut body).map_err(|e| corrupt(e.to_string()));
+        return decode(&mut body).map_err(|e| corrupt(decode_error(e)));
     }
     let decoder = zstd::stream::read::Decoder::with_buffer(&mut *input)
         .map_err(|e| corrupt(e.to_string()))?
@@ -460,7 +465,7 @@ fn read_frame<T>(
             format!("truncated .snap {what}: {} of {body_len} bytes", body.count),
         ));
     }
-    let decoded = decoded.map_err(|e| corrupt(e.to_string()))?;
+    let decoded = decoded.map_err(|e| corrupt(decode_error(e)))?;
     // The decompressor stops at the body's last byte, which may come before
     // the frame's last block header or checksum: the next frame starts at
     // the end of this one.
@@ -468,6 +473,18 @@ fn read_frame<T>(
     drop(limited);
     input.pos = frame_end;
     Ok(decoded)
+}
+
+/// What went wrong decoding a body: a limit of the file's size, which the
+/// body's reader raises as an I/O error, in its own words.
+fn decode_error(e: rmp_serde::decode::Error) -> String {
+    use rmp_serde::decode::Error::{InvalidDataRead, InvalidMarkerRead};
+    match e {
+        InvalidMarkerRead(io) | InvalidDataRead(io) if io.kind() == std::io::ErrorKind::Other => {
+            io.to_string()
+        }
+        e => e.to_string(),
+    }
 }
 
 /// Bodies up to this size are decompressed at once, by a decompressor
@@ -575,12 +592,14 @@ impl<R: Read> Read for Body<R> {
                 let n = self.inner.read(out)?;
                 self.count += n as u64;
                 crate::columns::spend_column_bytes(n)?;
+                crate::head_limit::spend_head_bytes(n)?;
                 return Ok(n);
             }
             self.refill()?;
         }
         let n = out.len().min(self.end - self.pos);
         crate::columns::spend_column_bytes(n)?;
+        crate::head_limit::spend_head_bytes(n)?;
         out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
         self.pos += n;
         Ok(n)
@@ -590,6 +609,7 @@ impl<R: Read> Read for Body<R> {
     fn read_exact(&mut self, out: &mut [u8]) -> std::io::Result<()> {
         match self.buf[self.pos..self.end].get(..out.len()) {
             Some(bytes) => {
+                crate::head_limit::spend_head_bytes(bytes.len())?;
                 out.copy_from_slice(bytes);
                 self.pos += out.len();
                 Ok(())

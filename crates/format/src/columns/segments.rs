@@ -133,7 +133,7 @@ pub(crate) fn serialize<S: Serializer>(segments: &[Segment], s: S) -> Result<S::
 /// Reads the segment table: one byte string (version 3 on), or an array of
 /// segments (a version 1 or 2 body).
 pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Segment>, D::Error> {
-    d.deserialize_any(SegmentsVisitor)
+    crate::head_limit::in_bulk_table(|| d.deserialize_any(SegmentsVisitor))
 }
 
 struct SegmentsVisitor;
@@ -153,10 +153,34 @@ impl<'de> Visitor<'de> for SegmentsVisitor {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Segment>, A::Error> {
         let mut segments = Vec::new();
         while let Some(segment) = seq.next_element()? {
+            crate::head_limit::take_blocks(1).map_err(de::Error::custom)?;
             segments.push(segment);
         }
         Ok(segments)
     }
+}
+
+/// A segment's blocks in a version 1 or 2 body (or JSON), each counted
+/// against what its file may hold as it is read.
+pub(crate) fn counted_blocks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Block>, D::Error> {
+    struct Blocks;
+    impl<'de> Visitor<'de> for Blocks {
+        type Value = Vec<Block>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a segment's blocks")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Block>, A::Error> {
+            let mut blocks = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+            while let Some(block) = seq.next_element()? {
+                crate::head_limit::take_blocks(1).map_err(de::Error::custom)?;
+                blocks.push(block);
+            }
+            Ok(blocks)
+        }
+    }
+    d.deserialize_seq(Blocks)
 }
 
 impl From<Corrupt> for &'static str {
@@ -174,6 +198,7 @@ fn from_bytes(bytes: &[u8]) -> Result<Vec<Segment>, String> {
             "segment table declares {count} segments, more than it holds"
         ));
     }
+    crate::head_limit::take_blocks(count)?;
     let mut segments = Vec::with_capacity(count as usize);
     let mut block_counts = Vec::with_capacity(count as usize);
     for _ in 0..count {
@@ -188,6 +213,7 @@ fn from_bytes(bytes: &[u8]) -> Result<Vec<Segment>, String> {
                 "a segment declares {n} blocks, more than the table holds"
             ));
         }
+        crate::head_limit::take_blocks(n)?;
         seg.blocks.reserve_exact(n as usize);
         let mut expected = seg.address;
         for _ in 0..n {
