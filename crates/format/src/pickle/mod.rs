@@ -35,7 +35,7 @@
 //!   on every event's empty `user_metadata`).
 //!
 //! What is left of the memory is the records themselves, blocks in a
-//! compact form until their segment takes them, the memo at 8 bytes a slot
+//! compact form until their segment takes them, the memo at 4 bytes a slot
 //! (`memo.rs`), and the containers not yet read. The figures are in
 //! `docs/performance.md`.
 
