@@ -501,25 +501,37 @@ fn snap_v3_with_table(
 ) -> Vec<u8> {
     let mut real = Vec::new();
     snapdiff_format::write_snap(snap, &mut real).unwrap();
-    let (_, head_frame, events_len, events_frame) = snap_v3_parts(&real);
+    let (head_len, head_frame, events_len, events_frame) = snap_v3_parts(&real);
     let head = zstd::bulk::decompress(head_frame, 1 << 30).unwrap();
-    let at = head.windows(table.len()).position(|w| w == table);
-    let at = at.expect("the table's bytes in the head");
+    if !head.windows(table.len()).any(|w| w == table) {
+        // The table is in the events frame.
+        let events = zstd::bulk::decompress(events_frame, 1 << 30).unwrap();
+        let (events_len, events_frame) = replaced(&events, table, replace);
+        return snap_v3_file(head_len, head_frame, events_len, &events_frame);
+    }
+    let (head_len, head_frame) = replaced(&head, table, replace);
+    snap_v3_file(head_len, &head_frame, events_len, events_frame)
+}
+
+/// `body` with `table` (found once) replaced by what `replace` writes,
+/// compressed as it is written: its length and its zstd frame.
+fn replaced(
+    body: &[u8],
+    table: &[u8],
+    replace: impl FnOnce(&mut dyn FnMut(&[u8])),
+) -> (u64, Vec<u8>) {
+    let at = body.windows(table.len()).position(|w| w == table);
+    let at = at.expect("the table's bytes in the frame");
     let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 19).unwrap();
-    let mut head_len = 0u64;
+    let mut len = 0u64;
     let mut write = |bytes: &[u8]| {
         std::io::Write::write_all(&mut encoder, bytes).unwrap();
-        head_len += bytes.len() as u64;
+        len += bytes.len() as u64;
     };
-    write(&head[..at]);
+    write(&body[..at]);
     replace(&mut write);
-    write(&head[at + table.len()..]);
-    snap_v3_file(
-        head_len,
-        &encoder.finish().unwrap(),
-        events_len,
-        events_frame,
-    )
+    write(&body[at + table.len()..]);
+    (len, encoder.finish().unwrap())
 }
 
 /// `n` copies of `bytes`, written a megabyte at a time.
@@ -545,11 +557,12 @@ fn varint(mut n: u64) -> Vec<u8> {
 
 /// A head's tables other than segments and events expand at most 13
 /// times from their frame in real files: a head of 16 million empty
-/// strings, empty stacks or empty values, which zstd packs into a
-/// kilobyte and which would take 400 MB and more read, is refused once it
+/// strings, empty stacks or empty values, or an events frame of as many
+/// names of unknown actions beside a trace's columns, which zstd packs into
+/// a kilobyte and which would take 400 MB and more read, is refused once it
 /// is past what its frame allows, in a few MiB (2 to 5 measured).
 #[test]
-fn a_small_head_of_millions_of_empty_items_is_refused_in_bounded_memory() {
+fn a_small_file_of_millions_of_empty_items_is_refused_in_bounded_memory() {
     use snapdiff_format::{Snapshot, Value};
     const N: u32 = 16_000_000;
     let dir = tempdir();
@@ -591,6 +604,27 @@ fn a_small_head_of_millions_of_empty_items_is_refused_in_bounded_memory() {
     });
     assert!(file.len() < 8 << 10, "{} bytes", file.len());
     refused_within(dir.path(), "empty-values.snap", &file, expect, most);
+
+    // Beside a trace's columns, in the events frame: the names of its
+    // unknown actions.
+    let names = Snapshot {
+        traces: vec![snapdiff_format::DeviceTrace {
+            device: 0,
+            events: [snapdiff_format::TraceEvent {
+                action: snapdiff_format::Action::Other("HOSTILE-NAME".into()),
+                ..Default::default()
+            }]
+            .into_iter()
+            .collect(),
+        }],
+        ..Default::default()
+    };
+    let file = snap_v3_with_table(&names, b"\x91\xacHOSTILE-NAME", |write| {
+        write(&[&[0xdd][..], &N.to_be_bytes()].concat());
+        repeat(write, &[0xa0], N as usize);
+    });
+    assert!(file.len() < 8 << 10, "{} bytes", file.len());
+    refused_within(dir.path(), "empty-names.snap", &file, expect, most);
 }
 
 /// A million blocks (and more) of one size from one line, as a leak of one

@@ -262,7 +262,7 @@ impl<'de> Deserialize<'de> for DeviceTrace {
                 events: rows.events,
             });
         }
-        crate::head_limit::in_bulk_table(|| d.deserialize_seq(TraceColumnsVisitor { head: None }))
+        d.deserialize_seq(TraceColumnsVisitor { head: None })
     }
 }
 
@@ -509,7 +509,8 @@ fn column<'de, A: SeqAccess<'de>, T>(
     decode: impl FnOnce(&[u8]) -> Result<T, String>,
 ) -> Result<T, A::Error> {
     COLUMN_BYTES_LEFT.set(most_bytes);
-    let column = seq.next_element_seed(Decoded(decode));
+    // Its bytes are limited here, not by what the frame's other tables may hold.
+    let column = crate::head_limit::in_bulk_table(|| seq.next_element_seed(Decoded(decode)));
     COLUMN_BYTES_LEFT.set(None);
     column?.ok_or_else(|| A::Error::custom("a trace ends before its last column"))
 }
@@ -550,6 +551,9 @@ fn other_actions(actions: &[u8], names: Vec<String>) -> Result<Vec<(usize, Box<s
         } else if Action::from_code(code).is_none() {
             return Err(format!("unknown action code {code}"));
         }
+    }
+    if names.next().is_some() {
+        return Err("more names of unknown actions than such actions".to_owned());
     }
     Ok(other_actions)
 }

@@ -1,5 +1,7 @@
 //! What the head of a `.snap` file (the body, before version 3) may build,
-//! by the size of the zstd frame that holds it.
+//! by the size of the zstd frame that holds it; and the same for what its
+//! events frame holds beside the trace columns (the names of unknown
+//! actions, events' extra keys).
 //!
 //! A table of empty strings, stacks or values compresses to almost nothing
 //! and builds 24 bytes or more of memory from each byte of it, so a file of
@@ -102,7 +104,7 @@ fn too_many_bytes() -> std::io::Error {
     ))
 }
 
-/// Runs `read`, the reading of the segment table or a trace's columns,
+/// Runs `read`, the reading of the segment table or a trace column,
 /// whose bytes are not counted: their items are, by [`take_blocks`] and
 /// the event limit.
 pub(crate) fn in_bulk_table<T>(read: impl FnOnce() -> T) -> T {

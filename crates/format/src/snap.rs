@@ -237,8 +237,12 @@ fn read_split(data: &[u8], parts: Parts, progress: Option<Progress>) -> Result<S
         return Ok(head.into_snapshot(|t| t.device));
     }
     let traces = read_frame(&mut input, events_len, "events", |body| {
-        crate::columns::with_event_limit(declared, events_frame.len(), || {
-            crate::columns::read_traces(body, &head.traces)
+        // Its other tables (names of unknown actions, events' extra keys)
+        // are limited as the head's are.
+        crate::head_limit::with_head_limit(events_len, events_frame.len(), || {
+            crate::columns::with_event_limit(declared, events_frame.len(), || {
+                crate::columns::read_traces(body, &head.traces)
+            })
         })
     })?;
     let mut snap = head.into_snapshot(|t| t.device);
@@ -352,7 +356,7 @@ impl<'de> Deserialize<'de> for TraceDevice {
                 Ok(TraceDevice(device))
             }
         }
-        crate::head_limit::in_bulk_table(|| d.deserialize_seq(Columns))
+        d.deserialize_seq(Columns)
     }
 }
 
