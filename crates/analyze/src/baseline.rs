@@ -207,7 +207,7 @@ fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
     // What each distinct frame is, worked out once for all the sites.
     let namer = SiteNamer::new(snap, rules);
     let categories = Categories::new(snap);
-    let mut peaks = device_peaks(snap, &keys, &namer);
+    let mut peaks = device_peaks(snap, &keys, &namer, &categories);
     let mut out = Vec::new();
     for d in live_sites_by_device(snap, &keys) {
         let allocated: u64 = d.totals.values().map(|t| t.bytes).sum();

@@ -23,7 +23,6 @@ use rustc_hash::FxHashMap;
 use snapdiff_format::{Action, Events, FrameId, Snapshot};
 
 use crate::frame_class::{FrameClass, classify};
-use crate::stack_key::is_noise;
 
 /// A call site: the caller's function and line (none at the outermost
 /// depth), and the function it calls.
@@ -56,8 +55,8 @@ const LIBRARY_NAMESPACES: &[&str] = &[
 /// program's own code, or native code with a source that is no library's
 /// (a C++ program's own functions; `.cpp` files are native to `classify`).
 /// A library's function called once per layer is never a training step.
-fn may_loop(frame: &snapdiff_format::Frame) -> bool {
-    match classify(frame) {
+fn may_loop(frame: &snapdiff_format::Frame, class: FrameClass) -> bool {
+    match class {
         FrameClass::User | FrameClass::NotebookCell => true,
         FrameClass::Native => {
             !matches!(frame.file.as_str(), "" | "??")
@@ -82,21 +81,33 @@ pub(crate) fn find(snap: &Snapshot, events: &Events) -> Option<Vec<usize>> {
                 .or_insert(next)
         })
         .collect();
-    let noise: Vec<bool> = snap.frames.iter().map(is_noise).collect();
-    let loops: Vec<bool> = snap.frames.iter().map(may_loop).collect();
-    // Each allocation: its index, bytes, and stack outermost first.
-    let allocs: Vec<(usize, u64, Vec<FrameId>)> = events
-        .indexed()
-        .filter(|(_, e)| e.action == Action::Alloc)
-        .filter_map(|(i, e)| {
-            let stack = snap.stacks.get(e.stack? as usize)?;
-            let frames = stack
+    let classes: Vec<FrameClass> = snap.frames.iter().map(classify).collect();
+    let loops: Vec<bool> = snap
+        .frames
+        .iter()
+        .zip(&classes)
+        .map(|(f, &class)| may_loop(f, class))
+        .collect();
+    // Each stack outermost first, noise left out.
+    let outermost_first: Vec<Vec<FrameId>> = snap
+        .stacks
+        .iter()
+        .map(|stack| {
+            stack
                 .iter()
                 .rev()
                 .copied()
-                .filter(|&f| !noise[f as usize])
-                .collect();
-            Some((i, e.size, frames))
+                .filter(|&f| classes[f as usize] != FrameClass::Noise)
+                .collect()
+        })
+        .collect();
+    // Each allocation: its index, bytes, and stack outermost first.
+    let allocs: Vec<(usize, u64, &[FrameId])> = events
+        .indexed()
+        .filter(|(_, e)| e.action == Action::Alloc)
+        .filter_map(|(i, e)| {
+            let frames = outermost_first.get(e.stack? as usize)?;
+            Some((i, e.size, &frames[..]))
         })
         .collect();
     let total: u64 = allocs.iter().map(|a| a.1).sum();

@@ -12,7 +12,6 @@ use serde::Serialize;
 use snapdiff_format::Frame;
 
 use crate::frame_class::{FrameClass, classify, is_vendored, named_like_package, notebook_cell};
-use crate::stack_key::is_noise;
 
 /// How a culprit was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -251,7 +250,7 @@ impl CulpritRules {
             !forward_marker && class.is_program() && !ignored && !Self::matches(&self.library, f);
         FrameRole {
             forward_marker,
-            noise: is_noise(f),
+            noise: class == FrameClass::Noise,
             user,
             entry: user && class == FrameClass::User,
             named_like_package: user && named_like_package(&f.file),

@@ -17,7 +17,7 @@ use crate::category::{Categories, Category};
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, merge_rows};
 use crate::judge::trend_trace_with_keys;
-use crate::replay::{Replayed, replay};
+use crate::replay::{Replayed, replay, replay_to};
 use crate::stack_key::{StackKey, StackKeys};
 use crate::trend::TrendOptions;
 
@@ -187,9 +187,11 @@ fn busy_peaks(
         .iter()
         .filter(|t| t.events.actions().any(|a| a == Action::Alloc))
         .map(|trace| {
-            // First the highest point, then the live sites there.
+            // First the highest point, then the live sites there: the
+            // second replay stops there (the first reach of the highest
+            // point is the same in the events before it).
             let highest = replay(snap, keys, trace, &[]).highest;
-            let at = replay(snap, keys, trace, &[highest.1]);
+            let at = replay_to(snap, keys, trace, highest.1);
             (device_peak(snap, trace, &at, namer, categories), at)
         })
         .collect()
@@ -201,9 +203,9 @@ pub(crate) fn device_peaks(
     snap: &Snapshot,
     keys: &StackKeys,
     namer: &SiteNamer,
+    categories: &Categories,
 ) -> Vec<DevicePeak> {
-    let categories = Categories::new(snap);
-    busy_peaks(snap, keys, namer, &categories)
+    busy_peaks(snap, keys, namer, categories)
         .into_iter()
         .map(|(peak, _)| peak)
         .collect()

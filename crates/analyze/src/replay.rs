@@ -56,6 +56,17 @@ pub fn replay(snap: &Snapshot, keys: &StackKeys, trace: &DeviceTrace, cuts: &[us
     replay_with(snap, keys, trace, cuts, |_| {})
 }
 
+/// [`replay`] of the first `cut` events only, with the live totals per site
+/// after them: [`Replayed::highest`] is the highest point among them.
+pub(crate) fn replay_to(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    trace: &DeviceTrace,
+    cut: usize,
+) -> Replayed {
+    replay_events(snap, keys, trace, &[cut], cut, |_| {})
+}
+
 /// [`replay`], calling `visit` with each change of live memory in order:
 /// for analyses that follow memory through the whole trace (per step, say)
 /// without keeping the live totals of every point.
@@ -64,6 +75,18 @@ pub(crate) fn replay_with(
     keys: &StackKeys,
     trace: &DeviceTrace,
     cuts: &[usize],
+    visit: impl FnMut(LiveChange),
+) -> Replayed {
+    replay_events(snap, keys, trace, cuts, trace.events.len(), visit)
+}
+
+/// [`replay_with`], stopping after the first `end` events.
+fn replay_events(
+    snap: &Snapshot,
+    keys: &StackKeys,
+    trace: &DeviceTrace,
+    cuts: &[usize],
+    end: usize,
     mut visit: impl FnMut(LiveChange),
 ) -> Replayed {
     let events = &trace.events;
@@ -140,7 +163,7 @@ pub(crate) fn replay_with(
     out.highest = (live_bytes, 0);
     out.start_bytes = live_bytes;
     let mut cuts = cuts.iter().copied().peekable();
-    for (i, e) in events.indexed() {
+    for (i, e) in events.indexed().take(end) {
         while cuts.next_if(|&c| c <= i).is_some() {
             out.points.push(totals.clone());
         }
