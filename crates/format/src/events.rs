@@ -242,6 +242,25 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
         has(&self.present, i).then(|| self.values.get(i))
     }
 
+    /// The first event whose value is present and `limit` or more, with
+    /// the value: a pass over the column, not over whole events.
+    fn first_at_least(&self, limit: T) -> Option<(usize, T)>
+    where
+        T: PartialOrd,
+    {
+        match &self.values {
+            Column::Same { value, .. } if *value < limit => None,
+            Column::Same { value, len } => (0..*len)
+                .find(|&i| has(&self.present, i))
+                .map(|i| (i, *value)),
+            Column::Each(values) => values
+                .iter()
+                .enumerate()
+                .find(|&(i, v)| *v >= limit && has(&self.present, i))
+                .map(|(i, &v)| (i, v)),
+        }
+    }
+
     /// Puts `value` in place of event `i`'s.
     fn set(&mut self, i: usize, value: Option<T>) {
         match value {
@@ -330,6 +349,30 @@ impl Events {
 
     /// Gives the events' stacks and strings new ids: `stacks[s]` for stack
     /// `s`, `strings[t]` for string `t` (joining snapshots read in parts).
+    /// The first event that refers to a stack of `stacks` or more or a
+    /// string of `strings` or more: its index, what it refers to
+    /// (`"stack"` or `"string"`) and the id.
+    pub(crate) fn first_reference_past(
+        &self,
+        stacks: usize,
+        strings: usize,
+    ) -> Option<(usize, &'static str, u32)> {
+        let past = |column: &Optional<u32>, limit: usize, what| {
+            u32::try_from(limit)
+                .ok()
+                .and_then(|limit| column.first_at_least(limit))
+                .map(|(i, id)| (i, what, id))
+        };
+        [
+            past(&self.stack, stacks, "stack"),
+            past(&self.compile_context, strings, "string"),
+            past(&self.user_metadata, strings, "string"),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|&(i, _, _)| i)
+    }
+
     pub(crate) fn renumber(&mut self, stacks: &[StackId], strings: &[StrId]) {
         self.stack.map_present(|s| stacks[s as usize]);
         self.compile_context.map_present(|t| strings[t as usize]);
@@ -822,6 +865,37 @@ mod tests {
                 e
             })
             .collect()
+    }
+
+    /// The first reference past the tables, found column by column, is the
+    /// one a walk over whole events finds first, stacks before strings.
+    #[test]
+    fn the_first_reference_past_the_tables_is_the_first_event_with_one() {
+        let walked = |events: &[TraceEvent], stacks: usize, strings: usize| {
+            events.iter().enumerate().find_map(|(i, e)| {
+                let past = |id: Option<u32>, n: usize| id.filter(|&id| id as usize >= n);
+                past(e.stack, stacks)
+                    .map(|id| (i, "stack", id))
+                    .or_else(|| past(e.compile_context, strings).map(|id| (i, "string", id)))
+                    .or_else(|| past(e.user_metadata, strings).map(|id| (i, "string", id)))
+            })
+        };
+        let same_stack: Vec<TraceEvent> = (0..100)
+            .map(|i| TraceEvent {
+                stack: (i >= 40).then_some(5),
+                ..TraceEvent::default()
+            })
+            .collect();
+        for rows in [varied(1000), same_stack] {
+            let events = Events::from(rows.clone());
+            for (stacks, strings) in [(1000, 2), (999, 2), (500, 2), (6, 1), (5, 0), (0, 0)] {
+                assert_eq!(
+                    events.first_reference_past(stacks, strings),
+                    walked(&rows, stacks, strings),
+                    "{stacks} stacks, {strings} strings"
+                );
+            }
+        }
     }
 
     #[test]

@@ -667,17 +667,12 @@ impl Snapshot {
             }
         }
         for trace in &self.traces {
-            for (ei, ev) in trace.events.indexed() {
-                let what = || format!("{} trace event {ei}", DeviceName(trace.device));
-                check_stack(ev.stack, &what)?;
-                for s in [ev.compile_context, ev.user_metadata].into_iter().flatten() {
-                    if s as usize >= strings {
-                        return Err(format!(
-                            "{} refers to string {s}, but there are {strings} strings",
-                            what()
-                        ));
-                    }
-                }
+            if let Some((ei, what, id)) = trace.events.first_reference_past(stacks, strings) {
+                let there_are = if what == "stack" { stacks } else { strings };
+                return Err(format!(
+                    "{} trace event {ei} refers to {what} {id}, but there are {there_are} {what}s",
+                    DeviceName(trace.device)
+                ));
             }
         }
         Ok(())
