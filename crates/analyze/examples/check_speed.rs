@@ -1,7 +1,8 @@
 //! Times what `snapdiff check` does with one dump, in-process: reading it,
-//! then its verdict and its peaks side by side (as `check` works them out),
-//! then the check against a baseline of itself. The process's own start is
-//! left out: `bench/limits.sh` times the whole command beside it.
+//! then its stack keys, its verdict and its peaks side by side (as `check`
+//! works them out), then the check against a baseline of itself. The
+//! process's own start is left out: `bench/limits.sh` times the whole
+//! command beside it.
 //!
 //! ```text
 //! cargo run --release -p snapdiff-analyze --example check_speed -- FILE
@@ -12,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use snapdiff_analyze::baseline::{Baseline, Peaks, Tolerance, check};
-use snapdiff_analyze::{NamedSnapshot, TrendOptions, judge_dumps};
+use snapdiff_analyze::{NamedSnapshot, StackKeys, TrendOptions, judge_keyed_dumps};
 
 /// The allocator the `snapdiff` binary uses.
 #[global_allocator]
@@ -41,9 +42,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             name: &name,
             snapshot: &snap,
         }];
+        let keys = [StackKeys::new(&snap)];
         let (judged, peaks) = rayon::join(
-            || judge_dumps(&dumps, |_| None, &options).ok(),
-            || Peaks::of([&snap], &options.rules),
+            || judge_keyed_dumps(&dumps, &keys, |_| None, &options).ok(),
+            || Peaks::of_keyed([(&snap, &keys[0])], &options.rules),
         );
         Baseline::with_trend(peaks, judged.as_ref().map(|j| &j.trend))
     };
@@ -59,7 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "{path}: read {:.2} ms, verdict and peaks {:.2} ms, check {:.3} ms; {:.2} ms in all",
+        "{path}: read {:.2} ms, stack keys, verdict and peaks {:.2} ms, check {:.3} ms; {:.2} ms in all",
         ms(read),
         ms(analyse),
         ms(checked),

@@ -166,19 +166,37 @@ impl Peaks {
         snapshots: impl IntoIterator<Item = &'a Snapshot>,
         rules: &CulpritRules,
     ) -> Peaks {
-        let mut devices: BTreeMap<u32, (DeviceBaseline, Vec<SiteAt>)> = BTreeMap::new();
+        let mut peaks = Peaks(BTreeMap::new());
         for snap in snapshots {
-            for m in moments(snap, rules) {
-                let entry = devices.entry(m.device).or_default();
-                entry.0.device = m.device;
-                entry.0.peak_reserved = entry.0.peak_reserved.max(m.reserved);
-                if m.allocated >= entry.0.peak_allocated {
-                    entry.0.peak_allocated = m.allocated;
-                    entry.1 = m.sites;
-                }
+            peaks.add(snap, &StackKeys::new(snap), rules);
+        }
+        peaks
+    }
+
+    /// [`Peaks::of`] of snapshots whose stack keys are worked out already,
+    /// each with its keys: for a caller that judges the same snapshots.
+    pub fn of_keyed<'a>(
+        snapshots: impl IntoIterator<Item = (&'a Snapshot, &'a StackKeys)>,
+        rules: &CulpritRules,
+    ) -> Peaks {
+        let mut peaks = Peaks(BTreeMap::new());
+        for (snap, keys) in snapshots {
+            peaks.add(snap, keys, rules);
+        }
+        peaks
+    }
+
+    /// Takes in the moments of `snap`, whose stacks' keys are `keys`.
+    fn add(&mut self, snap: &Snapshot, keys: &StackKeys, rules: &CulpritRules) {
+        for m in moments(snap, keys, rules) {
+            let entry = self.0.entry(m.device).or_default();
+            entry.0.device = m.device;
+            entry.0.peak_reserved = entry.0.peak_reserved.max(m.reserved);
+            if m.allocated >= entry.0.peak_allocated {
+                entry.0.peak_allocated = m.allocated;
+                entry.1 = m.sites;
             }
         }
-        Peaks(devices)
     }
 }
 
@@ -202,14 +220,13 @@ struct Moment {
 /// Each device's highest moment in `snap`: the peak inside its trace where
 /// it has one and it is higher than the state when dumped, else that state.
 /// The state's sites are named only where it is the highest.
-fn moments(snap: &Snapshot, rules: &CulpritRules) -> Vec<Moment> {
-    let keys = StackKeys::new(snap);
+fn moments(snap: &Snapshot, keys: &StackKeys, rules: &CulpritRules) -> Vec<Moment> {
     // What each distinct frame is, worked out once for all the sites.
     let namer = SiteNamer::new(snap, rules);
     let categories = Categories::new(snap);
-    let mut peaks = device_peaks(snap, &keys, &namer, &categories);
+    let mut peaks = device_peaks(snap, keys, &namer, &categories);
     let mut out = Vec::new();
-    for d in live_sites_by_device(snap, &keys) {
+    for d in live_sites_by_device(snap, keys) {
         let allocated: u64 = d.totals.values().map(|t| t.bytes).sum();
         let reserved: u64 = snap
             .device_segments()

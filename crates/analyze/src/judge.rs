@@ -183,6 +183,26 @@ fn judge_cut(rows: &DeviceRows, series: SiteSeries<'_>, options: &TrendOptions) 
 /// When `dumps` is empty.
 pub fn judge_dumps(
     dumps: &[NamedSnapshot<'_>],
+    owners_of: impl FnMut(usize) -> Option<Owners>,
+    options: &TrendOptions,
+) -> Result<Judged, TraceError> {
+    judge_keyed_dumps(dumps, &[], owners_of, options)
+}
+
+/// [`judge_dumps`] where `keys` holds the stack keys of the dumps'
+/// snapshots, by index, worked out already (for a caller that also finds
+/// their peaks); any it does not hold are worked out where needed.
+///
+/// # Errors
+///
+/// As [`judge_dumps`].
+///
+/// # Panics
+///
+/// When `dumps` is empty.
+pub fn judge_keyed_dumps(
+    dumps: &[NamedSnapshot<'_>],
+    keys: &[StackKeys],
     mut owners_of: impl FnMut(usize) -> Option<Owners>,
     options: &TrendOptions,
 ) -> Result<Judged, TraceError> {
@@ -192,7 +212,15 @@ pub fn judge_dumps(
     let kept: Vec<usize> = (0..dumps.len()).filter(|&i| keep[i]).collect();
     if let [only] = kept[..] {
         let snap = dumps[only].snapshot;
-        let mut trend = judge_trace(snap, &StackKeys::new(snap), options)?;
+        let worked_out;
+        let keys = match keys.get(only) {
+            Some(keys) => keys,
+            None => {
+                worked_out = StackKeys::new(snap);
+                &worked_out
+            }
+        };
+        let mut trend = judge_trace(snap, keys, options)?;
         trend.notes.extend(exit_note);
         return Ok(Judged {
             trend,

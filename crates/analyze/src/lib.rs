@@ -69,7 +69,8 @@ pub use crate::group::{
 };
 pub use crate::held_by::HeldBy;
 pub use crate::judge::{
-    Describe, Judged, judge, judge_dumps, trend_named, trend_snapshots, trend_trace,
+    Describe, Judged, judge, judge_dumps, judge_keyed_dumps, trend_named, trend_snapshots,
+    trend_trace,
 };
 pub use crate::kept::kept_since;
 pub use crate::limit::{Gate, Limit, Over, ParseLimitError, Per};

@@ -5,8 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use snapdiff_analyze::baseline::{Baseline, Peaks};
-use snapdiff_analyze::{NamedSnapshot, Trend, TrendOptions, judge_dumps};
+use snapdiff_analyze::{NamedSnapshot, StackKeys, Trend, TrendOptions, judge_keyed_dumps};
 use snapdiff_format::Snapshot;
 use snapdiff_render::trend::process_name;
 
@@ -60,10 +61,18 @@ pub(crate) fn baseline_of(
         let (read, e) = read_all(&files);
         errored |= e;
         for (_, read) in split_by_process(read) {
-            // The verdict and the peaks each replay the traces: side by side.
+            // The stack keys serve both; then the verdict and the peaks, each
+            // a replay of the traces, side by side.
+            let keys: Vec<StackKeys> = read
+                .par_iter()
+                .map(|r| StackKeys::new(&r.snapshot))
+                .collect();
             let (trend, peaks) = rayon::join(
-                || judged(&read, options).ok().map(|j| j.trend),
-                || Peaks::of(read.iter().map(|r| &r.snapshot), &options.rules),
+                || judged(&read, &keys, options).ok().map(|j| j.trend),
+                || {
+                    let snapshots = read.iter().map(|r| &r.snapshot);
+                    Peaks::of_keyed(snapshots.zip(&keys), &options.rules)
+                },
             );
             each.push(Baseline::with_trend(peaks, trend.as_ref()));
         }
@@ -75,9 +84,11 @@ pub(crate) fn baseline_of(
 }
 
 /// The analyzer's judge on one process's snapshots, the owners files
-/// beside them read when it asks.
+/// beside them read when it asks; `keys`, where not empty, their stack
+/// keys.
 fn judged(
     read: &[Read<'_>],
+    keys: &[StackKeys],
     options: &TrendOptions,
 ) -> Result<snapdiff_analyze::Judged, snapdiff_analyze::TraceError> {
     let names: Vec<String> = read
@@ -97,8 +108,9 @@ fn judged(
             snapshot: &r.snapshot,
         })
         .collect();
-    judge_dumps(
+    judge_keyed_dumps(
         &dumps,
+        keys,
         |i| snapdiff_format::read_owners_beside(read[i].path),
         options,
     )
@@ -297,7 +309,7 @@ fn apart_at_pauses(
 /// order (exit dumps left out).
 fn judge(read: Vec<Read<'_>>, options: &TrendOptions) -> anyhow::Result<(Trend, PathBuf)> {
     let earlier_runs: usize = read.iter().map(|r| r.earlier_runs).sum();
-    let judged = judged(&read, options);
+    let judged = judged(&read, &[], options);
     let judged = judged.map_err(|e| anyhow::anyhow!("{}: {e}", read[0].path.display()))?;
     let last = read[judged.last().unwrap_or(0)].path.to_path_buf();
     let mut trend = judged.trend;
