@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use snapdiff_format::{
-    ErrorKind, Snapshot, read_bytes, read_path, write_json, write_snap, write_torch_pickle,
+    DeviceTrace, ErrorKind, Snapshot, TraceEvent, read_bytes, read_path, write_json, write_snap,
+    write_torch_pickle,
 };
 
 use crate::util::{
@@ -723,6 +724,50 @@ fn bad_input_gets_one_clear_line_and_exit_code_2() {
         &pickle4(&marks),
         "pickle stack over 1048576 values or 4096 marks deep at byte 4099",
     );
+
+    // A trace event naming a stack or a string its file lacks: refused,
+    // naming the event, in a `.snap` and in JSON.
+    let real = read_bytes(&good).unwrap();
+    let (stacks, strings) = (real.stacks.len() as u32, real.strings.len() as u32);
+    for (what, event, expect) in [
+        (
+            "stack",
+            TraceEvent {
+                stack: Some(stacks + 4),
+                ..TraceEvent::default()
+            },
+            format!(
+                "refers to stack {}, but there are {stacks} stacks",
+                stacks + 4
+            ),
+        ),
+        (
+            "string",
+            TraceEvent {
+                user_metadata: Some(strings),
+                ..TraceEvent::default()
+            },
+            format!("refers to string {strings}, but there are {strings} strings"),
+        ),
+    ] {
+        let mut bad = real.clone();
+        let plain = TraceEvent {
+            address: 4096,
+            size: 512,
+            ..TraceEvent::default()
+        };
+        bad.traces = vec![DeviceTrace {
+            device: 0,
+            events: [plain.clone(), plain, event].into_iter().collect(),
+        }];
+        let expect = format!("device 0 trace event 2 {expect}");
+        let mut json = Vec::new();
+        write_json(&bad, &mut json).unwrap();
+        check_bad_input(d, &format!("bad-{what}.json"), &json, &expect);
+        let mut snap = Vec::new();
+        write_snap(&bad, &mut snap).unwrap();
+        check_bad_input(d, &format!("bad-{what}.snap"), &snap, &expect);
+    }
 
     // Code and tensors are refused, saying what the file is.
     check_bad_input(
