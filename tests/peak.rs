@@ -2,29 +2,36 @@
 
 use serde_json::Value;
 
-use crate::util::{python_script, shared_torch, snapdiff, tempdir};
+use crate::util::{python_script, shared_torch, shared_torch_fixtures, snapdiff, tempdir};
 
-/// CPython's reading of a pickle's first busy trace, before the rest of a
-/// script: `trace`, the `free` action it records, and `live`, the blocks
-/// live when recording began (freed without an alloc, or live at the end
-/// and never mentioned), by address.
+/// CPython's reading of a pickle: `before_recording(device, trace)` gives
+/// the `free` action a trace records and `live`, the blocks live when
+/// recording began (freed without an alloc, or live at the end and never
+/// mentioned), by address; `busy`, the traces that allocate, by device;
+/// `trace`, `free` and `live` of the first of them, before the rest of a
+/// script.
 const LIVE_BEFORE_RECORDING: &str = r#"
 import pickle, sys
 snap = pickle.load(open(sys.argv[1], "rb"))
-trace = next(t for t in snap["device_traces"] if any(e["action"] == "alloc" for e in t))
-free = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
-live, seen, allocated = {}, set(), set()
-for e in trace:
-    if e["action"] == "alloc":
-        allocated.add(e["addr"]); seen.add(e["addr"])
-    elif e["action"] == free:
-        if e["addr"] not in allocated and e["addr"] not in seen:
-            live[e["addr"]] = e["size"]
-        allocated.discard(e["addr"]); seen.add(e["addr"])
-for s in snap["segments"]:
-    for b in s["blocks"]:
-        if s["device"] == 0 and b["state"] != "inactive" and b["address"] not in seen:
-            live[b["address"]] = b["requested_size"] or b["size"]
+def before_recording(device, trace):
+    free = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
+    live, seen, allocated = {}, set(), set()
+    for e in trace:
+        if e["action"] == "alloc":
+            allocated.add(e["addr"]); seen.add(e["addr"])
+        elif e["action"] == free:
+            if e["addr"] not in allocated and e["addr"] not in seen:
+                live[e["addr"]] = e["size"]
+            allocated.discard(e["addr"]); seen.add(e["addr"])
+    for s in snap["segments"]:
+        for b in s["blocks"]:
+            if s["device"] == device and b["state"] != "inactive" and b["address"] not in seen:
+                live[b["address"]] = b["requested_size"] or b["size"]
+    return free, live
+busy = [(d, t) for d, t in enumerate(snap["device_traces"]) if any(e["action"] == "alloc" for e in t)]
+if busy:
+    free, live = before_recording(*busy[0])
+    trace = busy[0][1]
 "#;
 
 /// `script` after [`LIVE_BEFORE_RECORDING`].
@@ -32,19 +39,32 @@ fn with_live_before_recording(script: &str) -> String {
     format!("{LIVE_BEFORE_RECORDING}{script}")
 }
 
-/// The highest bytes live in the trace of `file`'s first busy device, and
-/// after how many events, computed by CPython from the pickle itself: the
-/// blocks live before recording (freed without an alloc, or live at the end
-/// and never mentioned) plus each alloc, minus each completed free.
+/// `peak(trace, free, live)`: the highest bytes live in a trace, and after
+/// how many events, computed by CPython from the pickle itself: the blocks
+/// live before recording (freed without an alloc, or live at the end and
+/// never mentioned) plus each alloc, minus each completed free.
+const CPYTHON_PEAK_OF: &str = r#"
+def peak(trace, free, live):
+    live = dict(live)
+    total = sum(live.values()); best = (total, 0)
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            total += e["size"] - live.get(e["addr"], 0); live[e["addr"]] = e["size"]
+            if total > best[0]: best = (total, i + 1)
+        elif e["action"] == free and e["addr"] in live:
+            total -= live.pop(e["addr"])
+    return best
+"#;
+
+/// The peak of the first busy trace, as `BYTES EVENTS`.
 const CPYTHON_PEAK: &str = r#"
-total = sum(live.values()); best = (total, 0)
-for i, e in enumerate(trace):
-    if e["action"] == "alloc":
-        total += e["size"] - live.get(e["addr"], 0); live[e["addr"]] = e["size"]
-        if total > best[0]: best = (total, i + 1)
-    elif e["action"] == free and e["addr"] in live:
-        total -= live.pop(e["addr"])
-print(best[0], best[1])
+print(*peak(trace, free, live))
+"#;
+
+/// The peak of every busy trace, a line each: `DEVICE BYTES EVENTS`.
+const CPYTHON_PEAK_OF_EACH_DEVICE: &str = r#"
+for device, t in busy:
+    print(device, *peak(t, *before_recording(device, t)))
 "#;
 
 fn peak_json(file: &str) -> Value {
@@ -63,7 +83,10 @@ fn peak_of_a_training_step_is_where_cpython_finds_it_with_its_categories() {
     assert_eq!(report["schema"], 2);
     let device = &report["devices"][0];
 
-    let expected = python_script(&with_live_before_recording(CPYTHON_PEAK), &[file]);
+    let expected = python_script(
+        &with_live_before_recording(&format!("{CPYTHON_PEAK_OF}{CPYTHON_PEAK}")),
+        &[file],
+    );
     let (bytes, index) = expected.trim().split_once(' ').unwrap();
     assert_eq!(device["allocated_bytes"].to_string(), bytes);
     assert_eq!(device["event_index"].to_string(), index);
@@ -113,6 +136,41 @@ fn peak_of_a_training_step_is_where_cpython_finds_it_with_its_categories() {
     // least the trainable ones' bytes, and not guessed to be anything else.
     assert!(category("before_recording") >= trainable);
     assert_eq!(category("parameters"), 0);
+}
+
+/// On every real snapshot, each busy device's peak (the bytes and the
+/// event after which they were live) is where CPython finds it.
+#[test]
+fn the_peak_of_every_real_trace_is_where_cpython_finds_it() {
+    let Some(files) = shared_torch_fixtures() else {
+        return;
+    };
+    let script =
+        with_live_before_recording(&format!("{CPYTHON_PEAK_OF}{CPYTHON_PEAK_OF_EACH_DEVICE}"));
+    let mut busy = 0;
+    for path in files {
+        let file = path.to_str().unwrap();
+        let report = peak_json(file);
+        let got: Vec<String> = report["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {} {}",
+                    d["device"], d["allocated_bytes"], d["event_index"]
+                )
+            })
+            .collect();
+        let expected = python_script(&script, &[file]);
+        let expected: Vec<&str> = expected.lines().collect();
+        assert_eq!(got, expected, "{file}");
+        busy += got.len();
+    }
+    assert!(
+        busy >= 4,
+        "only {busy} busy traces among the real snapshots"
+    );
 }
 
 #[test]

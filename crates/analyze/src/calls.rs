@@ -20,9 +20,10 @@
 //! frames, C++ frames or both.
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::{Action, Events, FrameId, Snapshot};
+use snapdiff_format::{BlockAction, Events, FrameId, Snapshot};
 
-use crate::frame_class::{FrameClass, classify};
+use crate::frame_class::{FrameClass, classify_known};
+use crate::stack_key::StackKeys;
 
 /// A call site: the caller's function and line (none at the outermost
 /// depth), and the function it calls.
@@ -68,7 +69,7 @@ fn may_loop(frame: &snapdiff_format::Frame, class: FrameClass) -> bool {
 
 /// The event index of each call's first allocation, at the outermost call
 /// site entered at least [`MIN_CALLS`] times; `None` when none is.
-pub(crate) fn find(snap: &Snapshot, events: &Events) -> Option<Vec<usize>> {
+pub(crate) fn find(snap: &Snapshot, keys: &StackKeys, events: &Events) -> Option<Vec<usize>> {
     // The same function: frames by (name, file), whatever their lines.
     let mut functions: FxHashMap<(&str, &str), u32> = FxHashMap::default();
     let function_of: Vec<u32> = snap
@@ -81,7 +82,9 @@ pub(crate) fn find(snap: &Snapshot, events: &Events) -> Option<Vec<usize>> {
                 .or_insert(next)
         })
         .collect();
-    let classes: Vec<FrameClass> = snap.frames.iter().map(classify).collect();
+    let classes: Vec<FrameClass> = (snap.frames.iter().enumerate())
+        .map(|(id, f)| classify_known(f, keys.is_noise(snap, id as FrameId)))
+        .collect();
     let loops: Vec<bool> = snap
         .frames
         .iter()
@@ -103,11 +106,11 @@ pub(crate) fn find(snap: &Snapshot, events: &Events) -> Option<Vec<usize>> {
         .collect();
     // Each allocation: its index, bytes, and stack outermost first.
     let allocs: Vec<(usize, u64, &[FrameId])> = events
-        .indexed()
-        .filter(|(_, e)| e.action == Action::Alloc)
-        .filter_map(|(i, e)| {
+        .block_events()
+        .filter(|e| e.action == BlockAction::Alloc)
+        .filter_map(|e| {
             let frames = outermost_first.get(e.stack? as usize)?;
-            Some((i, e.size, &frames[..]))
+            Some((e.index, e.size, &frames[..]))
         })
         .collect();
     let total: u64 = allocs.iter().map(|a| a.1).sum();
@@ -165,7 +168,7 @@ pub(crate) fn find(snap: &Snapshot, events: &Events) -> Option<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use snapdiff_format::{DeviceTrace, Frame, TraceEvent};
+    use snapdiff_format::{Action, DeviceTrace, Frame, TraceEvent};
 
     /// A snapshot whose trace allocates `(size, stack)` in order, each
     /// freed at once when `freed`; stacks are frames (name, line), innermost
@@ -235,7 +238,7 @@ mod tests {
             (40, &b[..], false),
         ];
         let snap = trace(&calls);
-        let starts = find(&snap, &snap.traces[0].events).unwrap();
+        let starts = find(&snap, &StackKeys::new(&snap), &snap.traces[0].events).unwrap();
         // Allocations 0, 3 and 5 start calls (events 0, 4 and 7: the
         // activations' frees come between).
         assert_eq!(starts, [0, 4, 7]);
@@ -262,6 +265,9 @@ mod tests {
             ),
         ];
         let snap = trace(&calls);
-        assert_eq!(find(&snap, &snap.traces[0].events), None);
+        assert_eq!(
+            find(&snap, &StackKeys::new(&snap), &snap.traces[0].events),
+            None
+        );
     }
 }

@@ -152,6 +152,10 @@ fn region_categories(snap: &Snapshot) -> FxHashMap<StackId, Category> {
     }
     let contexts: Vec<Option<Category>> = snap.strings.iter().map(|s| region_category(s)).collect();
     let mut by_stack: FxHashMap<StackId, Category> = FxHashMap::default();
+    if regions.is_empty() && contexts.iter().all(Option::is_none) {
+        // No allocation is in a region or a context that says anything.
+        return by_stack;
+    }
     for trace in &snap.traces {
         // A sweep through the trace (in time order) over the device's
         // regions' starts and ends, counting the regions open per category.

@@ -5,7 +5,7 @@
 //! back to, or evenly. `trend`, `steps` and the pictures of a step cut
 //! traces the same way.
 
-use snapdiff_format::{Action, Snapshot};
+use snapdiff_format::{Action, BlockAction, Snapshot};
 
 use crate::calls;
 use crate::error::TraceError;
@@ -212,7 +212,7 @@ fn cuts_by(
         // At most n checkpoints, spread over the calls, and the end: the
         // last call's work is done there.
         CheckpointSource::Calls => {
-            let mut starts = calls::find(snap, events)?;
+            let mut starts = calls::find(snap, keys, events)?;
             starts.push(len);
             starts.dedup();
             let chosen = spread(starts.len(), n);
@@ -239,18 +239,19 @@ fn cuts_by(
 /// `None` when memory falls back fewer than 3 times (one forward pass, say):
 /// such a trace has no repeated steps to compare.
 fn iteration_troughs(events: &snapdiff_format::Events, n: usize) -> Option<Vec<usize>> {
+    // Live bytes after each event.
     let mut live = 0i64;
-    let curve: Vec<i64> = events
-        .iter()
-        .map(|e| {
-            match e.action {
-                Action::Alloc => live += e.size as i64,
-                Action::FreeCompleted => live -= e.size as i64,
-                _ => {}
-            }
-            live
-        })
-        .collect();
+    let mut curve: Vec<i64> = Vec::with_capacity(events.len());
+    for e in events.block_events() {
+        curve.resize(e.index, live);
+        match e.action {
+            BlockAction::Alloc => live += e.size as i64,
+            BlockAction::FreeCompleted => live -= e.size as i64,
+            BlockAction::FreeRequested => {}
+        }
+        curve.push(live);
+    }
+    curve.resize(events.len(), live);
     let (lo, hi) = (*curve.iter().min()?, *curve.iter().max()?);
     let noise = (hi - lo) / 8;
     if noise == 0 {

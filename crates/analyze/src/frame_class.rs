@@ -158,7 +158,13 @@ const NATIVE_SUFFIXES: &[&str] = &[
 
 /// Classifies `frame`.
 pub fn classify(frame: &Frame) -> FrameClass {
-    if is_noise(frame) {
+    classify_known(frame, is_noise(frame))
+}
+
+/// [`classify`], whether `frame` is noise known already (a snapshot's
+/// [`crate::StackKeys`] know it of each of its frames).
+pub(crate) fn classify_known(frame: &Frame, noise: bool) -> FrameClass {
+    if noise {
         return FrameClass::Noise;
     }
     let file = frame.file.as_str();

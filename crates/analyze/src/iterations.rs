@@ -13,7 +13,7 @@
 //! the next window is not an iteration.
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::{Action, Events};
+use snapdiff_format::{BlockAction, Events};
 
 use crate::stack_key::{StackKey, StackKeys};
 
@@ -43,9 +43,9 @@ pub(crate) struct Iterations {
 /// times with one period.
 pub(crate) fn find(events: &Events, keys: &StackKeys) -> Option<Iterations> {
     let allocs: Vec<(usize, StackKey)> = events
-        .indexed()
-        .filter(|(_, e)| e.action == Action::Alloc)
-        .map(|(i, e)| (i, keys.key(e.stack)))
+        .block_events()
+        .filter(|e| e.action == BlockAction::Alloc)
+        .map(|e| (e.index, keys.key(e.stack)))
         .collect();
     let n = allocs.len();
     if n < 6 {
@@ -133,21 +133,20 @@ fn freed_within_next(events: &Events, allocs: &[(usize, StackKey)], period: usiz
     let mut open: FxHashMap<u64, (usize, u64)> = FxHashMap::default();
     let mut seen = 0;
     let (mut allocated, mut freed) = (0u64, 0u64);
-    for (i, e) in events.indexed() {
+    for e in events.block_events() {
         match e.action {
-            Action::Alloc => {
+            BlockAction::Alloc => {
                 allocated += e.size;
                 open.insert(e.address, (seen / period, e.size));
                 seen += 1;
             }
-            Action::FreeCompleted | Action::FreeRequested => {
+            BlockAction::FreeCompleted | BlockAction::FreeRequested => {
                 if let Some((w, size)) = open.remove(&e.address)
-                    && i < window_end(w)
+                    && e.index < window_end(w)
                 {
                     freed += size;
                 }
             }
-            _ => {}
         }
     }
     if allocated == 0 {
@@ -160,25 +159,27 @@ fn freed_within_next(events: &Events, allocs: &[(usize, StackKey)], period: usiz
 /// The allocation index in `0..period` before which live memory is lowest,
 /// summed over the whole iterations.
 fn lowest_phase(events: &Events, allocs: &[(usize, StackKey)], period: usize) -> usize {
-    let frees_complete = events.actions().any(|a| a == Action::FreeCompleted);
+    let frees_complete = events
+        .block_events()
+        .any(|e| e.action == BlockAction::FreeCompleted);
     let whole = allocs.len() / period * period;
     let mut live = 0i64;
     // Live bytes just before each allocation of the whole iterations, summed
     // by phase.
     let mut sums = vec![0i128; period];
     let mut j = 0;
-    for e in events {
+    for e in events.block_events() {
         match e.action {
-            Action::Alloc => {
+            BlockAction::Alloc => {
                 if j < whole {
                     sums[j % period] += i128::from(live);
                 }
                 j += 1;
                 live += e.size as i64;
             }
-            Action::FreeCompleted => live -= e.size as i64,
-            Action::FreeRequested if !frees_complete => live -= e.size as i64,
-            _ => {}
+            BlockAction::FreeCompleted => live -= e.size as i64,
+            BlockAction::FreeRequested if !frees_complete => live -= e.size as i64,
+            BlockAction::FreeRequested => {}
         }
     }
     (0..period).min_by_key(|&p| sums[p]).unwrap_or(0)

@@ -17,7 +17,7 @@ use crate::category::{Categories, Category};
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, merge_rows};
 use crate::judge::trend_trace_with_keys;
-use crate::replay::{Replayed, replay, replay_to};
+use crate::replay::{Replayed, highest, replay_to};
 use crate::stack_key::{StackKey, StackKeys};
 use crate::trend::TrendOptions;
 
@@ -187,11 +187,10 @@ fn busy_peaks(
         .iter()
         .filter(|t| t.events.actions().any(|a| a == Action::Alloc))
         .map(|trace| {
-            // First the highest point, then the live sites there: the
-            // second replay stops there (the first reach of the highest
-            // point is the same in the events before it).
-            let highest = replay(snap, keys, trace, &[]).highest;
-            let at = replay_to(snap, keys, trace, highest.1);
+            // First the highest point (bytes only), then the live sites
+            // there: the replay stops there (the first reach of the
+            // highest point is the same in the events before it).
+            let at = replay_to(snap, keys, trace, highest(snap, trace).1);
             (device_peak(snap, trace, &at, namer, categories), at)
         })
         .collect()
@@ -252,10 +251,7 @@ fn pools_at(snap: &Snapshot, trace: &DeviceTrace, index: usize) -> Vec<PoolBytes
         .map(|s| (s.address, s.address + s.total_size, s.pool_id))
         .collect();
     private.sort_unstable();
-    let has_pool_ids = trace
-        .events
-        .iter()
-        .any(|e| e.details.as_ref().is_some_and(|d| d.pool_id.is_some()));
+    let has_pool_ids = (trace.events.with_details()).any(|(_, d)| d.pool_id.is_some());
     if private.is_empty() && !has_pool_ids {
         return Vec::new();
     }
@@ -392,7 +388,8 @@ pub(crate) fn reserved_over(
         .filter(|s| s.device == trace.device)
         .map(|s| i128::from(s.total_size))
         .sum();
-    let net: i128 = trace.events.iter().map(|e| change(&e.action, e.size)).sum();
+    let changes = || trace.events.actions().zip(trace.events.sizes());
+    let net: i128 = changes().map(|(a, &size)| change(&a, size)).sum();
     let mut reserved = at_end - net;
     if reserved < 0 {
         // The segments at the end do not account for the trace's events (a
@@ -404,8 +401,8 @@ pub(crate) fn reserved_over(
         event_index: 0,
         bytes: reserved as u64,
     };
-    for (i, e) in trace.events.indexed() {
-        reserved += change(&e.action, e.size);
+    for (i, (a, &size)) in changes().enumerate() {
+        reserved += change(&a, size);
         let bytes = reserved.max(0) as u64;
         if i + 1 == index {
             at = bytes;

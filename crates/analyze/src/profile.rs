@@ -14,7 +14,7 @@ use crate::culprit::CulpritRules;
 use crate::cuts::step_cuts;
 use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, live_groups};
-use crate::replay::replay;
+use crate::replay::{highest, replay_to};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// When to take the live memory.
@@ -75,9 +75,9 @@ pub fn live_by_site(
             let at = match moment {
                 LiveMoment::Event(n) => n.min(trace.events.len()),
                 LiveMoment::Step(step) => step_start(snap, &keys, index, step)?,
-                _ => replay(snap, &keys, trace, &[]).highest.1,
+                _ => highest(snap, trace).1,
             };
-            let replayed = replay(snap, &keys, trace, &[at]);
+            let replayed = replay_to(snap, &keys, trace, at);
             for (key, t) in &replayed.points[0] {
                 let stack = replayed.stacks.get(key).copied().flatten();
                 let entry = totals.entry(*key).or_insert((SiteTotals::default(), stack));

@@ -11,7 +11,7 @@
 use std::collections::hash_map::Entry;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use snapdiff_format::{Action, DeviceTrace, Snapshot, StackId};
+use snapdiff_format::{BlockAction, DeviceTrace, Snapshot, StackId};
 
 use crate::group::{SiteTotals, is_live};
 use crate::stack_key::{StackKey, StackKeys};
@@ -90,13 +90,7 @@ fn replay_events(
     mut visit: impl FnMut(LiveChange),
 ) -> Replayed {
     let events = &trace.events;
-    // Traces that record `free_completed` free a block then; older or
-    // partial ones only have `free_requested`.
-    let free_action = if events.actions().any(|a| a == Action::FreeCompleted) {
-        Action::FreeCompleted
-    } else {
-        Action::FreeRequested
-    };
+    let free_action = free_action(trace);
 
     let mut out = Replayed::default();
     let mut live: FxHashMap<u64, (u64, StackKey)> = FxHashMap::default();
@@ -107,8 +101,8 @@ fn replay_events(
     // each address the trace names, and whether an alloc of it awaits its
     // free (one map, probed once an event).
     let mut named: FxHashMap<u64, bool> = FxHashMap::default();
-    for e in events {
-        if e.action == Action::Alloc {
+    for e in events.block_events() {
+        if e.action == BlockAction::Alloc {
             named.insert(e.address, true);
         } else if e.action == free_action {
             match named.entry(e.address) {
@@ -163,11 +157,14 @@ fn replay_events(
     out.highest = (live_bytes, 0);
     out.start_bytes = live_bytes;
     let mut cuts = cuts.iter().copied().peekable();
-    for (i, e) in events.indexed().take(end) {
+    // Other events change no block: a cut before one is the same as a
+    // cut before the next allocation or free.
+    for e in events.block_events().take_while(|e| e.index < end) {
+        let i = e.index;
         while cuts.next_if(|&c| c <= i).is_some() {
             out.points.push(totals.clone());
         }
-        if e.action == Action::Alloc {
+        if e.action == BlockAction::Alloc {
             let key = keys.key(e.stack);
             out.stacks.entry(key).or_insert(e.stack);
             if let Some((old, old_key)) = live.insert(e.address, (e.size, key)) {
@@ -211,6 +208,73 @@ fn replay_events(
     out
 }
 
+/// The action that frees a block in `trace`: traces that record
+/// `free_completed` free a block then; older or partial ones only have
+/// `free_requested`.
+fn free_action(trace: &DeviceTrace) -> BlockAction {
+    let mut blocks = trace.events.block_events();
+    if blocks.any(|e| e.action == BlockAction::FreeCompleted) {
+        BlockAction::FreeCompleted
+    } else {
+        BlockAction::FreeRequested
+    }
+}
+
+/// The most bytes live at once in `trace`, and the first cut at which they
+/// were: [`Replayed::highest`] of its whole replay, found in one pass with
+/// one map and no per-site totals (a peak's first question, before it
+/// replays to that point with [`replay_to`]).
+pub(crate) fn highest(snap: &Snapshot, trace: &DeviceTrace) -> (u64, usize) {
+    let free_action = free_action(trace);
+    // Each address the trace names, and the bytes of the block live there.
+    let mut live: FxHashMap<u64, Option<u64>> = FxHashMap::default();
+    // Live bytes since the start (negative when blocks allocated before
+    // recording are freed), and their highest point.
+    let mut change: i128 = 0;
+    let mut highest: (i128, usize) = (0, 0);
+    // Bytes of the blocks freed before any alloc of their address: live
+    // from the start.
+    let mut freed_unseen: u64 = 0;
+    for e in trace.events.block_events() {
+        let i = e.index;
+        if e.action == BlockAction::Alloc {
+            if let Some(Some(old)) = live.insert(e.address, Some(e.size)) {
+                // A second alloc at a live address: its free was not recorded.
+                change -= i128::from(old);
+            }
+            change += i128::from(e.size);
+            if change > highest.0 {
+                highest = (change, i + 1);
+            }
+        } else if e.action == free_action {
+            match live.entry(e.address) {
+                Entry::Occupied(mut seen) => {
+                    if let Some(size) = seen.get_mut().take() {
+                        change -= i128::from(size);
+                    }
+                }
+                Entry::Vacant(unseen) => {
+                    unseen.insert(None);
+                    freed_unseen = freed_unseen.saturating_add(e.size);
+                    change -= i128::from(e.size);
+                }
+            }
+        }
+    }
+    // The live blocks the trace never names: live throughout.
+    let unnamed: u64 = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == trace.device)
+        .flat_map(|s| &s.blocks)
+        .filter(|b| is_live(b) && !live.contains_key(&b.address))
+        .map(crate::group::requested)
+        .fold(0, u64::saturating_add);
+    let start = i128::from(freed_unseen.saturating_add(unnamed));
+    let bytes = u64::try_from(start + highest.0).unwrap_or(u64::MAX);
+    (bytes, highest.1)
+}
+
 fn remove_from(totals: &mut FxHashMap<StackKey, SiteTotals>, key: StackKey, size: u64) {
     if let Some(t) = totals.get_mut(&key) {
         t.remove_bytes(size, size);
@@ -222,9 +286,9 @@ fn remove_from(totals: &mut FxHashMap<StackKey, SiteTotals>, key: StackKey, size
 
 #[cfg(test)]
 mod tests {
-    use snapdiff_format::{Block, BlockState, DeviceTrace, Segment, Snapshot};
+    use snapdiff_format::{Action, Block, BlockState, DeviceTrace, Segment, Snapshot, TraceEvent};
 
-    use super::replay;
+    use super::{highest, replay};
     use crate::stack_key::{StackKeys, test_frame};
 
     /// Live blocks no event names count from the start, in their sites'
@@ -263,5 +327,69 @@ mod tests {
         assert_eq!(replayed.points[0][&key].bytes, 15);
         assert_eq!(replayed.stacks[&key], Some(1));
         assert!(replayed.before_recording.contains(&key));
+    }
+
+    /// The highest point found without per-site totals is the whole
+    /// replay's, through what a trace can hold besides plain allocs and
+    /// frees: a block freed before any alloc of its address (live from the
+    /// start), a second alloc at a live address (its free unrecorded), a
+    /// second free, `free_requested` ignored when `free_completed` is
+    /// recorded, and a live block the trace never names.
+    #[test]
+    fn the_highest_point_is_the_whole_replays() {
+        let event = |action, address, size| TraceEvent {
+            action,
+            address,
+            size,
+            stack: Some(0),
+            ..TraceEvent::default()
+        };
+        let snap = Snapshot {
+            frames: vec![test_frame("train_step", "/home/u/train.py", 12)],
+            stacks: vec![vec![0]],
+            segments: vec![Segment {
+                blocks: vec![Block {
+                    address: 0x9000,
+                    size: 64,
+                    requested_size: 64,
+                    state: BlockState::ActiveAllocated,
+                    stack: Some(0),
+                    ..Block::default()
+                }],
+                ..Segment::default()
+            }],
+            traces: vec![DeviceTrace {
+                device: 0,
+                events: vec![
+                    event(Action::Alloc, 0x100, 10),
+                    // Allocated before recording: live from the start (+30).
+                    event(Action::FreeCompleted, 0x200, 30),
+                    event(Action::Alloc, 0x300, 20),
+                    // Its free not recorded: 0x100's 10 bytes replaced by 25.
+                    event(Action::Alloc, 0x100, 25),
+                    event(Action::FreeRequested, 0x300, 20),
+                    event(Action::FreeCompleted, 0x300, 20),
+                    event(Action::FreeCompleted, 0x300, 20),
+                    event(Action::Alloc, 0x400, 40),
+                    event(Action::FreeCompleted, 0x100, 25),
+                ]
+                .into(),
+            }],
+            ..Snapshot::default()
+        };
+        let trace = &snap.traces[0];
+        // 64 unnamed + 30 freed unseen = 94 at the start; then 104, 74,
+        // 94, 109 (after the 4th event), 89, 89, 89, 129 (after the 8th).
+        assert_eq!(highest(&snap, trace), (129, 8));
+        let keys = StackKeys::new(&snap);
+        assert_eq!(replay(&snap, &keys, trace, &[]).highest, (129, 8));
+        // Cut before the last alloc: the highest point is the 4th event's.
+        let mut before = snap.clone();
+        before.traces[0].events.truncate(7);
+        assert_eq!(highest(&before, &before.traces[0]), (109, 4));
+        assert_eq!(
+            replay(&before, &keys, &before.traces[0], &[]).highest,
+            (109, 4)
+        );
     }
 }

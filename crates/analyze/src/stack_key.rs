@@ -274,7 +274,13 @@ fn hash_side_by_side(stacks: &[Vec<FrameId>], encoded: &[Vec<u8>], keys: &mut [S
 
 /// The key of every stack of a snapshot, indexed by [`StackId`].
 #[derive(Clone, Debug)]
-pub struct StackKeys(Vec<StackKey>);
+pub struct StackKeys {
+    keys: Vec<StackKey>,
+    /// Whether each frame is noise, by [`FrameId`]: worked out once for the
+    /// keys, and asked again by the analyses that classify frames. Empty
+    /// for [`StackKeys::of_live_blocks`].
+    noise: Vec<bool>,
+}
 
 impl StackKeys {
     /// Computes the keys of all stacks of `snap`, in parallel: real snapshots
@@ -282,24 +288,25 @@ impl StackKeys {
     /// thousand distinct frames, so each frame is tested for noise once.
     pub fn new(snap: &Snapshot) -> StackKeys {
         use rayon::prelude::*;
-        // What each frame adds to a key: nothing for noise.
-        let encoded: Vec<Vec<u8>> = snap
+        // Whether each frame is noise, and what it adds to a key: nothing
+        // for noise.
+        let (noise, encoded): (Vec<bool>, Vec<Vec<u8>>) = snap
             .frames
             .par_iter()
             .map(|f| {
                 if is_noise(f) {
-                    Vec::new()
+                    (true, Vec::new())
                 } else {
-                    frame_bytes(f)
+                    (false, frame_bytes(f))
                 }
             })
-            .collect();
+            .unzip();
         let mut keys = vec![StackKey::NONE; snap.stacks.len()];
         const CHUNK: usize = 256;
         keys.par_chunks_mut(CHUNK)
             .zip(snap.stacks.par_chunks(CHUNK))
             .for_each(|(keys, stacks)| hash_side_by_side(stacks, &encoded, keys));
-        StackKeys(keys)
+        StackKeys { keys, noise }
     }
 
     /// The keys of the stacks of `snap`'s live blocks only, each distinct
@@ -329,12 +336,22 @@ impl StackKeys {
             }
             *key = StackKey(h);
         }
-        StackKeys(keys)
+        StackKeys {
+            keys,
+            noise: Vec::new(),
+        }
     }
 
     /// The key of stack `id`, or [`StackKey::NONE`] for no stack.
     pub fn key(&self, id: Option<StackId>) -> StackKey {
-        id.map_or(StackKey::NONE, |id| self.0[id as usize])
+        id.map_or(StackKey::NONE, |id| self.keys[id as usize])
+    }
+
+    /// Whether frame `id` of `snap` (the snapshot these keys are of) is
+    /// noise: as the keys found it, else tested now.
+    pub(crate) fn is_noise(&self, snap: &Snapshot, id: FrameId) -> bool {
+        (self.noise.get(id as usize).copied())
+            .unwrap_or_else(|| is_noise(&snap.frames[id as usize]))
     }
 }
 

@@ -4,7 +4,7 @@
 
 use snapdiff_analyze::held_by::SiteOwners;
 use snapdiff_analyze::rows::{Devices, ProcessRows};
-use snapdiff_analyze::{Categories, StackKeys, TraceError, TrendOptions};
+use snapdiff_analyze::{StackKeys, TraceError, TrendOptions};
 use snapdiff_format::Snapshot;
 
 use crate::stacks::StackStore;
@@ -22,7 +22,7 @@ impl StackStore {
         owners: Option<&SiteOwners>,
     ) {
         let stacks = rows.add_snapshot(source, snap, owners, Devices::EachApart);
-        self.add_from(snap, stacks.into_iter(), &Categories::new(snap));
+        self.add_from(snap, stacks.into_iter());
     }
 
     /// Adds the trace of `snap`, read from `source`, to `rows`, each busy
@@ -41,7 +41,7 @@ impl StackStore {
         options: &TrendOptions,
     ) -> Result<(), TraceError> {
         let stacks = rows.add_trace(source, snap, &StackKeys::new(snap), options)?;
-        self.add_from(snap, stacks.into_iter(), &Categories::new(snap));
+        self.add_from(snap, stacks.into_iter());
         Ok(())
     }
 }

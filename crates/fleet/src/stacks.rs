@@ -127,13 +127,13 @@ impl StackStore {
         self.0.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds the sites of `snap` (key and stack) not yet known, with the
-    /// category `categories` gives each.
+    /// Adds the sites of `snap` (key and stack) not yet known, each with
+    /// its category. The categories are worked out only when a site is
+    /// new: after a job's first dumps, most add none.
     pub fn add_from(
         &self,
         snap: &Snapshot,
         sites: impl Iterator<Item = (StackKey, Option<StackId>)>,
-        categories: &Categories<'_>,
     ) {
         let new: Vec<(StackKey, Option<StackId>)> = {
             let known = self.read();
@@ -142,6 +142,7 @@ impl StackStore {
         if new.is_empty() {
             return;
         }
+        let categories = Categories::new(snap);
         let mut stacks = self.0.write().unwrap_or_else(|e| e.into_inner());
         for (key, stack) in new {
             let frames = stack.map(|s| snap.stack_frames(Some(s)));

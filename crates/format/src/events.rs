@@ -480,6 +480,37 @@ impl Events {
             .map(|(i, &code)| self.action(i, code))
     }
 
+    /// The allocations and frees in order (`alloc`, `free_requested`,
+    /// `free_completed`), with only what following blocks takes: for the
+    /// passes over every event of a trace (replays, the loop finders),
+    /// which read four columns and build no [`TraceEvent`].
+    pub fn block_events(&self) -> impl Iterator<Item = BlockEvent> + Clone + '_ {
+        let moves = self.actions.iter().zip(&self.address).zip(&self.size);
+        moves
+            .enumerate()
+            .filter_map(|(index, ((&code, &address), &size))| {
+                Some(BlockEvent {
+                    index,
+                    action: BlockAction::from_code(code)?,
+                    address,
+                    size,
+                    stack: self.stack.get(index),
+                })
+            })
+    }
+
+    /// Each event's size, in order: with [`Events::actions`], for passes
+    /// that read nothing else (reserved memory through segment events).
+    pub fn sizes(&self) -> &[u64] {
+        &self.size
+    }
+
+    /// The events that carry details (a pool id, an `oom`'s free bytes,
+    /// keys this model has no field for), each with its index, in order.
+    pub fn with_details(&self) -> impl Iterator<Item = (usize, &EventDetails)> + '_ {
+        self.details.iter().map(|(i, d)| (*i, &**d))
+    }
+
     /// How many events have each action, in no particular order: counted
     /// by code, where a hash of each of millions of actions took longer.
     pub fn action_counts(&self) -> Vec<(Action, u64)> {
@@ -599,6 +630,46 @@ impl Events {
         let tail = self.iter_from(at).collect();
         self.truncate(at);
         tail
+    }
+}
+
+/// An allocation or a free, as [`Events::block_events`] gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockEvent {
+    /// Index of the event in the trace.
+    pub index: usize,
+    /// What it did.
+    pub action: BlockAction,
+    /// The block's address.
+    pub address: u64,
+    /// Bytes requested.
+    pub size: u64,
+    /// Stack recorded with the event.
+    pub stack: Option<StackId>,
+}
+
+/// The actions of [`BlockEvent`]s: those of [`Action`] that allocate or
+/// free a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockAction {
+    /// [`Action::Alloc`].
+    Alloc,
+    /// [`Action::FreeRequested`].
+    FreeRequested,
+    /// [`Action::FreeCompleted`].
+    FreeCompleted,
+}
+
+impl BlockAction {
+    /// The block action of an action's code, if it is one.
+    #[inline(always)]
+    fn from_code(code: u8) -> Option<BlockAction> {
+        match Action::from_code(code)? {
+            Action::Alloc => Some(BlockAction::Alloc),
+            Action::FreeRequested => Some(BlockAction::FreeRequested),
+            Action::FreeCompleted => Some(BlockAction::FreeCompleted),
+            _ => None,
+        }
     }
 }
 
@@ -865,6 +936,40 @@ mod tests {
                 e
             })
             .collect()
+    }
+
+    /// The block events are the allocations and frees of a walk over whole
+    /// events, in order, with their fields; no other action among them.
+    #[test]
+    fn block_events_are_the_allocs_and_frees_of_the_whole_events() {
+        let mut rows = varied(1000);
+        rows[3].action = Action::FreeRequested;
+        rows[10].action = Action::SegmentAlloc;
+        let events: Events = rows.iter().cloned().collect();
+        let walked: Vec<BlockEvent> = (rows.iter().enumerate())
+            .filter_map(|(index, e)| {
+                let action = match e.action {
+                    Action::Alloc => BlockAction::Alloc,
+                    Action::FreeRequested => BlockAction::FreeRequested,
+                    Action::FreeCompleted => BlockAction::FreeCompleted,
+                    _ => return None,
+                };
+                Some(BlockEvent {
+                    index,
+                    action,
+                    address: e.address,
+                    size: e.size,
+                    stack: e.stack,
+                })
+            })
+            .collect();
+        assert_eq!(events.block_events().collect::<Vec<_>>(), walked);
+        assert!(walked.len() > 500 && walked.len() < 1000);
+        assert!(
+            walked
+                .iter()
+                .any(|e| e.action == BlockAction::FreeRequested)
+        );
     }
 
     /// The first reference past the tables, found column by column, is the

@@ -48,7 +48,7 @@ use std::path::Path;
 
 pub use crate::compressed::Compression;
 pub use crate::error::{Error, ErrorKind, Result};
-pub use crate::events::{EventIter, Events, Indexed};
+pub use crate::events::{BlockAction, BlockEvent, EventIter, Events, Indexed};
 pub use crate::model::{
     Action, Annotation, Block, BlockState, CompactString, DeviceInfo, DeviceName, DeviceTrace,
     EventDetails, Frame, FrameId, HistoryEntry, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot,
