@@ -131,8 +131,9 @@ pub(crate) fn find(snap: &Snapshot, keys: &StackKeys, events: &Events) -> Option
             let caller = caller.map(|f| (function_of[f], snap.frames[f].line));
             Some((caller, function_of[callee as usize]))
         };
-        let mut calls: FxHashMap<CallSite, (Vec<usize>, u64)> = FxHashMap::default();
-        let mut first_line: FxHashMap<CallSite, u32> = FxHashMap::default();
+        // Per call site: the line of its first call's first allocation,
+        // the event index of each call's first, and the bytes of all.
+        let mut calls: FxHashMap<CallSite, (u32, Vec<usize>, u64)> = FxHashMap::default();
         let mut previous: Option<(CallSite, u32)> = None;
         for (i, bytes, frames) in &allocs {
             let Some(key) = site(frames) else {
@@ -140,25 +141,24 @@ pub(crate) fn find(snap: &Snapshot, keys: &StackKeys, events: &Events) -> Option
                 continue;
             };
             let line = snap.frames[frames[depth] as usize].line;
-            let first = *first_line.entry(key).or_insert(line);
-            let starts = match previous {
-                Some((k, last)) if k == key => line == first && last != first,
+            let (first, starts, all_bytes) = calls.entry(key).or_insert((line, Vec::new(), 0));
+            let call_starts = match previous {
+                Some((k, last)) if k == key => line == *first && last != *first,
                 _ => true,
             };
-            let entry = calls.entry(key).or_default();
-            if starts {
-                entry.0.push(*i);
+            if call_starts {
+                starts.push(*i);
             }
-            entry.1 += bytes;
+            *all_bytes += bytes;
             previous = Some((key, line));
         }
         let best = calls
             .into_values()
-            .filter(|(starts, bytes)| {
+            .filter(|(_, starts, bytes)| {
                 starts.len() >= MIN_CALLS && *bytes as f64 >= MIN_SHARE * total as f64
             })
-            .max_by_key(|(starts, bytes)| (*bytes, starts.len()));
-        if let Some((starts, _)) = best {
+            .max_by_key(|(_, starts, bytes)| (*bytes, starts.len()));
+        if let Some((_, starts, _)) = best {
             return Some(starts);
         }
     }

@@ -588,7 +588,11 @@ fn rare<T>(
     mut read: impl FnMut(&mut ColumnReader) -> Result<T, Corrupt>,
 ) -> Result<Vec<(usize, T)>, String> {
     let mut r = ColumnReader::sparse(bytes, n)?;
-    let mut values = Vec::new();
+    // Sized once: a column present on every event (the allocation numbers
+    // of snapdiff's own dumps) grown by doubling was copied at each step,
+    // into fresh pages.
+    let present: u32 = r.present.iter().map(|b| b.count_ones()).sum();
+    let mut values = Vec::with_capacity((present as usize).min(n));
     for i in 0..n {
         if r.has(i) {
             values.push((i, read(&mut r)?));
