@@ -983,6 +983,43 @@ mod trace_tests {
     }
 
     #[test]
+    fn varints_of_every_length_read_back_wherever_they_end() {
+        // Values of 1 to 10 bytes, each bit pattern's edges.
+        let mut values = vec![0, 1, 127, 128, 255, 300, 16_383, 16_384, u64::MAX];
+        for bits in 7..64 {
+            values.extend([1u64 << bits, (1u64 << bits) - 1, (1u64 << bits) | 0x55]);
+        }
+        let mut column = Vec::new();
+        for &v in &values {
+            write_u64(&mut column, v);
+        }
+        // Read from the start and from each shorter tail, so that values end
+        // at every distance from the column's end.
+        let mut r = ColumnReader::dense(&column);
+        for &v in &values {
+            assert_eq!(r.u64().ok(), Some(v));
+        }
+        assert!(r.finish().is_ok());
+        for skip in 1..values.len() {
+            let mut head = Vec::new();
+            for &v in &values[..skip] {
+                write_u64(&mut head, v);
+            }
+            let mut r = ColumnReader::dense(&column[head.len()..]);
+            for &v in &values[skip..] {
+                assert_eq!(r.u64().ok(), Some(v), "value {v} after {skip}");
+            }
+        }
+        // Cut short, or eleven bytes long: refused.
+        let mut cut = Vec::new();
+        write_u64(&mut cut, 1 << 40);
+        cut.pop();
+        assert!(ColumnReader::dense(&cut).u64().is_err());
+        assert!(ColumnReader::dense(&[0xff; 11]).u64().is_err());
+        assert!(ColumnReader::dense(&[0xff; 20]).u64().is_err());
+    }
+
+    #[test]
     fn trace_columns_read_back_and_corrupt_ones_are_refused() {
         let back = decode_with(|_| {}).unwrap();
         assert_eq!(back.events.iter().collect::<Vec<_>>(), events());
