@@ -9,6 +9,8 @@ poll (200 ms); its CPU time is the watch's own.
 
     python3 bench/watch.py [RANKS] [STEPS] [KEEP]    (1000 20 8 by default)
 
+`SNAPDIFF=PATH` runs another build's binary (to compare two builds).
+
 Writes the job once (bench/make_fleet.rs, from the real training trace in
 ../shared/fixtures/torch) into target/fleet/watch-RANKS-STEPS/. Needs
 `pip install prometheus-client`. Exits 1 when the final verdict is not the
@@ -84,10 +86,14 @@ def main():
     for node in sorted(os.listdir(job)):
         os.makedirs(os.path.join(live, node))
         for name in os.listdir(os.path.join(job, node)):
-            step = int(re.search(r"-step(\d+)", name).group(1))
-            by_step.setdefault(step, []).append((node, name))
+            dump = re.search(r"-step(\d+)", name)
+            if dump is None:
+                # The writer's manifest, there from the job's start.
+                os.link(os.path.join(job, node, name), os.path.join(live, node, name))
+                continue
+            by_step.setdefault(int(dump.group(1)), []).append((node, name))
     watch = subprocess.Popen(
-        [os.path.join(ROOT, "target/release/snapdiff"), "watch", live, "--poll", "200ms",
+        [os.environ.get("SNAPDIFF", os.path.join(ROOT, "target/release/snapdiff")), "watch", live, "--poll", "200ms",
          "--no-status", "--keep-checkpoints", str(keep), "--metrics", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
