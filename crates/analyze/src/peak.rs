@@ -17,7 +17,7 @@ use crate::category::{Categories, Category};
 use crate::culprit::CulpritRules;
 use crate::group::{Site, SiteNamer, SiteTotals, culprit_line, merge_rows};
 use crate::judge::trend_trace_with_keys;
-use crate::replay::{Replayed, highest, replay_to};
+use crate::replay::{Replayed, highest_at, replay_to};
 use crate::stack_key::{StackKey, StackKeys};
 use crate::trend::TrendOptions;
 
@@ -190,7 +190,7 @@ fn busy_peaks(
             // First the highest point (bytes only), then the live sites
             // there: the replay stops there (the first reach of the
             // highest point is the same in the events before it).
-            let at = replay_to(snap, keys, trace, highest(snap, trace).1);
+            let at = replay_to(snap, keys, trace, highest_at(trace));
             (device_peak(snap, trace, &at, namer, categories), at)
         })
         .collect()

@@ -14,7 +14,7 @@ use crate::culprit::CulpritRules;
 use crate::cuts::step_cuts;
 use crate::error::TraceError;
 use crate::group::{Site, SiteNamer, SiteTotals, live_groups};
-use crate::replay::{highest, replay_to};
+use crate::replay::{highest_at, replay_to};
 use crate::stack_key::{StackKey, StackKeys};
 
 /// When to take the live memory.
@@ -75,7 +75,7 @@ pub fn live_by_site(
             let at = match moment {
                 LiveMoment::Event(n) => n.min(trace.events.len()),
                 LiveMoment::Step(step) => step_start(snap, &keys, index, step)?,
-                _ => highest(snap, trace).1,
+                _ => highest_at(trace),
             };
             let replayed = replay_to(snap, &keys, trace, at);
             for (key, t) in &replayed.points[0] {

@@ -220,11 +220,12 @@ fn free_action(trace: &DeviceTrace) -> BlockAction {
     }
 }
 
-/// The most bytes live at once in `trace`, and the first cut at which they
-/// were: [`Replayed::highest`] of its whole replay, found in one pass with
-/// one map and no per-site totals (a peak's first question, before it
-/// replays to that point with [`replay_to`]).
-pub(crate) fn highest(snap: &Snapshot, trace: &DeviceTrace) -> (u64, usize) {
+/// The first cut at which the most bytes were live in `trace`: the event
+/// count of [`Replayed::highest`] of its whole replay, found in one pass
+/// with one map and no per-site totals (a peak's first question, before it
+/// replays to that point with [`replay_to`]). The bytes live before
+/// recording began add the same to every point, so they are left out.
+pub(crate) fn highest_at(trace: &DeviceTrace) -> usize {
     let free_action = free_action(trace);
     // Each address the trace names, and the bytes of the block live there.
     let mut live: FxHashMap<u64, Option<u64>> = FxHashMap::default();
@@ -232,11 +233,7 @@ pub(crate) fn highest(snap: &Snapshot, trace: &DeviceTrace) -> (u64, usize) {
     // recording are freed), and their highest point.
     let mut change: i128 = 0;
     let mut highest: (i128, usize) = (0, 0);
-    // Bytes of the blocks freed before any alloc of their address: live
-    // from the start.
-    let mut freed_unseen: u64 = 0;
     for e in trace.events.block_events() {
-        let i = e.index;
         if e.action == BlockAction::Alloc {
             if let Some(Some(old)) = live.insert(e.address, Some(e.size)) {
                 // A second alloc at a live address: its free was not recorded.
@@ -244,7 +241,7 @@ pub(crate) fn highest(snap: &Snapshot, trace: &DeviceTrace) -> (u64, usize) {
             }
             change += i128::from(e.size);
             if change > highest.0 {
-                highest = (change, i + 1);
+                highest = (change, e.index + 1);
             }
         } else if e.action == free_action {
             match live.entry(e.address) {
@@ -253,26 +250,15 @@ pub(crate) fn highest(snap: &Snapshot, trace: &DeviceTrace) -> (u64, usize) {
                         change -= i128::from(size);
                     }
                 }
+                // Allocated before recording began: live until now.
                 Entry::Vacant(unseen) => {
                     unseen.insert(None);
-                    freed_unseen = freed_unseen.saturating_add(e.size);
                     change -= i128::from(e.size);
                 }
             }
         }
     }
-    // The live blocks the trace never names: live throughout.
-    let unnamed: u64 = snap
-        .segments
-        .iter()
-        .filter(|s| s.device == trace.device)
-        .flat_map(|s| &s.blocks)
-        .filter(|b| is_live(b) && !live.contains_key(&b.address))
-        .map(crate::group::requested)
-        .fold(0, u64::saturating_add);
-    let start = i128::from(freed_unseen.saturating_add(unnamed));
-    let bytes = u64::try_from(start + highest.0).unwrap_or(u64::MAX);
-    (bytes, highest.1)
+    highest.1
 }
 
 fn remove_from(totals: &mut FxHashMap<StackKey, SiteTotals>, key: StackKey, size: u64) {
@@ -288,7 +274,7 @@ fn remove_from(totals: &mut FxHashMap<StackKey, SiteTotals>, key: StackKey, size
 mod tests {
     use snapdiff_format::{Action, Block, BlockState, DeviceTrace, Segment, Snapshot, TraceEvent};
 
-    use super::{highest, replay};
+    use super::{highest_at, replay};
     use crate::stack_key::{StackKeys, test_frame};
 
     /// Live blocks no event names count from the start, in their sites'
@@ -329,67 +315,79 @@ mod tests {
         assert!(replayed.before_recording.contains(&key));
     }
 
-    /// The highest point found without per-site totals is the whole
-    /// replay's, through what a trace can hold besides plain allocs and
-    /// frees: a block freed before any alloc of its address (live from the
-    /// start), a second alloc at a live address (its free unrecorded), a
-    /// second free, `free_requested` ignored when `free_completed` is
-    /// recorded, and a live block the trace never names.
+    /// The highest point found without per-site totals is where the whole
+    /// replay finds it, through what a trace holds besides plain allocs
+    /// and frees; each case's point moves if that is mishandled.
     #[test]
-    fn the_highest_point_is_the_whole_replays() {
-        let event = |action, address, size| TraceEvent {
-            action,
-            address,
-            size,
-            stack: Some(0),
-            ..TraceEvent::default()
-        };
-        let snap = Snapshot {
-            frames: vec![test_frame("train_step", "/home/u/train.py", 12)],
-            stacks: vec![vec![0]],
-            segments: vec![Segment {
-                blocks: vec![Block {
-                    address: 0x9000,
-                    size: 64,
-                    requested_size: 64,
-                    state: BlockState::ActiveAllocated,
-                    stack: Some(0),
-                    ..Block::default()
+    fn the_highest_point_is_where_the_whole_replay_finds_it() {
+        use Action::{Alloc, FreeCompleted, FreeRequested};
+        /// What a case shows, its events (action, address, size), and the
+        /// highest point's event count.
+        type Case = (&'static str, &'static [(Action, u64, u64)], usize);
+        let cases: [Case; 4] = [
+            (
+                "a block freed before any alloc of its address was live from the start",
+                &[
+                    (Alloc, 0xa, 10),
+                    (FreeCompleted, 0xb, 300),
+                    (Alloc, 0xc, 20),
+                ],
+                1,
+            ),
+            (
+                "a second alloc at a live address replaces the block",
+                &[(Alloc, 0xa, 100), (Alloc, 0xa, 10), (Alloc, 0xb, 50)],
+                1,
+            ),
+            (
+                "a second free of a block frees nothing",
+                &[
+                    (Alloc, 0xa, 50),
+                    (FreeCompleted, 0xa, 50),
+                    (FreeCompleted, 0xa, 50),
+                    (Alloc, 0xb, 30),
+                    (Alloc, 0xc, 30),
+                ],
+                5,
+            ),
+            (
+                "free_requested frees nothing where free_completed is recorded",
+                &[
+                    (Alloc, 0xa, 50),
+                    (FreeRequested, 0xa, 50),
+                    (Alloc, 0xb, 40),
+                    (FreeCompleted, 0xa, 50),
+                    (Alloc, 0xc, 5),
+                ],
+                3,
+            ),
+        ];
+        for (what, events, expected) in cases {
+            let snap = Snapshot {
+                frames: vec![test_frame("train_step", "/home/u/train.py", 12)],
+                stacks: vec![vec![0]],
+                traces: vec![DeviceTrace {
+                    device: 0,
+                    events: (events.iter().cloned())
+                        .map(|(action, address, size)| TraceEvent {
+                            action,
+                            address,
+                            size,
+                            stack: Some(0),
+                            ..TraceEvent::default()
+                        })
+                        .collect(),
                 }],
-                ..Segment::default()
-            }],
-            traces: vec![DeviceTrace {
-                device: 0,
-                events: vec![
-                    event(Action::Alloc, 0x100, 10),
-                    // Allocated before recording: live from the start (+30).
-                    event(Action::FreeCompleted, 0x200, 30),
-                    event(Action::Alloc, 0x300, 20),
-                    // Its free not recorded: 0x100's 10 bytes replaced by 25.
-                    event(Action::Alloc, 0x100, 25),
-                    event(Action::FreeRequested, 0x300, 20),
-                    event(Action::FreeCompleted, 0x300, 20),
-                    event(Action::FreeCompleted, 0x300, 20),
-                    event(Action::Alloc, 0x400, 40),
-                    event(Action::FreeCompleted, 0x100, 25),
-                ]
-                .into(),
-            }],
-            ..Snapshot::default()
-        };
-        let trace = &snap.traces[0];
-        // 64 unnamed + 30 freed unseen = 94 at the start; then 104, 74,
-        // 94, 109 (after the 4th event), 89, 89, 89, 129 (after the 8th).
-        assert_eq!(highest(&snap, trace), (129, 8));
-        let keys = StackKeys::new(&snap);
-        assert_eq!(replay(&snap, &keys, trace, &[]).highest, (129, 8));
-        // Cut before the last alloc: the highest point is the 4th event's.
-        let mut before = snap.clone();
-        before.traces[0].events.truncate(7);
-        assert_eq!(highest(&before, &before.traces[0]), (109, 4));
-        assert_eq!(
-            replay(&before, &keys, &before.traces[0], &[]).highest,
-            (109, 4)
-        );
+                ..Snapshot::default()
+            };
+            let trace = &snap.traces[0];
+            assert_eq!(highest_at(trace), expected, "{what}");
+            let keys = StackKeys::new(&snap);
+            assert_eq!(
+                replay(&snap, &keys, trace, &[]).highest.1,
+                expected,
+                "{what}"
+            );
+        }
     }
 }
