@@ -630,20 +630,55 @@ fn convert_writes_snap_and_json_and_refuses_to_overwrite() {
 }
 
 /// Writes `bytes` to a file, runs `snapdiff summary` on it, and checks for
-/// exit code 2 and one line of error naming the file and containing `expect`.
+/// exit code 2 and one line of error naming the file and containing
+/// `expect`; then the same of `baseline` of it (writing no baseline) and of
+/// `check` of it against a baseline beside it.
 fn check_bad_input(dir: &Path, name: &str, bytes: &[u8], expect: &str) {
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
-    let run = snapdiff(["summary".as_ref(), path.as_os_str()]);
-    run.expect_code(2);
-    let err = run.stderr();
-    assert_eq!(err.lines().count(), 1, "{name}: not one line: {err}");
-    assert!(
-        err.starts_with(&format!("snapdiff: {}: ", path.display())),
-        "{name}: {err}"
-    );
-    assert!(err.contains(expect), "{name}: expected {expect:?} in {err}");
-    assert!(!err.contains("panicked"), "{name}: {err}");
+    let written = dir.join(format!("{name}.baseline.json"));
+    let against = dir.join("good.baseline.json");
+    if !against.exists() {
+        let good = fixture("torch-format/snapshot-p4.pickle");
+        snapdiff([
+            "baseline".as_ref(),
+            good.as_os_str(),
+            "-o".as_ref(),
+            against.as_os_str(),
+        ])
+        .expect_code(0);
+    }
+    let runs = [
+        vec!["summary".as_ref(), path.as_os_str()],
+        vec![
+            "baseline".as_ref(),
+            path.as_os_str(),
+            "-o".as_ref(),
+            written.as_os_str(),
+        ],
+        vec!["check".as_ref(), against.as_os_str(), path.as_os_str()],
+    ];
+    for args in runs {
+        let command = args[0].to_string_lossy().into_owned();
+        let run = snapdiff(args);
+        run.expect_code(2);
+        let err = run.stderr();
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "{command} {name}: not one line: {err}"
+        );
+        assert!(
+            err.starts_with(&format!("snapdiff: {}: ", path.display())),
+            "{command} {name}: {err}"
+        );
+        assert!(
+            err.contains(expect),
+            "{command} {name}: expected {expect:?} in {err}"
+        );
+        assert!(!err.contains("panicked"), "{command} {name}: {err}");
+    }
+    assert!(!written.exists(), "{name}: a baseline was written");
 }
 
 #[test]

@@ -484,7 +484,7 @@ impl Events {
     /// `free_completed`), with only what following blocks takes: for the
     /// passes over every event of a trace (replays, the loop finders),
     /// which read four columns and build no [`TraceEvent`].
-    pub fn block_events(&self) -> impl Iterator<Item = BlockEvent> + Clone + '_ {
+    pub fn block_events(&self) -> impl Iterator<Item = BlockEvent> + '_ {
         let moves = self.actions.iter().zip(&self.address).zip(&self.size);
         moves
             .enumerate()

@@ -16,7 +16,10 @@ pub(crate) fn run(args: CheckArgs) -> anyhow::Result<Exit> {
     let mut options = TrendOptions::default();
     options.warmup = args.warmup;
     let files = crate::input::snapshot_files(&args.files)?;
-    let (run, errored) = crate::judging::files::baseline_of(files, &options)?;
+    let (run, errored) = crate::judging::files::baseline_of(files, &options);
+    let Some(run) = run else {
+        return Ok(Exit::Error);
+    };
     let tolerance = Tolerance {
         share: args.tolerance,
         bytes: args.min_bytes,

@@ -1,6 +1,7 @@
 //! `snapdiff report FILE... -o report.html`: reads and analyses the files,
 //! and has `snapdiff_render::html` draw the page.
 
+use anyhow::Context;
 use snapdiff_analyze::baseline::{Tolerance, check};
 use snapdiff_analyze::peak::DevicePeak;
 use snapdiff_analyze::{
@@ -108,7 +109,8 @@ pub(crate) fn run(args: ReportPageArgs) -> anyhow::Result<Exit> {
     let against = match &args.baseline {
         Some(path) => {
             let before = crate::cmd::check::read_baseline(path)?;
-            let (now, _) = crate::judging::files::baseline_of(files.clone(), &options)?;
+            let (now, _) = crate::judging::files::baseline_of(files.clone(), &options);
+            let now = now.context("no snapshot could be read")?;
             let checked = check(&before, &now, Tolerance::default());
             Some((crate::output::shown(path).to_string(), before, now, checked))
         }

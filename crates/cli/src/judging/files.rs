@@ -48,13 +48,11 @@ pub(crate) fn judge_one_process(
 
 /// The baseline of the run whose files are `files` (`snapdiff baseline`,
 /// `snapdiff check`): each process's (see [`Baseline::of`]), then the
-/// largest figure of each over the processes (a fleet's ranks); and whether
-/// some file could not be read. A process whose files give no trend (one
-/// file without a trace) still gives its peak and sites.
-pub(crate) fn baseline_of(
-    files: Vec<PathBuf>,
-    options: &TrendOptions,
-) -> anyhow::Result<(Baseline, bool)> {
+/// largest figure of each over the processes (a fleet's ranks), `None`
+/// when no file could be read (each one's reason is said as it fails); and
+/// whether some file could not be read. A process whose files give no
+/// trend (one file without a trace) still gives its peak and sites.
+pub(crate) fn baseline_of(files: Vec<PathBuf>, options: &TrendOptions) -> (Option<Baseline>, bool) {
     let mut each = Vec::new();
     let mut errored = false;
     for (_, files) in snapdiff_runs::by_process(files) {
@@ -77,10 +75,7 @@ pub(crate) fn baseline_of(
             each.push(Baseline::with_trend(peaks, trend.as_ref()));
         }
     }
-    if each.is_empty() {
-        anyhow::bail!("no snapshot could be read");
-    }
-    Ok((Baseline::largest(each), errored))
+    ((!each.is_empty()).then(|| Baseline::largest(each)), errored)
 }
 
 /// The analyzer's judge on one process's snapshots, the owners files
