@@ -112,8 +112,10 @@ pub enum Parts {
     All,
     /// The state at dump time (segments, blocks, frames, annotations): the
     /// traces come without their events. `.snap` files step over the
-    /// events' columns; other files are parsed whole and their events
-    /// dropped after.
+    /// events' columns, and PyTorch pickles over their trace's opcodes
+    /// (making none of its values, so the frames only events use are not
+    /// in the tables, and nothing in the events is checked); other files
+    /// are parsed whole and their events dropped after.
     WithoutEvents,
 }
 
@@ -149,7 +151,7 @@ fn read_bytes_parts_with(
     }
     let mut snap = match FileKind::detect(data) {
         Some(FileKind::Snap) => return snap::read_snap_parts(data, parts, progress),
-        _ => read_bytes_whole(data, threads, progress)?,
+        _ => read_bytes_of_kind(data, parts, threads, progress)?,
     };
     forward::join(&mut snap);
     if parts == Parts::WithoutEvents {
@@ -160,9 +162,12 @@ fn read_bytes_parts_with(
     Ok(snap)
 }
 
-/// Reads everything a file of any supported kind holds.
-fn read_bytes_whole(
+/// Reads a file of any supported kind: everything it holds, or for a
+/// PyTorch pickle without events, what is around its trace where the
+/// trace can be stepped over (`parts`).
+fn read_bytes_of_kind(
     data: &[u8],
+    parts: Parts,
     threads: read::Threads,
     progress: Option<progress::Progress>,
 ) -> Result<Snapshot> {
@@ -170,10 +175,10 @@ fn read_bytes_whole(
         Some(FileKind::Snap) => snap::read_snap_parts(data, Parts::All, None),
         Some(FileKind::Json) => snap::read_json(data),
         Some(FileKind::Pickle) if data.starts_with(pickle::legacy_torch_save::MAGIC) => {
-            pickle::legacy_torch_save::read(data)
+            pickle::legacy_torch_save::read(data, parts)
         }
-        Some(FileKind::Pickle) => pickle::read(data, None, threads, progress),
-        Some(FileKind::TorchZip) => pickle::torch_zip::read(data),
+        Some(FileKind::Pickle) => pickle::read(data, None, parts, threads, progress),
+        Some(FileKind::TorchZip) => pickle::torch_zip::read(data, parts),
         None if data.is_empty() => Err(Error::new(
             ErrorKind::UnknownFormat,
             "empty file, not a snapshot",

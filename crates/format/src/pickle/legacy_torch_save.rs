@@ -14,8 +14,9 @@ pub(crate) const MAGIC: &[u8] = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\x
 /// The only protocol version legacy files were written with.
 const PROTOCOL_VERSION: &[u8] = b"\x80\x02M\xe9\x03.";
 
-/// Reads the snapshot saved in a legacy `torch.save` file (which starts with [`MAGIC`]).
-pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
+/// Reads the `parts` of the snapshot saved in a legacy `torch.save` file
+/// (which starts with [`MAGIC`]).
+pub(crate) fn read(data: &[u8], parts: crate::Parts) -> Result<Snapshot> {
     let rest = &data[MAGIC.len()..];
     let Some(rest) = rest.strip_prefix(PROTOCOL_VERSION) else {
         return Err(Error::new(
@@ -32,6 +33,7 @@ pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
     super::read(
         &rest[sys_info..],
         Some("legacy torch.save file"),
+        parts,
         crate::read::Threads::Two,
         None,
     )

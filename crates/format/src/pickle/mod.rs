@@ -54,6 +54,7 @@ pub use write::write_torch_pickle;
 
 use std::borrow::Cow;
 
+use crate::Parts;
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::Events;
 use crate::model::{Annotation, DeviceTrace, Meta, PINNED_HOST_DEVICE, Segment, Snapshot};
@@ -70,10 +71,11 @@ use machine::Half;
 pub(crate) fn read(
     data: &[u8],
     container: Option<&str>,
+    parts: Parts,
     threads: Threads,
     progress: Option<crate::progress::Progress>,
 ) -> Result<Snapshot> {
-    snapshot_read(halves::read(data, threads, progress)?, container)
+    snapshot_read(halves::read(data, parts, threads, progress)?, container)
 }
 
 /// The snapshot a pickle holds, from what the machine read.
@@ -561,7 +563,7 @@ mod tests {
         p.op(b"e");
         p.op(b"u.");
 
-        let snap = read(&p.out, None, Threads::Two, None).unwrap();
+        let snap = read(&p.out, None, Parts::All, Threads::Two, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -673,7 +675,7 @@ mod tests {
         p.traces_end();
         p.op(b"u.");
 
-        let snap = read(&p.out, None, Threads::Two, None).unwrap();
+        let snap = read(&p.out, None, Parts::All, Threads::Two, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -730,7 +732,7 @@ mod tests {
         p.traces_end();
         p.op(b"u.");
 
-        let snap = read(&p.out, None, Threads::Two, None).unwrap();
+        let snap = read(&p.out, None, Parts::All, Threads::Two, None).unwrap();
         assert_eq!(
             event_stacks(&snap),
             [
@@ -756,7 +758,7 @@ mod tests {
         p.op(b"((");
         p.get(a);
         p.op(b"e");
-        let err = read(&p.out, None, Threads::Two, None)
+        let err = read(&p.out, None, Parts::All, Threads::Two, None)
             .unwrap_err()
             .to_string();
         assert!(
@@ -816,7 +818,7 @@ mod tests {
         p.op(b"e"); // APPENDS to segments
         p.op(b"u."); // SETITEMS of the top dict, STOP
 
-        let snap = read(&p.out, None, Threads::Two, None).unwrap();
+        let snap = read(&p.out, None, Parts::All, Threads::Two, None).unwrap();
         assert_eq!(
             snap.meta.source.as_deref(),
             Some("PyTorch pickle (protocol 2)")

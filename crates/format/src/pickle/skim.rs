@@ -1,6 +1,7 @@
 //! Finding where a snapshot pickle's trace begins without running it, so
 //! that the part before (the segments) and the part from there on (the
-//! trace) can be read on two threads (see `halves.rs`).
+//! trace) can be read on two threads, and where the trace ends, so that a
+//! reader without events can step over it (see `halves.rs`).
 //!
 //! The skim steps over the opcodes counting what they push and pop, as the
 //! machine would, but makes no value: it keeps only the stack's depth, the
@@ -100,16 +101,14 @@ const SKIM: u64 = 4;
 pub(crate) fn find(data: &[u8], inside: impl FnOnce(usize) -> Option<usize>) -> Option<Split> {
     // Positions are kept in 32 bits.
     u32::try_from(data.len()).ok()?;
-    let mut skim = Skim {
-        // Reserved for a slot every 16 bytes, as the machine reserves its memo.
-        made_at: Vec::with_capacity(data.len() / 16),
-        at_key: None,
-    };
-    match skim.run(data, inside) {
+    // Reserved for a slot every 16 bytes, as the machine reserves its memo.
+    let mut skim = Skim::new(data, 0, 0, Vec::new(), Vec::with_capacity(data.len() / 16));
+    let mut at_key = None;
+    match skim.run_to_split(inside, &mut at_key) {
         Some(split) => Some(split),
         // No batch of events where `inside` said: the key.
         None => {
-            let (key, slots) = skim.at_key?;
+            let (key, slots): (Split, usize) = at_key?;
             let mut made_at = skim.made_at;
             made_at.truncate(slots);
             Some(Split { made_at, ..key })
@@ -117,31 +116,204 @@ pub(crate) fn find(data: &[u8], inside: impl FnOnce(usize) -> Option<usize>) -> 
     }
 }
 
-/// What a skim has found so far.
-struct Skim {
-    /// The position that made each memo slot's value.
-    made_at: Vec<u32>,
-    /// The split at the key and the memo slots written before it, once the
-    /// key is found and the skim goes on for a split inside the trace.
-    at_key: Option<(Split, usize)>,
+/// A trace stepped over by [`past_trace`].
+pub(crate) struct PastTrace {
+    /// Where the trace's key is, with the pairs before it (as [`find`] gave
+    /// it, without its memo slots).
+    pub(crate) key: Split,
+    /// How many devices the trace lists.
+    pub(crate) devices: usize,
+    /// Where the top dict goes on after the trace: its pairs before, the
+    /// trace's pair among them, and every memo slot written before.
+    pub(crate) after: Split,
 }
 
-impl Skim {
-    fn run(&mut self, data: &[u8], inside: impl FnOnce(usize) -> Option<usize>) -> Option<Split> {
+/// Steps over the value of the trace key that [`find`] found at `key` (a
+/// list of devices, each a list of events), counting its devices, so that
+/// a reader that needs no events can read the file around it. `None` if
+/// the value is not a list made there, or holds anything [`find`] gives
+/// up at.
+pub(crate) fn past_trace(data: &[u8], mut key: Split) -> Option<PastTrace> {
+    // The stack's depth at the key: the dict, and two for each pair before.
+    let base = 1 + 2 * key.pairs;
+    let made_at = std::mem::take(&mut key.made_at);
+    let mut skim = Skim::new(data, key.at, base, vec![1], made_at);
+    skim.step()?;
+    while data.get(skim.pos) != Some(&EMPTY_LIST) {
+        // The key's memo put, or a frame's start.
+        matches!(*data.get(skim.pos)?, MEMOIZE | BINPUT | LONG_BINPUT | FRAME).then_some(())?;
+        skim.step()?;
+    }
+    let value = base + 2;
+    let mut devices = 0;
+    loop {
+        let at = skim.pos;
+        let op = *data.get(at)?;
+        if skim.depth == value && skim.marks.len() == 1 {
+            // The list is made, and each device is added to it by an APPEND
+            // (a list alone, or a get of one) or in a batch under a MARK;
+            // anything else is the top dict's next key, or its SETITEMS.
+            let gets_a_device = match op {
+                BINGET => data.get(at + 2) == Some(&APPEND),
+                LONG_BINGET => data.get(at + 5) == Some(&APPEND),
+                _ => false,
+            };
+            let of_the_list = matches!(
+                op,
+                MEMOIZE | BINPUT | LONG_BINPUT | FRAME | MARK | EMPTY_LIST
+            );
+            if !of_the_list && !gets_a_device {
+                break;
+            }
+        }
+        match op {
+            APPENDS if skim.marks.len() == 2 && skim.marks[1] == value => {
+                devices += skim.depth - value
+            }
+            APPEND if skim.marks.len() == 1 && skim.depth == value + 1 => devices += 1,
+            _ => {}
+        }
+        skim.step()?;
+    }
+    let after = Split {
+        at: skim.pos,
+        pairs: key.pairs + 1,
+        made_at: skim.made_at,
+        in_trace: None,
+    };
+    Some(PastTrace {
+        key,
+        devices,
+        after,
+    })
+}
+
+/// A walk over a pickle's opcodes that makes no value: the stack's depth,
+/// the open marks, and where each memo slot's value was made.
+struct Skim<'a> {
+    data: &'a [u8],
+    /// The next opcode's position.
+    pos: usize,
+    depth: usize,
+    /// The depth at each open mark.
+    marks: Vec<usize>,
+    /// The position that made each memo slot's value.
+    made_at: Vec<u32>,
+    /// The position of the last opcode (that made the last value, when a
+    /// memo write follows).
+    previous: usize,
+    /// That opcode (memo writes and frames left out).
+    last_op: u8,
+    /// Whether the outermost value is a dict.
+    top_is_dict: bool,
+}
+
+impl<'a> Skim<'a> {
+    fn new(
+        data: &'a [u8],
+        pos: usize,
+        depth: usize,
+        marks: Vec<usize>,
+        made_at: Vec<u32>,
+    ) -> Skim<'a> {
+        Skim {
+            data,
+            pos,
+            depth,
+            marks,
+            made_at,
+            previous: 0,
+            last_op: 0,
+            top_is_dict: depth > 0,
+        }
+    }
+
+    /// Skims to the trace key (recorded in `at_key` with the memo slots
+    /// before it) and, if `inside` gives a position for the key's, on to
+    /// the first batch of a device's events from there (see [`find`]).
+    fn run_to_split(
+        &mut self,
+        inside: impl FnOnce(usize) -> Option<usize>,
+        at_key: &mut Option<(Split, usize)>,
+    ) -> Option<Split> {
         let mut inside = Some(inside);
         // From where a split inside the trace is looked for, once the key is found.
         let mut split_from = usize::MAX;
-        let made_at = &mut self.made_at;
-        let at_key = &mut self.at_key;
-        let mut pos = 0;
-        let mut depth = 0usize;
-        let mut marks: Vec<usize> = Vec::new();
-        let mut top_is_dict = false;
-        let mut previous = 0usize;
-        // The opcode that made the last value (memo writes left out).
-        let mut last_op = 0u8;
         // Whether the skim, past the key, has been inside the list of devices.
         let mut in_devices = false;
+        loop {
+            let at = self.pos;
+            let op = *self.data.get(at)?;
+            if let Some((key, _)) = at_key {
+                // The list of devices is at this depth once made.
+                let base = 3 + 2 * key.pairs;
+                if self.depth > base {
+                    in_devices = true;
+                } else if in_devices && self.marks.len() == 1 {
+                    // Its last batch is past: no split inside the trace.
+                    return None;
+                }
+                if op == MARK
+                    && at >= split_from
+                    // Not a list's first MARK: the machine runs that one
+                    // with the list's EMPTY_LIST and MEMOIZE, and would not
+                    // stop at it.
+                    && self.last_op == APPENDS
+                {
+                    // A batch of events of the list on top: the list of
+                    // devices at `base` holds them under its batch's mark,
+                    // or, with one device, under none.
+                    let marks = &self.marks;
+                    let batched = marks.len() == 2 && marks[1] == base && self.depth > base;
+                    let single = marks.len() == 1 && self.depth == base + 1;
+                    if batched || single {
+                        return Some(Split {
+                            at,
+                            pairs: key.pairs,
+                            made_at: std::mem::take(&mut self.made_at),
+                            in_trace: Some(InTrace {
+                                key_at: key.at,
+                                devices_before: self.depth - base - 1,
+                                devices_batched: batched,
+                            }),
+                        });
+                    }
+                }
+            } else if self.top_is_dict
+                && self.marks == [1]
+                // A key of the top dict: above its one mark, at an even place.
+                && (self.depth - 1).is_multiple_of(2)
+                && matches!(op, SHORT_BINUNICODE | BINUNICODE | BINUNICODE8)
+                && string_at(self.data, at)?.0 == TRACE_KEY
+            {
+                let split = Split {
+                    at,
+                    pairs: (self.depth - 1) / 2,
+                    made_at: Vec::new(),
+                    in_trace: None,
+                };
+                match inside.take().and_then(|inside| inside(at)) {
+                    Some(from) => split_from = from,
+                    None => {
+                        let made_at = std::mem::take(&mut self.made_at);
+                        return Some(Split { made_at, ..split });
+                    }
+                }
+                *at_key = Some((split, self.made_at.len()));
+            }
+            self.step()?;
+        }
+    }
+
+    /// Steps over the opcode at `pos` (a run of memo gets at once), keeping
+    /// the depth, marks and memo as the machine would; `None` at anything
+    /// the machine would fail at or a snapshot does not hold.
+    #[inline(always)]
+    fn step(&mut self) -> Option<()> {
+        let data = self.data;
+        let at = self.pos;
+        let op = *data.get(at)?;
+        let mut pos = at + 1;
         // The length of an argument of `n` little-endian bytes at `pos`.
         let length = |pos: usize, n: usize| -> Option<usize> {
             let b = data.get(pos..pos + n)?;
@@ -149,167 +321,111 @@ impl Skim {
             word[..n].copy_from_slice(b);
             usize::try_from(u64::from_le_bytes(word)).ok()
         };
-        loop {
-            let at = pos;
-            let op = *data.get(at)?;
-            pos += 1;
-            if let Some((key, _)) = at_key {
-                // The list of devices is at this depth once made.
-                let base = 3 + 2 * key.pairs;
-                if depth > base {
-                    in_devices = true;
-                } else if in_devices && marks.len() == 1 {
-                    // Its last batch is past: no split inside the trace.
+        let depth = &mut self.depth;
+        let marks = &mut self.marks;
+        // Values below the innermost mark are not the opcode's to take.
+        let fence = marks.last().copied().unwrap_or(0);
+        match op {
+            PROTO => pos += 1,
+            FRAME => pos += 8,
+            MARK => marks.push(*depth),
+            POP => *depth = depth.checked_sub(1).filter(|&d| d >= fence)?,
+            POP_MARK | APPENDS | SETITEMS | ADDITEMS => *depth = marks.pop()?,
+            LIST | TUPLE | DICT | FROZENSET => *depth = marks.pop()? + 1,
+            TUPLE1 => {}
+            TUPLE2 | APPEND => *depth = depth.checked_sub(1).filter(|&d| d > fence)?,
+            TUPLE3 | SETITEM => *depth = depth.checked_sub(2).filter(|&d| d > fence)?,
+            DUP | NONE | NEWTRUE | NEWFALSE | EMPTY_LIST | EMPTY_TUPLE | EMPTY_SET => *depth += 1,
+            EMPTY_DICT => {
+                self.top_is_dict |= *depth == 0;
+                *depth += 1;
+            }
+            BINGET | LONG_BINGET => {
+                // Two thirds of a snapshot's opcodes are memo gets, in runs
+                // (a frame list is one): stepped over in a loop of their own,
+                // whose branches predict far better than the dispatch.
+                let mut get = at;
+                loop {
+                    *depth += 1;
+                    let next = get + if data[get] == BINGET { 2 } else { 5 };
+                    match data.get(next) {
+                        Some(&(BINGET | LONG_BINGET)) => get = next,
+                        _ => {
+                            pos = next;
+                            break;
+                        }
+                    }
+                }
+                self.pos = pos;
+                self.previous = get;
+                self.last_op = BINGET;
+                return Some(());
+            }
+            BININT1 => {
+                pos += 1;
+                *depth += 1;
+            }
+            BININT2 => {
+                pos += 2;
+                *depth += 1;
+            }
+            BININT => {
+                pos += 4;
+                *depth += 1;
+            }
+            BINFLOAT => {
+                pos += 8;
+                *depth += 1;
+            }
+            LONG1 | SHORT_BINBYTES => {
+                pos += 1 + length(pos, 1)?;
+                *depth += 1;
+            }
+            LONG4 | BINBYTES => {
+                pos += 4 + length(pos, 4)?;
+                *depth += 1;
+            }
+            BINBYTES8 | BYTEARRAY8 => {
+                pos += 8 + length(pos, 8)?;
+                *depth += 1;
+            }
+            SHORT_BINUNICODE | BINUNICODE | BINUNICODE8 => {
+                pos = string_at(data, at)?.1;
+                *depth += 1;
+            }
+            MEMOIZE => self.made_at.push(self.previous as u32),
+            BINPUT | LONG_BINPUT => {
+                let width = if op == BINPUT { 1 } else { 4 };
+                // Python's and PyTorch's picklers number the slots in order.
+                if length(pos, width)? != self.made_at.len() {
                     return None;
                 }
+                self.made_at.push(self.previous as u32);
+                pos += width;
             }
-            // Values below the innermost mark are not the opcode's to take.
-            let fence = || marks.last().copied().unwrap_or(0);
-            // The stack depth the opcode leaves, from the depth it finds.
-            match op {
-                PROTO => pos += 1,
-                FRAME => pos += 8,
-                MARK => {
-                    if let Some((key, _)) = at_key
-                    && at >= split_from
-                    // Not a list's first MARK: the machine runs that one
-                    // with the list's EMPTY_LIST and MEMOIZE, and would not
-                    // stop at it.
-                    && last_op == APPENDS
-                    {
-                        // A batch of events of the list on top: the list of
-                        // devices at `base` holds them under its batch's mark,
-                        // or, with one device, under none.
-                        let base = 3 + 2 * key.pairs;
-                        let batched = marks.len() == 2 && marks[1] == base && depth > base;
-                        let single = marks.len() == 1 && depth == base + 1;
-                        if batched || single {
-                            return Some(Split {
-                                at,
-                                pairs: key.pairs,
-                                made_at: std::mem::take(made_at),
-                                in_trace: Some(InTrace {
-                                    key_at: key.at,
-                                    devices_before: depth - base - 1,
-                                    devices_batched: batched,
-                                }),
-                            });
-                        }
-                    }
-                    marks.push(depth)
-                }
-                POP => depth = depth.checked_sub(1).filter(|&d| d >= fence())?,
-                POP_MARK | APPENDS | SETITEMS | ADDITEMS => depth = marks.pop()?,
-                LIST | TUPLE | DICT | FROZENSET => depth = marks.pop()? + 1,
-                TUPLE1 => {}
-                TUPLE2 | APPEND => depth = depth.checked_sub(1).filter(|&d| d > fence())?,
-                TUPLE3 | SETITEM => depth = depth.checked_sub(2).filter(|&d| d > fence())?,
-                DUP | NONE | NEWTRUE | NEWFALSE | EMPTY_LIST | EMPTY_TUPLE | EMPTY_SET => {
-                    depth += 1
-                }
-                EMPTY_DICT => {
-                    top_is_dict |= depth == 0;
-                    depth += 1;
-                }
-                BINGET | LONG_BINGET => {
-                    // Two thirds of a snapshot's opcodes are memo gets, in runs
-                    // (a frame list is one): stepped over in a loop of their own,
-                    // whose branches predict far better than the dispatch.
-                    let mut get = at;
-                    loop {
-                        depth += 1;
-                        let next = get + if data[get] == BINGET { 2 } else { 5 };
-                        match data.get(next) {
-                            Some(&(BINGET | LONG_BINGET)) => get = next,
-                            _ => {
-                                pos = next;
-                                break;
-                            }
-                        }
-                    }
-                    previous = get;
-                    last_op = BINGET;
-                    continue;
-                }
-                BININT1 => {
-                    pos += 1;
-                    depth += 1;
-                }
-                BININT2 => {
-                    pos += 2;
-                    depth += 1;
-                }
-                BININT => {
-                    pos += 4;
-                    depth += 1;
-                }
-                BINFLOAT => {
-                    pos += 8;
-                    depth += 1;
-                }
-                LONG1 | SHORT_BINBYTES => {
-                    pos += 1 + length(pos, 1)?;
-                    depth += 1;
-                }
-                LONG4 | BINBYTES => {
-                    pos += 4 + length(pos, 4)?;
-                    depth += 1;
-                }
-                BINBYTES8 | BYTEARRAY8 => {
-                    pos += 8 + length(pos, 8)?;
-                    depth += 1;
-                }
-                SHORT_BINUNICODE | BINUNICODE | BINUNICODE8 => {
-                    let width = match op {
-                        SHORT_BINUNICODE => 1,
-                        BINUNICODE => 4,
-                        _ => 8,
-                    };
-                    let n = length(pos, width)?;
-                    let text = data.get(pos + width..(pos + width).checked_add(n)?)?;
-                    // A key of the top dict: above its one mark, at an even place.
-                    if text == TRACE_KEY
-                        && at_key.is_none()
-                        && top_is_dict
-                        && marks == [1]
-                        && (depth - 1).is_multiple_of(2)
-                    {
-                        let split = Split {
-                            at,
-                            pairs: (depth - 1) / 2,
-                            made_at: Vec::new(),
-                            in_trace: None,
-                        };
-                        match inside.take().and_then(|inside| inside(at)) {
-                            Some(from) => split_from = from,
-                            None => {
-                                let made_at = std::mem::take(made_at);
-                                return Some(Split { made_at, ..split });
-                            }
-                        }
-                        *at_key = Some((split, made_at.len()));
-                    }
-                    pos += width + n;
-                    depth += 1;
-                }
-                MEMOIZE => made_at.push(previous as u32),
-                BINPUT | LONG_BINPUT => {
-                    let width = if op == BINPUT { 1 } else { 4 };
-                    // Python's and PyTorch's picklers number the slots in order.
-                    if length(pos, width)? != made_at.len() {
-                        return None;
-                    }
-                    made_at.push(previous as u32);
-                    pos += width;
-                }
-                _ => return None,
-            }
-            previous = at;
-            if !matches!(op, MEMOIZE | BINPUT | LONG_BINPUT | FRAME) {
-                last_op = op;
-            }
+            _ => return None,
         }
+        self.pos = pos;
+        self.previous = at;
+        if !matches!(op, MEMOIZE | BINPUT | LONG_BINPUT | FRAME) {
+            self.last_op = op;
+        }
+        Some(())
     }
+}
+
+/// The text of the string opcode at `at`, and the position after it.
+fn string_at(data: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let width = match data[at] {
+        SHORT_BINUNICODE => 1,
+        BINUNICODE => 4,
+        _ => 8,
+    };
+    let mut len = [0u8; 8];
+    len[..width].copy_from_slice(data.get(at + 1..at + 1 + width)?);
+    let start = at + 1 + width;
+    let end = start.checked_add(usize::try_from(u64::from_le_bytes(len)).ok()?)?;
+    Some((data.get(start..end)?, end))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 
 use std::io::{Cursor, Read};
 
+use crate::Parts;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Snapshot;
 use crate::read::Threads;
@@ -15,8 +16,8 @@ use crate::read::Threads;
 /// them uncompressed; this only guards against zip bombs).
 const MAX_EXPANSION: u64 = 256;
 
-/// Reads the snapshot pickled in a `torch.save` zip.
-pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
+/// Reads the `parts` of the snapshot pickled in a `torch.save` zip.
+pub(crate) fn read(data: &[u8], parts: Parts) -> Result<Snapshot> {
     let bad = |e: zip::result::ZipError| {
         Error::new(ErrorKind::Malformed, format!("broken zip file: {e}"))
     };
@@ -65,7 +66,7 @@ pub(crate) fn read(data: &[u8]) -> Result<Snapshot> {
             format!("data.pkl holds a {kind} file, not a pickle"),
         ));
     }
-    crate::pickle::read(&pickle, Some("torch.save zip"), Threads::Two, None).map_err(|e| {
+    crate::pickle::read(&pickle, Some("torch.save zip"), parts, Threads::Two, None).map_err(|e| {
         let message = format!("data.pkl: {}", e.message());
         Error::new(e.kind(), message)
     })
