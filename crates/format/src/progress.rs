@@ -74,7 +74,7 @@ impl Pages {
 
     /// Hands back the whole pages before byte `done`.
     #[cfg(unix)]
-    fn release_before(&mut self, done: usize) {
+    pub(crate) fn release_before(&mut self, done: usize) {
         // SAFETY: sysconf only reads a constant of the system.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         let upto = done / page * page;
@@ -97,5 +97,5 @@ impl Pages {
     }
 
     #[cfg(not(unix))]
-    fn release_before(&mut self, _done: usize) {}
+    pub(crate) fn release_before(&mut self, _done: usize) {}
 }

@@ -209,6 +209,21 @@ mod tests {
         drop(file);
         let mapped = read_mapped_with_progress(&path);
         assert_eq!(mapped.trace_len(), 1_600_000);
+        // Without events, on two threads and on one, the trace is stepped
+        // over with its pages handed back behind the skim.
+        for reader in [super::Reader::new(), super::Reader::new().one_thread()] {
+            let without = reader
+                .parts(crate::Parts::WithoutEvents)
+                .progress(|_, _| {})
+                .read_path(&path)
+                .unwrap();
+            let device = DeviceTrace {
+                device: 0,
+                events: crate::Events::new(),
+            };
+            assert_eq!(without.traces, [device]);
+            assert_eq!(without.meta, mapped.meta);
+        }
     }
 
     /// A `.snap` file large enough to be mapped tells its progress as it

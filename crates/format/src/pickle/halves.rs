@@ -164,7 +164,9 @@ pub(crate) fn read(
 /// trace key as the first half, the skim over the trace, and the part after
 /// it as a second half; the file whole where the skim gives up.
 fn read_around_trace(data: &[u8], progress: Option<Progress>) -> Result<Read<'_>> {
-    let Some(past) = skim::find(data, |_| None).and_then(|key| skim::past_trace(data, key)) else {
+    let pages = progress.as_ref().and_then(Progress::pages);
+    let past = skim::find(data, |_| None).and_then(|key| skim::past_trace(data, key, pages));
+    let Some(past) = past else {
         return machine::run(data, progress).map(Read::Whole);
     };
     let split = Arc::new(SplitPoint::new());
@@ -271,8 +273,8 @@ fn read_in_two(
                         (skim?, None)
                     }
                     Parts::WithoutEvents => {
-                        let past =
-                            skim::find(data, |_| None).and_then(|key| skim::past_trace(data, key));
+                        let past = skim::find(data, |_| None)
+                            .and_then(|key| skim::past_trace(data, key, pages));
                         split.found(past.as_ref().map(|p| &p.key));
                         let past = past?;
                         (past.after, Some(past.devices))

@@ -11,6 +11,7 @@
 //! or PyTorch's pickler would not hold; the file is then read on one thread.
 
 use crate::pickle::opcodes::*;
+use crate::progress::{PROGRESS_EVERY, Pages};
 
 /// Where the halves meet: the top dict's `device_traces` key, or a point
 /// inside the trace; and what the machine would hold there.
@@ -130,10 +131,13 @@ pub(crate) struct PastTrace {
 
 /// Steps over the value of the trace key that [`find`] found at `key` (a
 /// list of devices, each a list of events), counting its devices, so that
-/// a reader that needs no events can read the file around it. `None` if
-/// the value is not a list made there, or holds anything [`find`] gives
-/// up at.
-pub(crate) fn past_trace(data: &[u8], mut key: Split) -> Option<PastTrace> {
+/// a reader that needs no events can read the file around it; the trace's
+/// `pages` of a mapped file are handed back behind the skim, as a reader's
+/// are. `None` if the value is not a list made there, or holds anything
+/// [`find`] gives up at.
+pub(crate) fn past_trace(data: &[u8], mut key: Split, pages: Option<Pages>) -> Option<PastTrace> {
+    let mut pages = pages.map(|p| p.from(key.at));
+    let mut release_at = key.at + PROGRESS_EVERY;
     // The stack's depth at the key: the dict, and two for each pair before.
     let base = 1 + 2 * key.pairs;
     let made_at = std::mem::take(&mut key.made_at);
@@ -164,6 +168,12 @@ pub(crate) fn past_trace(data: &[u8], mut key: Split) -> Option<PastTrace> {
             );
             if !of_the_list && !gets_a_device {
                 break;
+            }
+        }
+        if at >= release_at {
+            release_at = at + PROGRESS_EVERY;
+            if let Some(pages) = &mut pages {
+                pages.release_before(at);
             }
         }
         match op {
