@@ -184,6 +184,13 @@ pub(crate) fn past_trace(data: &[u8], mut key: Split, pages: Option<Pages>) -> O
             _ => {}
         }
         skim.step()?;
+        // Inside a batch of a device's events (under a mark above the top
+        // dict's and the devices' batch's), nothing is counted: stepped
+        // over in a loop of its own, the checks above left out.
+        let outer_marks = 1 + usize::from(skim.marks.get(1) == Some(&value));
+        while skim.marks.len() > outer_marks {
+            skim.step()?;
+        }
     }
     let after = Split {
         at: skim.pos,
