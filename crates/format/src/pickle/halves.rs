@@ -240,8 +240,9 @@ fn meet<'a>(
     }))
 }
 
-/// Reads `data` in two halves, whatever its size (see the module's doc).
-/// With `skimmed`, the split is that one, found before the first half
+/// Reads `data` in two halves, whatever its size (see the module's doc);
+/// without events, the second half starts past the trace. With `skimmed`
+/// (a whole read's), the split is that one, found before the first half
 /// starts (for tests: on a small file the first half may reach the split
 /// before the skim has found it, and read on alone).
 fn read_in_two(
