@@ -431,8 +431,9 @@ impl<'a> Skim<'a> {
     }
 }
 
-/// The text of the string opcode at `at`, and the position after it.
-fn string_at(data: &[u8], at: usize) -> Option<(&[u8], usize)> {
+/// The text of the string opcode at `at` (SHORT_BINUNICODE, BINUNICODE or
+/// BINUNICODE8), and the position after it.
+pub(crate) fn string_at(data: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let width = match data[at] {
         SHORT_BINUNICODE => 1,
         BINUNICODE => 4,

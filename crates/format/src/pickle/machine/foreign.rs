@@ -15,6 +15,7 @@ use crate::model::FrameId;
 use crate::pickle::heap::{Key, Record, Val};
 use crate::pickle::machine::{FLAT_RECORD_ENTRIES, Machine, int_at};
 use crate::pickle::opcodes::*;
+use crate::pickle::skim;
 
 /// How deep the reading of a value back may go: a frame list, a get of a
 /// frame dict in it, the dict, a get of a string in it, the string (a
@@ -68,17 +69,8 @@ impl Machine<'_> {
     /// The string at `at`, added to the heap; `None` if it is not UTF-8
     /// (the first half counts those).
     fn foreign_str(&mut self, at: usize) -> Option<(Val, usize)> {
-        let data = self.data;
-        let width = match data[at] {
-            SHORT_BINUNICODE => 1,
-            BINUNICODE => 4,
-            _ => 8,
-        };
-        let mut len = [0u8; 8];
-        len[..width].copy_from_slice(data.get(at + 1..at + 1 + width)?);
-        let start = at + 1 + width;
-        let end = start.checked_add(usize::try_from(u64::from_le_bytes(len)).ok()?)?;
-        let s = std::str::from_utf8(data.get(start..end)?).ok()?;
+        let (text, end) = skim::string_at(self.data, at)?;
+        let s = std::str::from_utf8(text).ok()?;
         self.heap.keys.push(Key::classify(s));
         self.heap.strings.push(Cow::Borrowed(s));
         Some((Val::Str(self.heap.strings.len() as u32 - 1), end))
