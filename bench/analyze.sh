@@ -19,7 +19,8 @@ time_it() {
   local best=""
   for _ in 1 2 3; do
     /usr/bin/time -f "%e %M" -o /tmp/snapdiff-bench-time "$@" > /dev/null || [ $? -eq 1 ]
-    read -r secs kib < /tmp/snapdiff-bench-time
+    # The last line: GNU time first says so when the command exits 1.
+    read -r secs kib < <(tail -1 /tmp/snapdiff-bench-time)
     if [ -z "$best" ] || awk "BEGIN{exit !($secs < ${best%% *})}"; then best="$secs $kib"; fi
   done
   echo "${best%% *} s, peak $(( ${best##* } / 1024 )) MiB: $*"

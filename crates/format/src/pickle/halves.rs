@@ -171,6 +171,8 @@ fn read_around_trace(data: &[u8], progress: Option<Progress>) -> Result<Read<'_>
     };
     let split = Arc::new(SplitPoint::new());
     split.found(Some(&past.key));
+    // The second half reads values back from the first's part of the file.
+    let progress = progress.map(Progress::releasing_again);
     let paused = match machine::run_first_half(data, split.clone(), progress)? {
         FirstHalf::Whole(ran) => return Ok(Read::Whole(ran)),
         FirstHalf::Paused(paused) => paused,
@@ -302,6 +304,8 @@ fn read_in_two(
                 Some((half, in_trace.map(|t| t.devices_before), devices))
             }
         });
+        // The second half reads values back from the first's part.
+        let progress = progress.map(Progress::releasing_again);
         let first = machine::run_first_half(data, split.clone(), progress);
         let paused = match first {
             Ok(FirstHalf::Paused(paused)) => paused,
