@@ -8,8 +8,9 @@
 #   BUSY=1 bash bench/limits.sh     # beside a second process spinning on a core
 #
 # Needs the inputs of bench/real_shaped.sh (target/real-shaped) and of
-# bench/fleet.sh (target/fleet/1024); makes 32 ranks of PyTorch pickles from
-# the latter into target/fleet/pickles. Wall times of whole processes, one
+# bench/fleet.sh (target/fleet/1024); makes a 150 MiB real-shaped pickle
+# into target/real-shaped/m150, and 32 ranks of PyTorch pickles from the
+# latter into target/fleet/pickles. Wall times of whole processes, one
 # run each: run the script three times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,11 +19,15 @@ cargo build --release -q -p snapdiff-format --example opcode_floor
 cargo build --release -q -p snapdiff-analyze --example check_speed
 snapdiff=$PWD/target/release/snapdiff
 shaped=target/real-shaped/real-a.pickle
+shaped150=target/real-shaped/m150/real-a.pickle
 snaps=target/fleet/1024/job
 pickles=target/fleet/pickles
 for need in $shaped $snaps; do
   [ -e $need ] || { echo "missing $need: run bench/real_shaped.sh and bench/fleet.sh first" >&2; exit 2; }
 done
+if [ ! -f $shaped150 ]; then
+  python3 bench/make_real_shaped.py target/real-shaped/m150 --only-a --blocks 700000 --events 1400000 > /dev/null
+fi
 if [ ! -d $pickles ]; then
   for n in 0 1 2 3; do
     mkdir -p $pickles.partial/node$n
@@ -55,14 +60,20 @@ mean_of_20() {
 bytes() { du -sbL "$@" | awk '{n += $1} END {print n}'; }
 
 echo "machine: $(nproc) cores, ${BUSY:+busy (a second process spinning), }$(date -u +%F)"
-file_bytes=$(bytes $shaped)
-read -r py_s py_kib < <(measure python3 -c 'import pickle, sys; pickle.load(open(sys.argv[1], "rb"))' $shaped)
-read -r sd_s sd_kib < <(measure $snapdiff summary $shaped)
-# Best of repeated walks, in milliseconds.
-floor_s=$(target/release/examples/opcode_floor $shaped | awk '{print $2 / 1000}')
-awk -v f=$file_bytes -v p=$py_s -v s=$sd_s -v k=$sd_kib -v o=$floor_s 'BEGIN {
-  printf "summary of a %.0f MiB pickle: %.2f s; pickle.load %.2f s (%.1fx); opcodes alone %.3f s (%.1fx the floor); peak %.2fx the file\n",
-         f / 1048576, s, p, p / s, o, s / o, k * 1024 / f }'
+# summary of FILE beside pickle.load and the opcode floor; sets sd_s.
+summary_line() {
+  local file=$1 file_bytes py_s py_kib sd_kib floor_s
+  file_bytes=$(bytes $file)
+  read -r py_s py_kib < <(measure python3 -c 'import pickle, sys; pickle.load(open(sys.argv[1], "rb"))' $file)
+  read -r sd_s sd_kib < <(measure $snapdiff summary $file)
+  # Best of repeated walks, in milliseconds.
+  floor_s=$(target/release/examples/opcode_floor $file | awk '{print $2 / 1000}')
+  awk -v f=$file_bytes -v p=$py_s -v s=$sd_s -v k=$sd_kib -v o=$floor_s 'BEGIN {
+    printf "summary of a %.0f MiB pickle: %.2f s; pickle.load %.2f s (%.1fx); opcodes alone %.3f s (%.1fx the floor); peak %.2fx the file\n",
+           f / 1048576, s, p, p / s, o, s / o, k * 1024 / f }'
+}
+summary_line $shaped150
+summary_line $shaped
 
 # Seconds to read files from the page cache (a first read puts them there).
 cat_warm() {
