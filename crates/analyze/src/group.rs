@@ -225,21 +225,24 @@ impl Site {
 /// largest of them by `size` (bytes, then the smallest stack key), which
 /// stands for them all; largest first. What reports use to give each
 /// culprit line one row. Which row stands for a line depends on the rows
-/// alone, never on the order they come in (a hash map's).
-pub(crate) fn merge_rows<T, K: std::hash::Hash + Eq>(
-    mut rows: Vec<T>,
-    key: impl Fn(&T) -> K,
+/// alone, never on the order they come in (a hash map's). The keys are
+/// worked out on every core: a culprit is a walk up its stack's frames,
+/// for each of 15,000 sites on a large snapshot (13 ms on one core).
+pub(crate) fn merge_rows<T: Send, K: std::hash::Hash + Eq + Send>(
+    rows: Vec<T>,
+    key: impl Fn(&T) -> K + Sync,
     size: impl Fn(&T) -> (u64, StackKey),
     merge: impl Fn(&mut T, T),
 ) -> Vec<T> {
-    rows.sort_by_cached_key(|row| {
+    let mut keyed: Vec<(K, T)> = rows.into_par_iter().map(|row| (key(&row), row)).collect();
+    keyed.sort_by_cached_key(|(_, row)| {
         let (bytes, key) = size(row);
         (std::cmp::Reverse(bytes), key)
     });
     let mut index: FxHashMap<K, usize> = FxHashMap::default();
-    let mut out: Vec<T> = Vec::with_capacity(rows.len());
-    for row in rows {
-        match index.entry(key(&row)) {
+    let mut out: Vec<T> = Vec::with_capacity(keyed.len());
+    for (key, row) in keyed {
+        match index.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => merge(&mut out[*e.get()], row),
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(out.len());
