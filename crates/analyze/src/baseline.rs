@@ -222,7 +222,7 @@ struct Moment {
 /// The state's sites are named only where it is the highest.
 fn moments(snap: &Snapshot, keys: &StackKeys, rules: &CulpritRules) -> Vec<Moment> {
     // What each distinct frame is, worked out once for all the sites.
-    let namer = SiteNamer::new(snap, rules);
+    let namer = SiteNamer::keyed(snap, keys, rules);
     let categories = Categories::new(snap);
     let mut peaks = device_peaks(snap, keys, &namer, &categories);
     let mut out = Vec::new();

@@ -20,7 +20,7 @@
 //! frames, C++ frames or both.
 
 use rustc_hash::FxHashMap;
-use snapdiff_format::{BlockAction, Events, FrameId, Snapshot};
+use snapdiff_format::{BlockAction, Events, FrameId, Snapshot, StackId};
 
 use crate::frame_class::{FrameClass, classify_known};
 use crate::stack_key::StackKeys;
@@ -104,60 +104,79 @@ pub(crate) fn find(snap: &Snapshot, keys: &StackKeys, events: &Events) -> Option
                 .collect()
         })
         .collect();
-    // Each allocation: its index, bytes, and stack outermost first.
-    let allocs: Vec<(usize, u64, &[FrameId])> = events
+    // Each allocation: its index, bytes, and stack.
+    let allocs: Vec<(usize, u64, StackId)> = events
         .block_events()
         .filter(|e| e.action == BlockAction::Alloc)
         .filter_map(|e| {
-            let frames = outermost_first.get(e.stack? as usize)?;
-            Some((e.index, e.size, &frames[..]))
+            let stack = e.stack.filter(|&s| (s as usize) < outermost_first.len())?;
+            Some((e.index, e.size, stack))
         })
         .collect();
     let total: u64 = allocs.iter().map(|a| a.1).sum();
     if allocs.len() < MIN_CALLS || total == 0 {
         return None;
     }
-    let deepest = allocs.iter().map(|a| a.2.len()).max()?.min(MOST_DEPTH);
+    let deepest = allocs
+        .iter()
+        .map(|a| outermost_first[a.2 as usize].len())
+        .max()?
+        .min(MOST_DEPTH);
     for depth in 0..deepest {
-        // Call site at this depth: the caller (function and line) and the
-        // function called, per allocation.
-        let site = |frames: &[FrameId]| -> Option<CallSite> {
-            let callee = *frames.get(depth)?;
-            let caller = depth.checked_sub(1).map(|d| frames[d] as usize);
-            // The program's own loop calls the program's own function.
-            if !loops[callee as usize] || caller.is_some_and(|f| !loops[f]) {
-                return None;
-            }
-            let caller = caller.map(|f| (function_of[f], snap.frames[f].line));
-            Some((caller, function_of[callee as usize]))
-        };
+        // Each stack's call site at this depth, numbered, and the line of
+        // its frame there: worked out once a stack, as thousands of
+        // allocations share a few hundred stacks.
+        let mut numbers: FxHashMap<CallSite, u32> = FxHashMap::default();
+        let site_of_stack: Vec<Option<(u32, u32)>> = outermost_first
+            .iter()
+            .map(|frames| {
+                let callee = *frames.get(depth)?;
+                let caller = depth.checked_sub(1).map(|d| frames[d] as usize);
+                // The program's own loop calls the program's own function.
+                if !loops[callee as usize] || caller.is_some_and(|f| !loops[f]) {
+                    return None;
+                }
+                let caller = caller.map(|f| (function_of[f], snap.frames[f].line));
+                let next = numbers.len() as u32;
+                let number = *numbers
+                    .entry((caller, function_of[callee as usize]))
+                    .or_insert(next);
+                Some((number, snap.frames[callee as usize].line))
+            })
+            .collect();
+        if numbers.is_empty() {
+            continue;
+        }
         // Per call site: the line of its first call's first allocation,
         // the event index of each call's first, and the bytes of all.
-        let mut calls: FxHashMap<CallSite, (u32, Vec<usize>, u64)> = FxHashMap::default();
-        let mut previous: Option<(CallSite, u32)> = None;
-        for (i, bytes, frames) in &allocs {
-            let Some(key) = site(frames) else {
+        let mut calls: Vec<(Option<u32>, Vec<usize>, u64)> =
+            vec![(None, Vec::new(), 0); numbers.len()];
+        let mut previous: Option<(u32, u32)> = None;
+        for &(i, bytes, stack) in &allocs {
+            let Some((site, line)) = site_of_stack[stack as usize] else {
                 previous = None;
                 continue;
             };
-            let line = snap.frames[frames[depth] as usize].line;
-            let (first, starts, all_bytes) = calls.entry(key).or_insert((line, Vec::new(), 0));
+            let (first, starts, all_bytes) = &mut calls[site as usize];
+            let first = *first.get_or_insert(line);
             let call_starts = match previous {
-                Some((k, last)) if k == key => line == *first && last != *first,
+                Some((s, last)) if s == site => line == first && last != first,
                 _ => true,
             };
             if call_starts {
-                starts.push(*i);
+                starts.push(i);
             }
             *all_bytes += bytes;
-            previous = Some((key, line));
+            previous = Some((site, line));
         }
+        // The call site holding the most bytes; of equals, the one called
+        // most, then the one entered first.
         let best = calls
-            .into_values()
+            .into_iter()
             .filter(|(_, starts, bytes)| {
                 starts.len() >= MIN_CALLS && *bytes as f64 >= MIN_SHARE * total as f64
             })
-            .max_by_key(|(_, starts, bytes)| (*bytes, starts.len()));
+            .max_by_key(|(_, starts, bytes)| (*bytes, starts.len(), std::cmp::Reverse(starts[0])));
         if let Some((_, starts, _)) = best {
             return Some(starts);
         }

@@ -11,7 +11,10 @@ use regex::Regex;
 use serde::Serialize;
 use snapdiff_format::Frame;
 
-use crate::frame_class::{FrameClass, classify, is_vendored, named_like_package, notebook_cell};
+use crate::frame_class::{
+    FrameClass, classify_known, is_vendored, named_like_package, notebook_cell,
+};
+use crate::stack_key::is_noise;
 
 /// How a culprit was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -233,7 +236,7 @@ impl CulpritRules {
         Self::matches(&self.ignore, f)
     }
 
-    /// Whether `f` is the program's own code (see [`classify`]), and not
+    /// Whether `f` is the program's own code (see [`crate::classify`]), and not
     /// left out by `--ignore` or `--library`.
     pub fn is_user(&self, f: &Frame) -> bool {
         self.role(f).user
@@ -243,9 +246,15 @@ impl CulpritRules {
     /// distinct frames, so callers describing many stacks work this out once
     /// per frame and pass it to [`CulpritRules::culprit_of`].
     pub fn role(&self, f: &Frame) -> FrameRole {
+        self.role_known(f, is_noise(f))
+    }
+
+    /// [`CulpritRules::role`], whether `f` is noise known already (a
+    /// snapshot's [`crate::StackKeys`] know it of each of its frames).
+    pub(crate) fn role_known(&self, f: &Frame, noise: bool) -> FrameRole {
         let ignored = self.ignored(f);
         let forward_marker = f.is_forward_marker();
-        let class = classify(f);
+        let class = classify_known(f, noise);
         let user =
             !forward_marker && class.is_program() && !ignored && !Self::matches(&self.library, f);
         FrameRole {

@@ -1,5 +1,7 @@
 //! Live blocks grouped by allocation site, and how a site is described.
 
+use std::sync::OnceLock;
+
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -307,24 +309,52 @@ fn site_of_frames<'a>(
 
 /// Describes the sites of one snapshot. Built once per snapshot: it works
 /// out what each distinct frame is (noise, the program's code, ...) once,
-/// however many stacks share the frame.
+/// when a stack it names first needs it, however many stacks share the
+/// frame. A report names few of a snapshot's sites (a check names those at
+/// the peak), so frames no named stack holds are never looked at.
 pub(crate) struct SiteNamer<'a> {
     snap: &'a Snapshot,
     rules: &'a CulpritRules,
-    roles: Vec<FrameRole>,
+    /// The snapshot's stack keys, which know whether each frame is noise.
+    keys: Option<&'a StackKeys>,
+    /// Each frame's role, by [`FrameId`], once asked for.
+    roles: Vec<OnceLock<FrameRole>>,
     recorded: FxHashMap<StackId, Recorded>,
 }
 
 impl<'a> SiteNamer<'a> {
     /// A namer for the sites of `snap`, choosing culprits by `rules`.
     pub(crate) fn new(snap: &'a Snapshot, rules: &'a CulpritRules) -> SiteNamer<'a> {
-        let roles = snap.frames.par_iter().map(|f| rules.role(f)).collect();
         SiteNamer {
             snap,
             rules,
-            roles,
+            keys: None,
+            roles: snap.frames.iter().map(|_| OnceLock::new()).collect(),
             recorded: recorded_by_stack(snap),
         }
+    }
+
+    /// [`SiteNamer::new`], for a snapshot whose stack keys are `keys`: the
+    /// noise they found is not looked for again.
+    pub(crate) fn keyed(
+        snap: &'a Snapshot,
+        keys: &'a StackKeys,
+        rules: &'a CulpritRules,
+    ) -> SiteNamer<'a> {
+        SiteNamer {
+            keys: Some(keys),
+            ..SiteNamer::new(snap, rules)
+        }
+    }
+
+    /// Frame `id`, and its role.
+    fn frame(&self, id: FrameId) -> (&'a snapdiff_format::Frame, FrameRole) {
+        let frame = &self.snap.frames[id as usize];
+        let role = self.roles[id as usize].get_or_init(|| match self.keys {
+            Some(keys) => self.rules.role_known(frame, keys.is_noise(self.snap, id)),
+            None => self.rules.role(frame),
+        });
+        (frame, *role)
     }
 
     /// The rules culprits are chosen by.
@@ -336,19 +366,13 @@ impl<'a> SiteNamer<'a> {
     /// [`site`](SiteNamer::site) gives, without the frames.
     pub(crate) fn culprit(&self, stack: Option<StackId>) -> Culprit {
         let ids: &[FrameId] = stack.map_or(&[], |s| &self.snap.stacks[s as usize]);
-        self.rules.culprit_of(
-            ids.iter()
-                .map(|&f| (&self.snap.frames[f as usize], self.roles[f as usize])),
-        )
+        self.rules.culprit_of(ids.iter().map(|&f| self.frame(f)))
     }
 
     /// Describes the site of key `key`, whose blocks have stack `stack`.
     pub(crate) fn site(&self, key: StackKey, stack: Option<StackId>) -> Site {
         let ids: &[FrameId] = stack.map_or(&[], |s| &self.snap.stacks[s as usize]);
-        let frames = ids
-            .iter()
-            .map(|&f| (&self.snap.frames[f as usize], self.roles[f as usize]));
-        let mut site = site_of_frames(key, frames, self.rules);
+        let mut site = site_of_frames(key, ids.iter().map(|&f| self.frame(f)), self.rules);
         if let Some(recorded) = stack.and_then(|s| self.recorded.get(&s)) {
             site.recorded = recorded.clone();
         }

@@ -134,7 +134,7 @@ pub struct PeakSite {
 /// Finds the peak of every device of `snap` whose trace allocates.
 pub fn peak(snap: &Snapshot, options: &PeakOptions) -> Peak {
     let keys = StackKeys::new(snap);
-    let namer = SiteNamer::new(snap, &options.rules);
+    let namer = SiteNamer::keyed(snap, &keys, &options.rules);
     let categories = Categories::new(snap);
     // Suspects by whole stack, to find their stacks' blocks at the peak.
     let trend_options = TrendOptions {

@@ -54,7 +54,7 @@ pub fn live_by_site(
     moment: LiveMoment,
 ) -> Result<Vec<SiteBytes>, TraceError> {
     let keys = StackKeys::new(snap);
-    let namer = SiteNamer::new(snap, rules);
+    let namer = SiteNamer::keyed(snap, &keys, rules);
     let mut totals: FxHashMap<StackKey, (SiteTotals, Option<StackId>)> = FxHashMap::default();
     if moment == LiveMoment::End {
         let groups = live_groups(snap, &keys);

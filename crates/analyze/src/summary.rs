@@ -113,7 +113,7 @@ pub fn summarize(snap: &Snapshot, options: &SummaryOptions) -> Summary {
     );
     let groups = live.into_groups(&keys);
     let live: u64 = groups.totals.values().map(|t| t.bytes).sum();
-    let namer = SiteNamer::new(snap, rules);
+    let namer = SiteNamer::keyed(snap, &keys, rules);
     // Each row: a stack key, its totals, and how many stacks it stands for
     // (several when sites whose culprits are the same line are merged; the
     // key is then the largest one's). Culprits are found for every site,
