@@ -160,13 +160,20 @@ fn read_all(files: &[PathBuf]) -> (Vec<(Read<'_>, String)>, bool) {
             crate::input::read_beside(p, snapdiff_format::Parts::All)
         }
     };
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = files.iter().map(|p| s.spawn(move || read(p))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("reader thread"))
-            .collect()
-    });
+    // One file is read on this thread: a thread of its own would only add
+    // its start, and hand the memory its reading freed (the decompressed
+    // bytes) back to the system on exit, for the analysis to fault in again.
+    let results: Vec<_> = if alone {
+        files.iter().map(|p| read(p)).collect()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = files.iter().map(|p| s.spawn(move || read(p))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("reader thread"))
+                .collect()
+        })
+    };
     let mut errored = false;
     let mut read = Vec::new();
     for (r, path) in results.into_iter().zip(files) {
