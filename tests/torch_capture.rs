@@ -1804,6 +1804,63 @@ fn a_job_killed_mid_dump_leaves_only_whole_files() {
     }
 }
 
+/// A job whose hook kills it (SIGKILL) when an owners file is written
+/// whole but not yet in place: the moment of the kill that the test above
+/// can only land on by chance.
+const KILLED_PUBLISHING_OWNERS: &str = r#"
+import os, signal, torch
+import snapdiff_dumping  # the hook's own module, as capture loaded it
+
+placed = snapdiff_dumping.publish
+
+def publish(temporary, final):
+    if final.endswith(".owners.json"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    placed(temporary, final)
+
+snapdiff_dumping.publish = publish
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"#;
+
+#[test]
+fn a_job_killed_writing_an_owners_file_leaves_no_temporary_file() {
+    if !torch_ready() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let job = dir.path().join("job.py");
+    std::fs::write(&job, KILLED_PUBLISHING_OWNERS).unwrap();
+    let args: [&std::ffi::OsStr; 9] = [
+        "capture".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--every".as_ref(),
+        "1".as_ref(),
+        "--no-report".as_ref(),
+        "--".as_ref(),
+        "python3".as_ref(),
+        job.as_os_str(),
+    ];
+    snapdiff(args).expect_code(128 + 9);
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        left.iter().all(|n| !n.starts_with('.')),
+        "temporary files left: {left:?}"
+    );
+    let kept = pickles(&out);
+    assert_eq!(kept.len(), 1, "{left:?}");
+    snapdiff(["summary".as_ref(), kept[0].as_os_str()]).expect_code(0);
+}
+
 #[test]
 fn a_job_that_raises_keeps_its_exit_code_and_its_dumps() {
     if !torch_ready() {

@@ -64,16 +64,22 @@ class Dumping:
         if self.ending_by is not None:
             self.end_now(reason)
 
+    def temporary(self, name):
+        """The path a file to be called `name` is written at until whole:
+        unique, so that nobody can plant it, with the capture's run and the
+        pid last, for capture's cleanup of what its killed processes were
+        writing."""
+        run = getattr(self.settings, "run", None) or "-"
+        return os.path.join(
+            self.settings.dir, f".{name}.{secrets.token_hex(4)}.{run}.{self.pid}.tmp"
+        )
+
     def write_dump(self, reason):
         started = time.perf_counter()
         who, rank = self.who()
         stem = f"{who}-step{self.steps}" + ("" if reason == "step" else f"-{reason}")
         folder = self.settings.dir
-        # Unique, so that nobody can plant it; the capture's run and the pid
-        # last, for capture's cleanup of its own killed processes'
-        # half-written dumps.
-        run = getattr(self.settings, "run", None) or "-"
-        temporary = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.{run}.{self.pid}.tmp")
+        temporary = self.temporary(stem)
         measured = self.measure()
         owners = self.wants_owners(reason)
         found = None
@@ -215,7 +221,7 @@ class Dumping:
         try:
             owners_name = name.rsplit(".", 1)[0] + ".owners.json"
             folder = self.settings.dir
-            temporary = os.path.join(folder, f".{owners_name}.{secrets.token_hex(4)}.tmp")
+            temporary = self.temporary(owners_name)
             with create_new(temporary, "w") as f:
                 json.dump(owners, f)
             publish(temporary, os.path.join(folder, owners_name))

@@ -369,10 +369,11 @@ fn run_id() -> String {
     format!("{:08x}", hash as u32)
 }
 
-/// Removes the temporary files of dumps that processes of this run of the
-/// job (`run`) were writing when they were killed (SIGKILL, the OOM
-/// killer): the PyTorch hook writes `.{stem}.{random}.{run}.{pid}.tmp` and
-/// links it into place only when whole. Files of processes still alive, of
+/// Removes the temporary files of dumps (and of their owners files) that
+/// processes of this run of the job (`run`) were writing when they were
+/// killed (SIGKILL, the OOM killer): the PyTorch hook writes each as
+/// `.{name}.{random}.{run}.{pid}.tmp` and links it into place only when
+/// whole. Files of processes still alive, of
 /// other runs (another job, another machine sharing the folder) and of
 /// no run are left alone. Returns how many went.
 fn remove_abandoned_dumps(dir: &Path, run: &str) -> usize {
@@ -455,6 +456,10 @@ mod tests {
                 false,
             ),
             (format!(".rank2-step6.3fa9c01b.r1.{dead}.tmp"), false),
+            (
+                format!(".pid{dead}-step4.owners.json.0e000d46.r1.{dead}.tmp"),
+                false,
+            ),
             (format!(".rank1-step6.77e0d2aa.r1.{alive}.tmp"), true),
             // Another run's, or another machine's (its pid is none here).
             (format!(".rank0-step4.0a1b2c3d.r2.{dead}.tmp"), true),
@@ -467,7 +472,7 @@ mod tests {
         for (name, _) in &files {
             std::fs::write(dir.path().join(name), b"partial").unwrap();
         }
-        assert_eq!(remove_abandoned_dumps(dir.path(), "r1"), 3);
+        assert_eq!(remove_abandoned_dumps(dir.path(), "r1"), 4);
         for (name, kept) in &files {
             assert_eq!(dir.path().join(name).exists(), *kept, "{name}");
         }
