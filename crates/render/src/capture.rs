@@ -49,7 +49,7 @@ pub struct Dumps<'a> {
     pub folder: &'a str,
     /// The names of the snapshots written, oldest first.
     pub snapshots: Vec<String>,
-    /// Half-written dumps of killed processes that were removed.
+    /// Half-written dumps and owners files of killed processes that were removed.
     pub abandoned: usize,
     /// Dumps that could not be written.
     pub lost: &'a [LostDump],
@@ -123,7 +123,7 @@ pub fn write_dumps(dumps: &Dumps<'_>, out: &mut dyn Write) -> io::Result<()> {
     if dumps.abandoned > 0 {
         writeln!(
             out,
-            "removed {} half-written dump{} of a killed process",
+            "removed {} half-written file{} (dumps, owners) of a killed process",
             dumps.abandoned,
             plural(dumps.abandoned)
         )?;
