@@ -298,6 +298,32 @@ fn termination_is_passed_on_and_the_exit_snapshot_written() {
 }
 
 #[test]
+fn a_runtime_dump_left_half_written_by_a_dead_process_of_the_job_is_removed() {
+    // What the runtime leaves when its process is killed mid-dump: its
+    // temporary, named with the capture's run and the dead process's id
+    // (a subshell's, gone by the time the job ends). Another run's is kept.
+    let dir = tempdir();
+    let out = dir.path().to_str().unwrap();
+    let script = r#"dead=$(sh -c 'echo $$')
+touch "$0/.snapdiff-$dead-dev0-0002-exit.snap.Ab3dEf.$SNAPDIFF_RUN.$dead.tmp"
+touch "$0/.snapdiff-$dead-dev0-0002-exit.snap.Ab3dEf.0a1b2c3d.$dead.tmp""#;
+    let run = snapdiff(["capture", "-o", out, "--", "sh", "-c", script, out]);
+    assert!(
+        run.stdout()
+            .contains("removed 1 half-written file (dumps, owners) of a killed process"),
+        "{}",
+        run.stdout()
+    );
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].contains(".0a1b2c3d."), "{left:?}");
+}
+
+#[test]
 fn a_crashed_command_is_reported_and_its_snapshots_kept() {
     let dir = tempdir();
     let script = format!("'{SNAPDIFF}' train --steps 20 --log-every 0 && kill -9 $$");

@@ -726,6 +726,27 @@ pub enum Existing {
     Keep,
 }
 
+/// The variable `snapdiff capture` gives its job: the capture's run.
+const CAPTURE_RUN: &str = "SNAPDIFF_RUN";
+
+/// The start and end of the hidden temporary name `path` is written under,
+/// around its random part: `.{name}.{random}.{run}.{pid}.tmp`, with the run
+/// of the capture this process is a job of (`-` for none). `capture`
+/// removes such a file of its own run once its process is gone: a job
+/// killed mid-dump leaves nothing behind. PyTorch's hook names its own
+/// temporaries so too.
+fn temporary_name(path: &Path) -> (String, String) {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let run = std::env::var(CAPTURE_RUN)
+        .ok()
+        .filter(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .unwrap_or_else(|| "-".to_owned());
+    (
+        format!(".{}.", name.unwrap_or_default()),
+        format!(".{run}.{}.tmp", std::process::id()),
+    )
+}
+
 /// Writes `bytes` produced by `encode` to `path` atomically: into a temporary
 /// file in the same folder, then renamed to `path`, so a reader never sees
 /// half a file and a failed write leaves any old file intact.
@@ -745,8 +766,9 @@ pub fn write_atomically(
         use std::os::unix::fs::PermissionsExt;
         std::fs::Permissions::from_mode(0o644)
     };
+    let (prefix, suffix) = temporary_name(path);
     let mut builder = tempfile::Builder::new();
-    builder.prefix(".snapdiff-").suffix(".tmp");
+    builder.prefix(&prefix).suffix(&suffix);
     #[cfg(unix)]
     builder.permissions(permissions);
     let mut tmp = builder
@@ -770,4 +792,37 @@ pub fn write_atomically(
         })?,
     };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `snapdiff capture` relies on to remove a killed job's
+    /// half-written dump: the temporary is hidden, names the file, and ends
+    /// with the capture's run (none here) and the writing process.
+    #[test]
+    fn a_file_is_written_under_a_hidden_name_with_its_run_and_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapdiff-7-dev0-0001-step.snap");
+        let mut seen = Vec::new();
+        write_atomically(&path, Existing::Keep, |w| {
+            seen = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            w.write_all(b"whole").map_err(|e| Error::io("writing", e))
+        })
+        .unwrap();
+        let [name] = &seen[..] else {
+            panic!("one temporary expected: {seen:?}");
+        };
+        let random = name
+            .strip_prefix(".snapdiff-7-dev0-0001-step.snap.")
+            .and_then(|n| n.strip_suffix(&format!(".-.{}.tmp", std::process::id())))
+            .unwrap_or_else(|| panic!("{name}"));
+        assert!(!random.is_empty() && !random.contains('.'), "{name}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"whole");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 }

@@ -371,9 +371,9 @@ fn run_id() -> String {
 
 /// Removes the temporary files of dumps (and of their owners files) that
 /// processes of this run of the job (`run`) were writing when they were
-/// killed (SIGKILL, the OOM killer): the PyTorch hook writes each as
-/// `.{name}.{random}.{run}.{pid}.tmp` and links it into place only when
-/// whole. Files of processes still alive, of
+/// killed (SIGKILL, the OOM killer): the PyTorch hook and the runtime
+/// (`snapdiff_format::write_atomically`) write each as
+/// `.{name}.{random}.{run}.{pid}.tmp` and put it in place only when whole. Files of processes still alive, of
 /// other runs (another job, another machine sharing the folder) and of
 /// no run are left alone. Returns how many went.
 fn remove_abandoned_dumps(dir: &Path, run: &str) -> usize {
@@ -388,7 +388,7 @@ fn remove_abandoned_dumps(dir: &Path, run: &str) -> usize {
             .and_then(|n| n.strip_suffix(".tmp"))
             .and_then(|n| n.rsplit_once('.'))
             .and_then(|(rest, pid)| Some((rest.rsplit_once('.')?, pid)))
-            .and_then(|((stem, of), pid)| (stem.contains("-step") && of == run).then_some(pid))
+            .and_then(|((stem, of), pid)| (is_dump(stem) && of == run).then_some(pid))
             .and_then(|pid| pid.parse::<i32>().ok())
             .filter(|&pid| pid > 0)
         else {
@@ -402,6 +402,12 @@ fn remove_abandoned_dumps(dir: &Path, run: &str) -> usize {
         }
     }
     removed
+}
+
+/// Whether a temporary's name before its run is a dump's (or its owners
+/// file's): the hook's `rank0-step4...`, the runtime's `snapdiff-...`.
+fn is_dump(stem: &str) -> bool {
+    stem.contains("-step") || stem.starts_with("snapdiff-")
 }
 
 /// The job gets SIGTERM if `snapdiff capture` dies (even by SIGKILL), so it
@@ -460,6 +466,10 @@ mod tests {
                 format!(".pid{dead}-step4.owners.json.0e000d46.r1.{dead}.tmp"),
                 false,
             ),
+            (
+                format!(".snapdiff-{dead}-dev0-0003-exit.snap.Xa9k2Q.r1.{dead}.tmp"),
+                false,
+            ),
             (format!(".rank1-step6.77e0d2aa.r1.{alive}.tmp"), true),
             // Another run's, or another machine's (its pid is none here).
             (format!(".rank0-step4.0a1b2c3d.r2.{dead}.tmp"), true),
@@ -472,7 +482,7 @@ mod tests {
         for (name, _) in &files {
             std::fs::write(dir.path().join(name), b"partial").unwrap();
         }
-        assert_eq!(remove_abandoned_dumps(dir.path(), "r1"), 4);
+        assert_eq!(remove_abandoned_dumps(dir.path(), "r1"), 5);
         for (name, kept) in &files {
             assert_eq!(dir.path().join(name).exists(), *kept, "{name}");
         }
