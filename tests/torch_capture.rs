@@ -145,6 +145,18 @@ fn first_pid(dir: &Path) -> i32 {
     }
 }
 
+/// Fails if `dir` holds a hidden file: a temporary a killed job left.
+fn assert_no_temporary_files(dir: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        left.iter().all(|n| !n.starts_with('.')),
+        "temporary files left: {left:?}"
+    );
+}
+
 /// Waits until `dir` holds a pickle (the job is past its first dump).
 fn wait_for_first_dump(dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -1788,14 +1800,7 @@ fn a_job_killed_mid_dump_leaves_only_whole_files() {
         unsafe { libc::kill(job, libc::SIGKILL) };
         let output = wait_bounded(child);
         assert_eq!(output.status.code(), Some(128 + 9));
-        let left: Vec<String> = std::fs::read_dir(&out)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(
-            left.iter().all(|n| !n.starts_with('.')),
-            "temporary files left: {left:?}"
-        );
+        assert_no_temporary_files(&out);
         let kept = pickles(&out);
         assert!(!kept.is_empty());
         for file in &kept {
@@ -1848,16 +1853,9 @@ fn a_job_killed_writing_an_owners_file_leaves_no_temporary_file() {
         job.as_os_str(),
     ];
     snapdiff(args).expect_code(128 + 9);
-    let left: Vec<String> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert!(
-        left.iter().all(|n| !n.starts_with('.')),
-        "temporary files left: {left:?}"
-    );
+    assert_no_temporary_files(&out);
     let kept = pickles(&out);
-    assert_eq!(kept.len(), 1, "{left:?}");
+    assert_eq!(kept.len(), 1, "{kept:?}");
     snapdiff(["summary".as_ref(), kept[0].as_os_str()]).expect_code(0);
 }
 
