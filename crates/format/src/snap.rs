@@ -734,9 +734,12 @@ const CAPTURE_RUN: &str = "SNAPDIFF_RUN";
 /// of the capture this process is a job of (`-` for none). `capture`
 /// removes such a file of its own run once its process is gone: a job
 /// killed mid-dump leaves nothing behind. PyTorch's hook names its own
-/// temporaries so too.
+/// temporaries so too. The name is cut to its first 96 characters, so that
+/// the temporary's stays within what file systems allow.
 fn temporary_name(path: &Path) -> (String, String) {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let name: Option<String> = path
+        .file_name()
+        .map(|n| n.to_string_lossy().chars().take(96).collect());
     let run = std::env::var(CAPTURE_RUN)
         .ok()
         .filter(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_alphanumeric()))
@@ -824,5 +827,18 @@ mod tests {
         assert!(!random.is_empty() && !random.contains('.'), "{name}");
         assert_eq!(std::fs::read(&path).unwrap(), b"whole");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// A name as long as a file system allows still writes: the
+    /// temporary's is cut.
+    #[test]
+    fn a_file_of_the_longest_name_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{}.snap", "a".repeat(250)));
+        write_atomically(&path, Existing::Keep, |w| {
+            w.write_all(b"whole").map_err(|e| Error::io("writing", e))
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"whole");
     }
 }

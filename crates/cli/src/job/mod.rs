@@ -373,9 +373,10 @@ fn run_id() -> String {
 /// processes of this run of the job (`run`) were writing when they were
 /// killed (SIGKILL, the OOM killer): the PyTorch hook and the runtime
 /// (`snapdiff_format::write_atomically`) write each as
-/// `.{name}.{random}.{run}.{pid}.tmp` and put it in place only when whole. Files of processes still alive, of
-/// other runs (another job, another machine sharing the folder) and of
-/// no run are left alone. Returns how many went.
+/// `.{name}.{random}.{run}.{pid}.tmp` and put it in place only when whole.
+/// Files of processes still alive, of other runs (another job, another
+/// machine sharing the folder) and of no run are left alone. Returns how
+/// many went.
 fn remove_abandoned_dumps(dir: &Path, run: &str) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
