@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Each reading figure beside its limit, measured in the same run: snapdiff
 # against CPython's `pickle.load` and against walking the pickle's opcodes
-# with nothing built (`opcode_floor`); `fleet` against `cat` of the same
-# files from the page cache; `check` against the program's own start.
+# with nothing built (`opcode_floor`); `summary` and `fleet` against `dd`
+# and `cat` of the same files, from the page cache and from a cold one
+# (bench/evict.py); `check` against the program's own start.
 #
 #   bash bench/limits.sh            # on the machine as it is
 #   BUSY=1 bash bench/limits.sh     # beside a second process spinning on a core
@@ -58,6 +59,14 @@ mean_of_20() {
   awk -v a=$t0 -v b=$t1 'BEGIN {print (b - a) / 20}'
 }
 bytes() { du -sbL "$@" | awk '{n += $1} END {print n}'; }
+# Seconds one run of a command takes, its output dropped.
+seconds() {
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$@" > /dev/null 2>&1
+  t1=$(date +%s.%N)
+  awk -v a=$t0 -v b=$t1 'BEGIN {print b - a}'
+}
 
 echo "machine: $(nproc) cores, ${BUSY:+busy (a second process spinning), }$(date -u +%F)"
 # summary of FILE beside pickle.load and the opcode floor; sets sd_s.
@@ -71,6 +80,15 @@ summary_line() {
   awk -v f=$file_bytes -v p=$py_s -v s=$sd_s -v k=$sd_kib -v o=$floor_s 'BEGIN {
     printf "summary of a %.0f MiB pickle: %.2f s; pickle.load %.2f s (%.1fx); opcodes alone %.3f s (%.1fx the floor); peak %.2fx the file\n",
            f / 1048576, s, p, p / s, o, s / o, k * 1024 / f }'
+  local cold_s dd_cold dd_warm
+  python3 bench/evict.py $file
+  read -r cold_s _ < <(measure $snapdiff summary $file)
+  python3 bench/evict.py $file
+  dd_cold=$(seconds dd if=$file of=/dev/null bs=1M)
+  dd_warm=$(seconds dd if=$file of=/dev/null bs=1M)
+  awk -v f=$file_bytes -v s=$cold_s -v c=$dd_cold -v w=$dd_warm 'BEGIN {
+    printf "  from a cold cache: %.2f s; dd of the file cold %.3f s (%.0f MiB/s), warm %.3f s (%.0f MiB/s)\n",
+           s, c, f / c / 1048576, w, f / w / 1048576 }'
 }
 summary_line $shaped150
 summary_line $shaped
@@ -78,15 +96,12 @@ summary_line $shaped
 # Seconds to read files from the page cache (a first read puts them there).
 cat_warm() {
   cat "$@" > /dev/null
-  local t0 t1
-  t0=$(date +%s.%N)
-  cat "$@" > /dev/null
-  t1=$(date +%s.%N)
-  awk -v a=$t0 -v b=$t1 'BEGIN {print b - a}'
+  seconds cat "$@"
 }
-# fleet -j 2 of the files named *.EXT under DIR, beside cat of the same.
+# fleet -j 2 of the files named *.EXT under DIR, beside cat of the same;
+# then both from a cold cache.
 fleet_line() {
-  local dir=$1 ext=$2 files bytes warm secs kib
+  local dir=$1 ext=$2 files bytes warm secs kib cold_s cold_cat
   files=$(find $dir -name "*.$ext" | wc -l)
   bytes=$(bytes $dir)
   warm=$(cat_warm $(find $dir -name "*.$ext"))
@@ -94,6 +109,13 @@ fleet_line() {
   awk -v e=$ext -v n=$files -v b=$bytes -v s=$secs -v c=$warm 'BEGIN {
     printf "fleet -j 2 of %d .%s files (%.2f MiB each): %.2f s, %.0f files/s, %.0f MiB/s; cat of the same, warm: %.3f s, %.0f MiB/s (%.1fx)\n",
            n, e, b / n / 1048576, s, n / s, b / s / 1048576, c, b / c / 1048576, s / c }'
+  python3 bench/evict.py $(find $dir -name "*.$ext")
+  read -r cold_s _ < <(measure $snapdiff fleet $dir -j 2)
+  python3 bench/evict.py $(find $dir -name "*.$ext")
+  cold_cat=$(seconds cat $(find $dir -name "*.$ext"))
+  awk -v n=$files -v b=$bytes -v s=$cold_s -v c=$cold_cat 'BEGIN {
+    printf "  from a cold cache: %.2f s, %.0f files/s, %.0f MiB/s; cat %.3f s, %.0f MiB/s (%.1fx)\n",
+           s, n / s, b / s / 1048576, c, b / c / 1048576, s / c }'
 }
 fleet_line $snaps snap
 fleet_line $pickles pickle

@@ -54,7 +54,7 @@ pub use crate::model::{
     EventDetails, Frame, FrameId, HistoryEntry, Meta, PINNED_HOST_DEVICE, Pool, Segment, Snapshot,
     StackId, StrId, ThinVec, Totals, TraceEvent,
 };
-pub use crate::open::{open_regular, read_regular};
+pub use crate::open::{open_regular, prefetch, read_regular};
 pub use crate::owners::{Owner, Owners, owners_path, read_owners_beside};
 pub use crate::pickle::write_torch_pickle;
 pub use crate::read::{Reader, read_path};

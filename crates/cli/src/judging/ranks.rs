@@ -254,6 +254,8 @@ pub(crate) fn read_processes(
     let walk_failed = std::thread::scope(|scope| {
         let walker = scope.spawn(move || {
             census.stream(|name, files| {
+                // Read from the disk while the groups before it are.
+                files.iter().for_each(|f| snapdiff_format::prefetch(f));
                 // Fails only when the readers stopped (a panic), which
                 // the scope passes on.
                 let _ = found.send((name, files));
