@@ -28,6 +28,7 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    input::leave_memory_at_exit();
     // `capture` owns the job's signals from its first moment, before the
     // arguments are even parsed (see cmd::capture).
     if std::env::args_os().nth(1).is_some_and(|a| a == "capture") {
