@@ -122,6 +122,16 @@ pub(crate) fn find(snap: &Snapshot, keys: &StackKeys, events: &Events) -> Option
         .map(|a| outermost_first[a.2 as usize].len())
         .max()?
         .min(MOST_DEPTH);
+    // Each stack's allocations and their bytes: a call site's are its
+    // stacks', so a depth where no site could hold enough is passed over
+    // without walking the allocations (most depths of a trace with no loop).
+    let mut of_stack = vec![(0usize, 0u64); outermost_first.len()];
+    for &(_, bytes, stack) in &allocs {
+        let (count, all_bytes) = &mut of_stack[stack as usize];
+        *count += 1;
+        *all_bytes += bytes;
+    }
+    let enough_bytes = |bytes: u64| bytes as f64 >= MIN_SHARE * total as f64;
     for depth in 0..deepest {
         // Each stack's call site at this depth, numbered, and the line of
         // its frame there: worked out once a stack, as thousands of
@@ -144,7 +154,14 @@ pub(crate) fn find(snap: &Snapshot, keys: &StackKeys, events: &Events) -> Option
                 Some((number, snap.frames[callee as usize].line))
             })
             .collect();
-        if numbers.is_empty() {
+        let mut site_totals = vec![(0usize, 0u64); numbers.len()];
+        for (site, (count, bytes)) in site_of_stack.iter().zip(&of_stack) {
+            if let Some((site, _)) = site {
+                site_totals[*site as usize].0 += count;
+                site_totals[*site as usize].1 += bytes;
+            }
+        }
+        if !(site_totals.iter()).any(|&(count, bytes)| count >= MIN_CALLS && enough_bytes(bytes)) {
             continue;
         }
         // Per call site: the line of its first call's first allocation,
@@ -173,9 +190,7 @@ pub(crate) fn find(snap: &Snapshot, keys: &StackKeys, events: &Events) -> Option
         // most, then the one entered first.
         let best = calls
             .into_iter()
-            .filter(|(_, starts, bytes)| {
-                starts.len() >= MIN_CALLS && *bytes as f64 >= MIN_SHARE * total as f64
-            })
+            .filter(|(_, starts, bytes)| starts.len() >= MIN_CALLS && enough_bytes(*bytes))
             .max_by_key(|(_, starts, bytes)| (*bytes, starts.len(), std::cmp::Reverse(starts[0])));
         if let Some((_, starts, _)) = best {
             return Some(starts);
