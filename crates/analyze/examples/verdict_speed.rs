@@ -49,6 +49,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(CheckpointSource::Troughs),
     ];
     for cut in ways {
+        if std::env::var("ONLY").is_ok_and(|o| o != format!("{cut:?}")) {
+            continue;
+        }
         let mut options = TrendOptions::default();
         options.cut = cut;
         let took = mean(|| {

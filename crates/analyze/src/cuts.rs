@@ -5,7 +5,7 @@
 //! back to, or evenly. `trend`, `steps` and the pictures of a step cut
 //! traces the same way.
 
-use snapdiff_format::{Action, BlockAction, Snapshot};
+use snapdiff_format::{Action, Snapshot};
 
 use crate::calls;
 use crate::error::TraceError;
@@ -239,19 +239,18 @@ fn cuts_by(
 /// `None` when memory falls back fewer than 3 times (one forward pass, say):
 /// such a trace has no repeated steps to compare.
 fn iteration_troughs(events: &snapdiff_format::Events, n: usize) -> Option<Vec<usize>> {
-    // Live bytes after each event.
+    // Live bytes after each event: its action and size are all it takes.
     let mut live = 0i64;
-    let mut curve: Vec<i64> = Vec::with_capacity(events.len());
-    for e in events.block_events() {
-        curve.resize(e.index, live);
-        match e.action {
-            BlockAction::Alloc => live += e.size as i64,
-            BlockAction::FreeCompleted => live -= e.size as i64,
-            BlockAction::FreeRequested => {}
-        }
-        curve.push(live);
-    }
-    curve.resize(events.len(), live);
+    let curve: Vec<i64> = (events.actions().zip(events.sizes()))
+        .map(|(action, &size)| {
+            match action {
+                Action::Alloc => live += size as i64,
+                Action::FreeCompleted => live -= size as i64,
+                _ => {}
+            }
+            live
+        })
+        .collect();
     let (lo, hi) = (*curve.iter().min()?, *curve.iter().max()?);
     let noise = (hi - lo) / 8;
     if noise == 0 {

@@ -17,6 +17,10 @@ use snapdiff_format::{BlockAction, Events};
 
 use crate::stack_key::{StackKey, StackKeys};
 
+/// An allocation: its event index, and its site, numbered densely by stack
+/// key so that the passes below index arrays instead of hashing keys.
+type Alloc = (usize, u32);
+
 /// At least this share of sampled allocations must match one period later.
 const MIN_MATCH: f64 = 0.9;
 /// Lags matching within this much of the best are equal; the shortest wins.
@@ -42,16 +46,29 @@ pub(crate) struct Iterations {
 /// The iterations of `events`, if its allocations repeat at least three
 /// times with one period.
 pub(crate) fn find(events: &Events, keys: &StackKeys) -> Option<Iterations> {
-    let allocs: Vec<(usize, StackKey)> = events
+    // Sites by stack (the first slot for no stack), numbered as first seen.
+    let mut numbers: FxHashMap<StackKey, u32> = FxHashMap::default();
+    let mut site_of_stack: Vec<Option<u32>> = Vec::new();
+    let allocs: Vec<Alloc> = events
         .block_events()
         .filter(|e| e.action == BlockAction::Alloc)
-        .map(|e| (e.index, keys.key(e.stack)))
+        .map(|e| {
+            let slot = e.stack.map_or(0, |s| s as usize + 1);
+            if slot >= site_of_stack.len() {
+                site_of_stack.resize(slot + 1, None);
+            }
+            let site = *site_of_stack[slot].get_or_insert_with(|| {
+                let next = numbers.len() as u32;
+                *numbers.entry(keys.key(e.stack)).or_insert(next)
+            });
+            (e.index, site)
+        })
         .collect();
     let n = allocs.len();
     if n < 6 {
         return None;
     }
-    let mut scored: Vec<(usize, f64)> = candidate_lags(&allocs)
+    let mut scored: Vec<(usize, f64)> = candidate_lags(&allocs, numbers.len())
         .into_iter()
         .filter(|&lag| 3 * lag <= n)
         .map(|lag| (lag, self_match(&allocs, lag)))
@@ -73,18 +90,20 @@ pub(crate) fn find(events: &Events, keys: &StackKeys) -> Option<Iterations> {
 /// recur at regularly, one vote per site (a site allocated once per
 /// iteration always recurs at the period, but layers and inner loops recur
 /// more often and crowd the first list).
-fn candidate_lags(allocs: &[(usize, StackKey)]) -> Vec<usize> {
-    let mut last: FxHashMap<StackKey, usize> = FxHashMap::default();
-    let mut distances: FxHashMap<StackKey, Vec<usize>> = FxHashMap::default();
-    let mut all: FxHashMap<usize, u32> = FxHashMap::default();
-    for (j, &(_, key)) in allocs.iter().enumerate() {
-        if let Some(prev) = last.insert(key, j) {
-            *all.entry(j - prev).or_default() += 1;
-            distances.entry(key).or_default().push(j - prev);
+fn candidate_lags(allocs: &[Alloc], sites: usize) -> Vec<usize> {
+    let mut last: Vec<Option<usize>> = vec![None; sites];
+    let mut distances: Vec<Vec<usize>> = vec![Vec::new(); sites];
+    // How many times each distance occurs: all are below the allocations'
+    // count.
+    let mut all = vec![0u32; allocs.len()];
+    for (j, &(_, site)) in allocs.iter().enumerate() {
+        if let Some(prev) = last[site as usize].replace(j) {
+            all[j - prev] += 1;
+            distances[site as usize].push(j - prev);
         }
     }
     let mut regular: FxHashMap<usize, u32> = FxHashMap::default();
-    for mut d in distances.into_values().filter(|d| d.len() >= 2) {
+    for mut d in distances.into_iter().filter(|d| d.len() >= 2) {
         d.sort_unstable();
         // The site's most common distance, if at least 4 in 5 are it.
         let (mut best, mut best_run, mut run) = (d[0], 0, 0);
@@ -98,13 +117,13 @@ fn candidate_lags(allocs: &[(usize, StackKey)]) -> Vec<usize> {
             *regular.entry(best).or_default() += 1;
         }
     }
-    let most_common = |counts: FxHashMap<usize, u32>, take: usize| {
-        let mut lags: Vec<(usize, u32)> = counts.into_iter().collect();
+    let most_common = |mut lags: Vec<(usize, u32)>, take: usize| {
         lags.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         lags.into_iter().take(take).map(|(lag, _)| lag)
     };
-    let mut lags: Vec<usize> = most_common(all, CANDIDATES)
-        .chain(most_common(regular, CANDIDATES))
+    let all = (all.into_iter().enumerate()).filter(|&(_, count)| count > 0);
+    let mut lags: Vec<usize> = most_common(all.collect(), CANDIDATES)
+        .chain(most_common(regular.into_iter().collect(), CANDIDATES))
         .collect();
     lags.sort_unstable();
     lags.dedup();
@@ -113,7 +132,7 @@ fn candidate_lags(allocs: &[(usize, StackKey)]) -> Vec<usize> {
 
 /// The share of sampled allocations whose site is that of the allocation
 /// `lag` later.
-fn self_match(allocs: &[(usize, StackKey)], lag: usize) -> f64 {
+fn self_match(allocs: &[Alloc], lag: usize) -> f64 {
     let span = allocs.len() - lag;
     let step = span.div_ceil(SAMPLES).max(1);
     let (mut same, mut total) = (0usize, 0usize);
@@ -126,7 +145,7 @@ fn self_match(allocs: &[(usize, StackKey)], lag: usize) -> f64 {
 
 /// The share of bytes allocated in windows of `period` allocations that are
 /// freed before the end of the following window.
-fn freed_within_next(events: &Events, allocs: &[(usize, StackKey)], period: usize) -> f64 {
+fn freed_within_next(events: &Events, allocs: &[Alloc], period: usize) -> f64 {
     // Where the window after window `w` ends, as an event index.
     let window_end = |w: usize| allocs.get((w + 2) * period).map_or(events.len(), |a| a.0);
     // Open allocations by address: (window, bytes).
@@ -158,7 +177,7 @@ fn freed_within_next(events: &Events, allocs: &[(usize, StackKey)], period: usiz
 
 /// The allocation index in `0..period` before which live memory is lowest,
 /// summed over the whole iterations.
-fn lowest_phase(events: &Events, allocs: &[(usize, StackKey)], period: usize) -> usize {
+fn lowest_phase(events: &Events, allocs: &[Alloc], period: usize) -> usize {
     let frees_complete = events
         .block_events()
         .any(|e| e.action == BlockAction::FreeCompleted);
