@@ -1,6 +1,7 @@
-//! Times a dump's verdict as `check` and `trend` work it out, in-process:
-//! finding its steps by every way in turn (the default), then with each
-//! way of cutting given, so that what finding the steps costs shows.
+//! Times a dump's stack keys, then its verdict as `check` and `trend` work
+//! it out, in-process: finding its steps by every way in turn (the
+//! default), then with each way of cutting given, so that what finding the
+//! steps costs shows.
 //!
 //! ```text
 //! cargo run --release -p snapdiff-analyze --example verdict_speed -- FILE
@@ -37,6 +38,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         name: &path,
         snapshot: &snap,
     }];
+    let keyed = mean(|| drop(std::hint::black_box(StackKeys::new(&snap))));
+    println!("stack keys: {:.3} ms", keyed.as_secs_f64() * 1e3);
     let keys = [StackKeys::new(&snap)];
     let ways = [
         None,
