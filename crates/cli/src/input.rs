@@ -66,9 +66,9 @@ fn read_parts_with(
 }
 
 /// About how many bytes of snapshot `path` holds: its size, or for a
-/// compressed file a high guess at its content's (snapshot pickles compress
-/// 3 to 20 times; returning memory at once for one smaller file costs
-/// nothing that shows).
+/// compressed file or a `.snap` (zstd inside) a high guess at its
+/// content's (snapshot pickles compress 3 to 20 times; returning memory at
+/// once for one smaller file costs nothing that shows).
 fn content_size_guess(path: &std::path::Path) -> u64 {
     use std::io::Read;
     let Ok(mut file) = snapdiff_format::open_regular(path) else {
@@ -76,9 +76,10 @@ fn content_size_guess(path: &std::path::Path) -> u64 {
     };
     let len = file.metadata().map_or(0, |m| m.len());
     let mut head = [0u8; 6];
-    let compressed = file
-        .read_exact(&mut head)
-        .is_ok_and(|()| snapdiff_format::Compression::detect(&head).is_some());
+    let compressed = file.read_exact(&mut head).is_ok_and(|()| {
+        snapdiff_format::Compression::detect(&head).is_some()
+            || head[..] == snapdiff_format::MAGIC[..head.len()]
+    });
     if compressed {
         len.saturating_mul(16)
     } else {
