@@ -2,8 +2,9 @@
 # snapdiff fleet on generated jobs of 64, 1,024 and (RANKS="64 1024 10000")
 # 10,000 ranks x 10 steps, whole
 # processes: wall time and peak resident memory (GNU time) with 1 and 2
-# threads, Parquet bytes per rank, the Ray path against the direct one on a
-# local cluster, and bytes per second per core against `trend`.
+# threads, 2 threads from a cold cache beside `cat` of the files cold,
+# Parquet bytes per rank, the Ray path against the direct one on a local
+# cluster, and bytes per second per core against `trend`.
 #
 #   bash bench/fleet.sh             # RANKS="64 1024 10000" bash bench/fleet.sh
 #
@@ -41,6 +42,11 @@ best() {
   echo "$best"
 }
 
+# Drops the dumps under folder $1 from the page cache (bench/evict.py).
+evict() {
+  find "$1" -name '*.snap' -print0 | xargs -0 python3 bench/evict.py
+}
+
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for ranks in $sizes; do
   bytes=$(du -sb $dir/$ranks/job | cut -f1)
@@ -50,6 +56,17 @@ for ranks in $sizes; do
       printf "fleet %5d ranks, %d thread(s): %6.2f s, %5.1f MiB/s, peak RSS %5.1f MiB\n",
              r, t, w, b / w / 1048576, m / 1024 }'
   done
+  # From a cold cache, beside `cat` of the same files cold.
+  took=$(mktemp)
+  evict $dir/$ranks/job
+  /usr/bin/time -o $took -f %e $snapdiff fleet $dir/$ranks/job -j 2 > /dev/null 2>&1 || true
+  cold=$(tail -1 $took)
+  evict $dir/$ranks/job
+  /usr/bin/time -o $took -f %e bash -c "find $dir/$ranks/job -name '*.snap' -print0 | xargs -0 cat > /dev/null"
+  cat_cold=$(tail -1 $took)
+  rm -f $took
+  awk -v r=$ranks -v w=$cold -v c=$cat_cold 'BEGIN {
+    printf "fleet %5d ranks, 2 threads, cold cache: %6.2f s; cat of the files cold: %.2f s\n", r, w, c }'
 done
 
 rm -rf $dir/1024/tables
