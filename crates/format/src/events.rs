@@ -82,27 +82,28 @@ impl<T: Copy + Default + PartialEq> Column<T> {
         }
     }
 
+    /// Adds `v` after the last value, in a column expected to hold about
+    /// `room` values (0 if unknown): the first value that differs makes a
+    /// vector with that much room, instead of one that doubles as it grows
+    /// and copies its values into fresh pages each time (a third of a
+    /// large pickle's trace read as page faults).
     #[inline(always)]
-    pub(crate) fn push(&mut self, v: T) {
+    pub(crate) fn push(&mut self, v: T, room: usize) {
         match self {
             Column::Same { value, len } if *len == 0 || *value == v => {
                 *value = v;
                 *len += 1;
             }
-            Column::Same { .. } => self.spread(v),
+            Column::Same { len, .. } => {
+                let capacity = (*len * 2).max(room);
+                self.spread_within(v, capacity);
+            }
             Column::Each(values) => values.push(v),
         }
     }
 
-    /// Turns one value for all into a value for each, then adds `v`.
-    #[cold]
-    fn spread(&mut self, v: T) {
-        if let Column::Same { len, .. } = *self {
-            self.spread_within(v, len * 2);
-        }
-    }
-
-    /// [`Column::spread`] into room for `capacity` values.
+    /// Turns one value for all into a value for each, in room for
+    /// `capacity` values, then adds `v`.
     #[cold]
     fn spread_within(&mut self, v: T, capacity: usize) {
         if let Column::Same { value, len } = *self {
@@ -224,8 +225,10 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
         })
     }
 
+    /// Adds `value` after the last, in a field expected to hold about
+    /// `room` values (see [`Column::push`]).
     #[inline(always)]
-    fn push(&mut self, value: Option<T>) {
+    fn push(&mut self, value: Option<T>, room: usize) {
         let i = self.values.len();
         if i.is_multiple_of(64) {
             self.present.push(0);
@@ -233,7 +236,7 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
         if value.is_some() {
             self.present[i / 64] |= 1 << (i % 64);
         }
-        self.values.push(value.unwrap_or_default());
+        self.values.push(value.unwrap_or_default(), room);
     }
 
     /// The value of event `i`, if it has one.
@@ -328,7 +331,7 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
                 // Some present and some not: no longer one value for all.
                 let mut mapped = Column::default();
                 for i in 0..n {
-                    mapped.push(self.get(i).map(&f).unwrap_or_default());
+                    mapped.push(self.get(i).map(&f).unwrap_or_default(), n);
                 }
                 self.values = mapped;
             }
@@ -417,11 +420,14 @@ impl Events {
         }
         self.address.push(e.address);
         self.size.push(e.size);
-        self.stream.push(e.stream);
-        self.time_us.push(e.time_us);
-        self.stack.push(e.stack);
-        self.compile_context.push(e.compile_context);
-        self.user_metadata.push(e.user_metadata);
+        // The events expected: the room the address column has, which
+        // `with_capacity` reserved (or its doubling gave).
+        let room = self.address.capacity();
+        self.stream.push(e.stream, room);
+        self.time_us.push(e.time_us, room);
+        self.stack.push(e.stack, room);
+        self.compile_context.push(e.compile_context, room);
+        self.user_metadata.push(e.user_metadata, room);
         if let Some(seq) = e.alloc_seq {
             self.alloc_seq.push((i, seq));
         }
@@ -1039,15 +1045,20 @@ mod tests {
     fn a_column_holds_one_value_until_one_differs() {
         let mut column = Column::default();
         for _ in 0..5 {
-            column.push(7i64);
+            column.push(7i64, 0);
         }
         assert!(matches!(column, Column::Same { value: 7, len: 5 }));
-        column.push(-1);
+        column.push(-1, 0);
         assert!(matches!(&column, Column::Each(v) if v == &[7, 7, 7, 7, 7, -1]));
+        // The first value that differs makes room for the values expected.
+        let mut expecting = Column::default();
+        expecting.push(1i64, 1000);
+        expecting.push(2, 1000);
+        assert!(matches!(&expecting, Column::Each(v) if v == &[1, 2] && v.capacity() >= 1000));
         // Equal by values, however stored.
         column.truncate(3);
         let mut same = Column::default();
-        (0..3).for_each(|_| same.push(7i64));
+        (0..3).for_each(|_| same.push(7i64, 0));
         assert_eq!(column, same);
         assert_ne!(column, Column::default());
 
