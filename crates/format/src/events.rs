@@ -85,8 +85,8 @@ impl<T: Copy + Default + PartialEq> Column<T> {
     /// Adds `v` after the last value, in a column expected to hold about
     /// `room` values (0 if unknown): the first value that differs makes a
     /// vector with that much room, instead of one that doubles as it grows
-    /// and copies its values into fresh pages each time (a third of a
-    /// large pickle's trace read as page faults).
+    /// and copies its values into fresh pages each time (6,000 of the
+    /// 75,700 page faults of `summary` of a 213 MiB real-shaped pickle).
     #[inline(always)]
     pub(crate) fn push(&mut self, v: T, room: usize) {
         match self {
@@ -1055,6 +1055,18 @@ mod tests {
         expecting.push(1i64, 1000);
         expecting.push(2, 1000);
         assert!(matches!(&expecting, Column::Each(v) if v == &[1, 2] && v.capacity() >= 1000));
+        // Events reserved for take that room in the columns that spread.
+        let mut events = Events::with_capacity(1000);
+        for t in [1, 2] {
+            events.push(TraceEvent {
+                time_us: Some(t),
+                ..TraceEvent::default()
+            });
+        }
+        let Column::Each(times) = &events.time_us.values else {
+            panic!("two times, one column of each");
+        };
+        assert!(times.capacity() >= 1000, "room for {}", times.capacity());
         // Equal by values, however stored.
         column.truncate(3);
         let mut same = Column::default();
