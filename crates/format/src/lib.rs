@@ -153,7 +153,6 @@ fn read_bytes_parts_with(
         Some(FileKind::Snap) => return snap::read_snap_parts(data, parts, progress),
         _ => read_bytes_of_kind(data, parts, threads, progress)?,
     };
-    forward::join(&mut snap);
     if parts == Parts::WithoutEvents {
         for trace in &mut snap.traces {
             trace.events = Events::new();
@@ -173,7 +172,10 @@ fn read_bytes_of_kind(
 ) -> Result<Snapshot> {
     match FileKind::detect(data) {
         Some(FileKind::Snap) => snap::read_snap_parts(data, Parts::All, None),
-        Some(FileKind::Json) => snap::read_json(data),
+        Some(FileKind::Json) => snap::read_json(data).map(|mut snap| {
+            forward::join(&mut snap);
+            snap
+        }),
         Some(FileKind::Pickle) if data.starts_with(pickle::legacy_torch_save::MAGIC) => {
             pickle::legacy_torch_save::read(data, parts)
         }

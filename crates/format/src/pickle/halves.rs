@@ -139,6 +139,8 @@ pub(crate) struct Joined {
     pub(crate) protocol: u8,
     /// How many strings of the file were not UTF-8.
     pub(crate) not_utf8: usize,
+    /// Whether either half met the string `forward_frames`.
+    pub(crate) forward_frames: bool,
 }
 
 /// Reads `data`, in two halves when it is large, a second core is free, and
@@ -197,17 +199,20 @@ struct HalfSnapshot {
     snap: Snapshot,
     protocol: u8,
     not_utf8: usize,
+    forward_frames: bool,
     has_segments: bool,
 }
 
 impl HalfSnapshot {
     fn of(half: machine::Half) -> Result<HalfSnapshot> {
         let (protocol, not_utf8) = (half.protocol, half.heap.not_utf8);
+        let forward_frames = half.heap.forward_frames;
         let has_segments = super::has_segments(&half.heap, &half.pairs);
         Ok(HalfSnapshot {
             snap: super::snapshot_of(half)?,
             protocol,
             not_utf8,
+            forward_frames,
             has_segments,
         })
     }
@@ -239,6 +244,7 @@ fn meet<'a>(
         snap: first.snap,
         protocol: first.protocol,
         not_utf8: first.not_utf8 + second.not_utf8,
+        forward_frames: first.forward_frames || second.forward_frames,
     }))
 }
 
@@ -462,13 +468,14 @@ mod tests {
     use crate::pickle::snapshot_read;
 
     /// The pickles of real PyTorch runs (`../shared/fixtures`) and of this
-    /// repository's fixtures.
+    /// repository's fixtures, anomaly mode's forward stacks among them.
     fn pickles() -> Vec<PathBuf> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let folders = [
             "../shared/fixtures/torch",
             "../shared/fixtures/torch-incoming",
             "fixtures/torch-format",
+            "fixtures/torch-format/backward",
         ];
         let mut out: Vec<PathBuf> = folders
             .iter()

@@ -101,6 +101,9 @@ pub(crate) enum Key {
     CompileContext,
     DeviceFree,
     Filename,
+    /// Anomaly mode's forward stacks: kept among the extra keys, joined
+    /// to the stacks after the read (`forward.rs`).
+    ForwardFrames,
     Frames,
     History,
     Line,
@@ -125,6 +128,7 @@ impl Key {
             "compile_context" => Key::CompileContext,
             "device_free" => Key::DeviceFree,
             "filename" => Key::Filename,
+            "forward_frames" => Key::ForwardFrames,
             "frames" => Key::Frames,
             "history" => Key::History,
             "line" => Key::Line,
@@ -197,9 +201,22 @@ pub(crate) struct Heap<'a> {
     /// Strings of the file that were not UTF-8, kept with U+FFFD in place
     /// of their bad bytes.
     pub(crate) not_utf8: usize,
+    /// Whether a string of the file spells `forward_frames`: only then can
+    /// a record carry forward stacks to join, and the walk over every block
+    /// that looks for them (11 ms of a million blocks) is worth making.
+    pub(crate) forward_frames: bool,
 }
 
 impl<'a> Heap<'a> {
+    /// Adds the string `s`, its schema key recognised, and returns its id.
+    pub(crate) fn push_str(&mut self, s: Cow<'a, str>) -> u32 {
+        let key = Key::classify(&s);
+        self.forward_frames |= key == Key::ForwardFrames;
+        self.keys.push(key);
+        self.strings.push(s);
+        self.strings.len() as u32 - 1
+    }
+
     pub(crate) fn str(&self, id: u32) -> &str {
         &self.strings[id as usize]
     }

@@ -694,9 +694,7 @@ impl<'a> Machine<'a> {
             Ok(s) => Cow::Borrowed(s),
             Err(_) => self.not_utf8(b),
         };
-        self.heap.keys.push(Key::classify(&s));
-        self.heap.strings.push(s);
-        let id = self.heap.strings.len() as u32 - 1;
+        let id = self.heap.push_str(s);
         push_new(&mut self.stack, || Val::Str(id));
         // Protocol 4 memoizes each string; done here, the MEMOIZE needs no
         // dispatch, nor a read of the value just pushed.

@@ -80,7 +80,7 @@ pub(crate) fn read(
 
 /// The snapshot a pickle holds, from what the machine read.
 fn snapshot_read(read: halves::Read, container: Option<&str>) -> Result<Snapshot> {
-    let (mut snap, protocol, not_utf8) = match read {
+    let (mut snap, protocol, not_utf8, forward_frames) = match read {
         halves::Read::Whole((top, mut heap, mut lower, protocol)) => {
             let mut snap = Snapshot::default();
             match top {
@@ -103,10 +103,18 @@ fn snapshot_read(read: halves::Read, container: Option<&str>) -> Result<Snapshot
                 other => return Err(not_snapshot(heap::describe(&heap, other))),
             }
             (snap.frames, snap.stacks, snap.strings) = lower.into_tables(&heap);
-            (snap, protocol, heap.not_utf8)
+            (snap, protocol, heap.not_utf8, heap.forward_frames)
         }
-        halves::Read::Joined(joined) => (joined.snap, joined.protocol, joined.not_utf8),
+        halves::Read::Joined(joined) => (
+            joined.snap,
+            joined.protocol,
+            joined.not_utf8,
+            joined.forward_frames,
+        ),
     };
+    if forward_frames {
+        crate::forward::join(&mut snap);
+    }
     // Said where the file is described: text that was not UTF-8 (Python's
     // lone surrogates, or damage) is shown with U+FFFD.
     let not_utf8 = match not_utf8 {

@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 
 use crate::model::FrameId;
-use crate::pickle::heap::{Key, Record, Val};
+use crate::pickle::heap::{Record, Val};
 use crate::pickle::machine::{FLAT_RECORD_ENTRIES, Machine, int_at};
 use crate::pickle::opcodes::*;
 use crate::pickle::skim;
@@ -71,9 +71,7 @@ impl Machine<'_> {
     fn foreign_str(&mut self, at: usize) -> Option<(Val, usize)> {
         let (text, end) = skim::string_at(self.data, at)?;
         let s = std::str::from_utf8(text).ok()?;
-        self.heap.keys.push(Key::classify(s));
-        self.heap.strings.push(Cow::Borrowed(s));
-        Some((Val::Str(self.heap.strings.len() as u32 - 1), end))
+        Some((Val::Str(self.heap.push_str(Cow::Borrowed(s))), end))
     }
 
     /// The frame dict made at `at` (EMPTY_DICT, its memo put, MARK, keys and
