@@ -319,14 +319,23 @@ impl<T: Copy + Default + PartialEq> Optional<T> {
         let Optional { values, present } = self;
         match values {
             Column::Each(values) => {
-                for (i, v) in values.iter_mut().enumerate() {
-                    if has(present, i) {
-                        *v = f(*v);
+                // A word of the bitmap at a time: in a real trace nearly
+                // every word is all present, mapped without a test a value.
+                for (values, &word) in values.chunks_mut(64).zip(present.iter()) {
+                    if word == u64::MAX {
+                        values.iter_mut().for_each(|v| *v = f(*v));
+                    } else {
+                        for (i, v) in values.iter_mut().enumerate() {
+                            if word & (1 << i) != 0 {
+                                *v = f(*v);
+                            }
+                        }
                     }
                 }
             }
-            Column::Same { .. } if (0..n).all(|i| !has(present, i)) => {}
-            Column::Same { value, .. } if (0..n).all(|i| has(present, i)) => *value = f(*value),
+            // Counted a word at a time (no bit is set past the last event).
+            Column::Same { .. } if present.iter().all(|&word| word == 0) => {}
+            Column::Same { value, .. } if present_count(present) == n => *value = f(*value),
             Column::Same { .. } => {
                 // Some present and some not: no longer one value for all.
                 let mut mapped = Column::default();
@@ -704,6 +713,11 @@ pub struct EventIter<'a> {
 
 /// Whether bit `i` of `bitmap` is set.
 #[inline(always)]
+/// How many bits of `bitmap` are set.
+fn present_count(bitmap: &[u64]) -> usize {
+    bitmap.iter().map(|word| word.count_ones() as usize).sum()
+}
+
 fn has(bitmap: &[u64], i: usize) -> bool {
     bitmap
         .get(i / 64)
@@ -911,6 +925,44 @@ mod tests {
                 .map(|(i, s)| (s.map(|s| [7, 3][s as usize]), (i == 0).then_some(9)))
                 .collect();
             assert_eq!(renumbered, expected, "{stacks:?}");
+        }
+    }
+
+    #[test]
+    fn renumbering_long_columns_maps_every_present_value() {
+        // Whole words present, words with gaps, and a last partial word;
+        // one stack for all but the last event; and strings only on the
+        // first event and on the last, past the first words.
+        let n = 300;
+        let varied = |i: usize| match i {
+            0..128 => Some((i % 2) as StackId),
+            128..256 => (!i.is_multiple_of(3)).then_some((i % 2) as StackId),
+            _ => None,
+        };
+        let one_but_last = |i: usize| (i + 1 < n).then_some(0);
+        let last_only = |i: usize| (i + 1 == n).then_some(0);
+        let first_only = |i: usize| (i == 0).then_some(0);
+        for stack in [&varied as &dyn Fn(usize) -> Option<StackId>, &one_but_last] {
+            let mut events: Events = (0..n)
+                .map(|i| TraceEvent {
+                    stack: stack(i),
+                    user_metadata: last_only(i),
+                    compile_context: first_only(i),
+                    ..TraceEvent::default()
+                })
+                .collect();
+            events.renumber(&[7, 3], &[9]);
+            // As if made with the new ids: values absent stay as absent ones
+            // are stored, so that equal events compare equal.
+            let renumbered: Events = (0..n)
+                .map(|i| TraceEvent {
+                    stack: stack(i).map(|s| [7, 3][s as usize]),
+                    user_metadata: last_only(i).map(|_| 9),
+                    compile_context: first_only(i).map(|_| 9),
+                    ..TraceEvent::default()
+                })
+                .collect();
+            assert!(events == renumbered);
         }
     }
 
