@@ -255,6 +255,9 @@ pub(crate) fn merge_rows<T: Send, K: std::hash::Hash + Eq + Send>(
     out
 }
 
+/// A culprit's kind, function, file and line: what rows are merged by.
+pub(crate) type CulpritLine<'a> = (CulpritKind, &'a str, &'a str, u32);
+
 /// A site's culprit line, what rows are merged by.
 pub(crate) fn culprit_line(site: &Site) -> (CulpritKind, String, String, u32) {
     let c = &site.culprit;
@@ -362,11 +365,15 @@ impl<'a> SiteNamer<'a> {
         self.rules
     }
 
-    /// The culprit of the site whose blocks have stack `stack`: what
-    /// [`site`](SiteNamer::site) gives, without the frames.
-    pub(crate) fn culprit(&self, stack: Option<StackId>) -> Culprit {
+    /// The line of the culprit of the site whose blocks have stack
+    /// `stack`, as [`site`](SiteNamer::site) names it: borrowed from the
+    /// snapshot, for merging thousands of rows by it.
+    pub(crate) fn culprit_line(&self, stack: Option<StackId>) -> CulpritLine<'a> {
         let ids: &[FrameId] = stack.map_or(&[], |s| &self.snap.stacks[s as usize]);
-        self.rules.culprit_of(ids.iter().map(|&f| self.frame(f)))
+        match self.rules.culprit_frame(ids.iter().map(|&f| self.frame(f))) {
+            Some((f, kind)) => (kind, &f.name, &f.file, f.line),
+            None => (CulpritKind::NoStack, "", "", 0),
+        }
     }
 
     /// Describes the site of key `key`, whose blocks have stack `stack`.

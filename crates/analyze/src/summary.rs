@@ -123,10 +123,7 @@ pub fn summarize(snap: &Snapshot, options: &SummaryOptions) -> Summary {
     if !rules.rows_by_stack() {
         rows = merge_rows(
             rows,
-            |&(key, _, _)| {
-                let c = namer.culprit(groups.stacks[&key]);
-                (c.kind, c.name, c.file, c.line)
-            },
+            |&(key, _, _)| namer.culprit_line(groups.stacks[&key]),
             |&(key, t, _)| (t.bytes, key),
             |into, (_, t, n)| {
                 into.1.blocks += t.blocks;
