@@ -65,7 +65,7 @@ pub(crate) fn recorded_by_stack(snap: &Snapshot) -> FxHashMap<StackId, Recorded>
     let annotates = snap
         .traces
         .iter()
-        .any(|t| t.events.actions().any(|a| a == Action::Annotate));
+        .any(|t| t.events.has_action(&Action::Annotate));
     if !annotates && !meaningful.contains(&true) {
         return out;
     }

@@ -486,6 +486,18 @@ impl Events {
         self.len().checked_sub(1).and_then(|i| self.get(i))
     }
 
+    /// Whether any event's action is `action`: a scan of the action
+    /// column's bytes, not a decoding of each event's.
+    pub fn has_action(&self, action: &Action) -> bool {
+        match action.code() {
+            Some(code) => self.actions.contains(&code),
+            None => self
+                .other_actions
+                .iter()
+                .any(|(_, name)| matches!(action, Action::Other(o) if **o == **name)),
+        }
+    }
+
     /// The actions of the events in order: for passes that look at nothing
     /// else.
     pub fn actions(&self) -> impl DoubleEndedIterator<Item = Action> + ExactSizeIterator + '_ {
@@ -994,6 +1006,23 @@ mod tests {
                 e
             })
             .collect()
+    }
+
+    /// An action is found among the events exactly when one of them has it,
+    /// known actions and others alike.
+    #[test]
+    fn has_action_is_whether_an_event_has_it() {
+        let events: Events = varied(20).into_iter().collect();
+        for action in [
+            Action::Alloc,
+            Action::Step,
+            Action::Other("custom_14".into()),
+        ] {
+            assert!(events.has_action(&action), "{action:?}");
+        }
+        for action in [Action::Annotate, Action::Other("custom_15".into())] {
+            assert!(!events.has_action(&action), "{action:?}");
+        }
     }
 
     /// The block events are the allocations and frees of a walk over whole
