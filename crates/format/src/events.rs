@@ -723,13 +723,13 @@ pub struct EventIter<'a> {
     details: &'a [(usize, Box<EventDetails>)],
 }
 
-/// Whether bit `i` of `bitmap` is set.
-#[inline(always)]
 /// How many bits of `bitmap` are set.
 fn present_count(bitmap: &[u64]) -> usize {
     bitmap.iter().map(|word| word.count_ones() as usize).sum()
 }
 
+/// Whether bit `i` of `bitmap` is set.
+#[inline(always)]
 fn has(bitmap: &[u64], i: usize) -> bool {
     bitmap
         .get(i / 64)
