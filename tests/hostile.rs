@@ -241,6 +241,117 @@ fn runs_of_stack_opcodes_are_refused_early() {
     );
 }
 
+#[test]
+fn a_list_holding_itself_a_million_times_is_refused_in_bounded_address_space() {
+    // CPython's own pickler writes a list that holds itself as a 2 MB file
+    // of memo references. Its items were given their room at every level
+    // the list nests to before any was charged to the reader's budget: 64
+    // levels of 32 MB, which aborted the reader where address space is
+    // limited (`ulimit -v`, strict overcommit), though little of it was
+    // ever touched.
+    let dir = tempdir();
+    let path = dir.path().join("self-holding.pickle");
+    let script = "import pickle, sys\n\
+        held = []\n\
+        held.extend([held] * 1_000_000)\n\
+        pickle.dump({'segments': [], 'device_traces': [], 'notes': held}, open(sys.argv[1], 'wb'), protocol=4)\n";
+    python_script(script, &[&path]);
+    // The limit is set in a Python parent, between fork and exec.
+    const LIMITED: &str = "import resource, subprocess, sys\n\
+        limit = int(sys.argv[1])\n\
+        setlimit = lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n\
+        done = subprocess.run(sys.argv[2:], preexec_fn=setlimit, capture_output=True)\n\
+        sys.stderr.buffer.write(done.stderr)\n\
+        sys.exit(done.returncode if done.returncode >= 0 else 128 - done.returncode)\n";
+    let output = Command::new("python3")
+        .args(["-c", LIMITED])
+        .arg((2u64 << 30).to_string())
+        .arg(env!("CARGO_BIN_EXE_snapdiff"))
+        .arg("summary")
+        .arg(&path)
+        .output()
+        .expect("run python3 and snapdiff");
+    let run = Run {
+        args: vec!["summary".to_owned(), path.display().to_string()],
+        output,
+    };
+    run.expect_code(2);
+    let err = run.stderr();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("notes: the pickle expands to far more values than its size allows"),
+        "{err}"
+    );
+}
+
+#[test]
+fn one_segment_given_many_times_is_refused_in_bounded_memory() {
+    // CPython's own pickler writes 20,000 references to one segment dict
+    // of 1,000 blocks in 69 KB; each was read into a segment of its own
+    // (1.4 GB, 20 million blocks).
+    let dir = tempdir();
+    let script = "import pickle, sys\n\
+        blocks = [{'address': i * 512, 'size': 512, 'requested_size': 512, 'state': 'active_allocated', 'frames': []} for i in range(1000)]\n\
+        seg = {'device': 0, 'address': 0, 'total_size': 512000, 'stream': 0, 'segment_type': 'large', 'allocated_size': 512000, 'active_size': 512000, 'requested_size': 512000, 'blocks': blocks}\n\
+        pickle.dump({'segments': [seg] * 20000, 'device_traces': []}, open(sys.argv[1], 'wb'), protocol=4)\n\
+        pickle.dump({'segments': [], 'device_traces': [], 'host_segments': [seg] * 20000}, open(sys.argv[2], 'wb'), protocol=4)\n";
+    let device = dir.path().join("device.pickle");
+    let host = dir.path().join("host.pickle");
+    python_script(script, &[&device, &host]);
+    refused_within(
+        dir.path(),
+        "one-segment-many-times.pickle",
+        &std::fs::read(&device).unwrap(),
+        "segments[1]: the same segment dict appears twice",
+        64 * MIB,
+    );
+    // The pinned host allocator's list, where this reader cannot follow
+    // it, is kept as a generic value, whose budget refuses it.
+    refused_within(
+        dir.path(),
+        "one-host-segment-many-times.pickle",
+        &std::fs::read(&host).unwrap(),
+        "host_segments[11]: the pickle expands to far more values than its size allows",
+        64 * MIB,
+    );
+}
+
+#[test]
+fn one_long_string_copied_into_many_records_is_refused_in_bounded_memory() {
+    // One 100 KB string, pickled once and referred to through the memo by
+    // 5,000 annotations, or by 5,000 distinct frames (of blocks and of
+    // trace events), was copied into each: 0.5 GB and 1 GB from files of
+    // 110 KB and 330 KB.
+    let dir = tempdir();
+    let script = "import pickle, sys\n\
+        text = 'x' * 100_000\n\
+        notes = [{'device': 0, 'time_us': 1, 'stage': 'START', 'name': text}] * 5000\n\
+        pickle.dump({'segments': [], 'device_traces': [], 'external_annotations': notes}, open(sys.argv[1], 'wb'), protocol=4)\n\
+        frames = [{'filename': text, 'line': i, 'name': 'f'} for i in range(5000)]\n\
+        blocks = [{'address': i * 512, 'size': 512, 'requested_size': 512, 'state': 'active_allocated', 'frames': frames[i:i + 1]} for i in range(5000)]\n\
+        seg = {'device': 0, 'address': 0, 'total_size': 512 * 5000, 'stream': 0, 'segment_type': 'large', 'allocated_size': 0, 'active_size': 0, 'requested_size': 0, 'blocks': blocks}\n\
+        pickle.dump({'segments': [seg], 'device_traces': []}, open(sys.argv[2], 'wb'), protocol=4)\n\
+        events = [{'action': 'alloc', 'addr': i, 'size': 512, 'stream': 0, 'frames': frames[i:i + 1]} for i in range(5000)]\n\
+        pickle.dump({'segments': [], 'device_traces': [events]}, open(sys.argv[3], 'wb'), protocol=4)\n";
+    let files = ["annotations", "block-frames", "event-frames"].map(|name| dir.path().join(name));
+    python_script(script, &files);
+    let expect = [
+        "external_annotations[50].name: the pickle expands to far more values than its size allows",
+        "its frames' names and files come to far more than its size allows",
+        "its frames' names and files come to far more than its size allows",
+    ];
+    for (file, expect) in files.iter().zip(expect) {
+        let name = format!("{}.pickle", file.file_name().unwrap().to_string_lossy());
+        refused_within(
+            dir.path(),
+            &name,
+            &std::fs::read(file).unwrap(),
+            expect,
+            64 * MIB,
+        );
+    }
+}
+
 /// A zstd frame of `n` zero bytes, made without holding them in memory.
 fn zeros_frame(n: usize) -> Vec<u8> {
     let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();

@@ -27,6 +27,9 @@ impl Lowerer {
             return Ok(self.plain_frame(heap, name, file, line));
         }
         let new_id = self.next_frame_id();
+        let text = heap.str(name).len()
+            + heap.str(file).len()
+            + extra.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
         let frame = Frame {
             name: heap.str(name).into(),
             file: heap.str(file).into(),
@@ -36,6 +39,8 @@ impl Lowerer {
         if let Some(&id) = self.other_frame_ids.get(&frame) {
             return Ok(id);
         }
+        // Kept twice: as the frame, and as the key it is found again by.
+        self.charge_frame_text(2 * text)?;
         self.other_frame_ids.insert(frame.clone(), new_id);
         self.pending_frames
             .push(PendingFrame::Built(Box::new(frame)));
@@ -51,8 +56,20 @@ impl Lowerer {
         if id == new_id {
             self.pending_frames
                 .push(PendingFrame::Plain { name, file, line });
+            // Charged when the frames are built, where it can fail.
+            self.pending_frame_text += heap.str(name).len() + heap.str(file).len();
         }
         id
+    }
+
+    /// Takes `bytes` of frame text from its budget; see
+    /// [`Lowerer::frame_text_budget`].
+    fn charge_frame_text(&mut self, bytes: usize) -> Result<(), Failure> {
+        self.frame_text_budget = self.frame_text_budget.checked_sub(bytes).ok_or_else(|| {
+            ": its frames' names and files come to far more than its size allows (one long string shared by many frames?)"
+                .to_owned()
+        })?;
+        Ok(())
     }
 
     /// The id the next new frame gets.
@@ -64,10 +81,12 @@ impl Lowerer {
     /// only noted (16 bytes); building them all in one go afterwards, away
     /// from the opcodes, costs less than building each as it is found: the
     /// snapviewer sample, with 3295 distinct frames, reads 3% faster.
-    pub(crate) fn build_frames(&mut self, heap: &Heap) {
+    pub(crate) fn build_frames(&mut self, heap: &Heap) -> Result<(), Failure> {
         if self.pending_frames.is_empty() {
-            return;
+            return Ok(());
         }
+        let text = std::mem::take(&mut self.pending_frame_text);
+        self.charge_frame_text(text)?;
         self.frames
             .extend(self.pending_frames.drain(..).map(|pending| match pending {
                 PendingFrame::Plain { name, file, line } => Frame {
@@ -78,6 +97,7 @@ impl Lowerer {
                 },
                 PendingFrame::Built(frame) => *frame,
             }));
+        Ok(())
     }
 
     /// The id of pickled string `h`'s text: that of the first pickled string

@@ -96,6 +96,14 @@ pub(crate) struct Lowerer {
     /// expansion of a pickle that shares one container or string many times
     /// over, to a small multiple of the file's size.
     value_budget: usize,
+    /// Bytes of frame names and files (and extra keys) still allowed to be
+    /// made: distinct frames that share one long string through the memo
+    /// copy it each, so a small file could make gigabytes of them. Real
+    /// files make a tenth of their size or less.
+    frame_text_budget: usize,
+    /// Text of the frames noted since they were last built, charged to
+    /// [`Lowerer::frame_text_budget`] when they are.
+    pending_frame_text: usize,
 }
 
 /// `a == b`, without calling `memcmp` for empty strings: glibc's AVX-512
@@ -180,23 +188,23 @@ fn shape(heap: &Heap, entries: &[[Val; 2]]) -> Shape {
     }
 }
 
+/// A snapshot's frame, stack and string tables.
+pub(crate) type Tables = (Vec<Frame>, Vec<Vec<FrameId>>, Vec<String>);
+
 impl Lowerer {
     /// The frame, stack and string tables, for the snapshot.
-    pub(crate) fn into_tables(
-        mut self,
-        heap: &Heap,
-    ) -> (Vec<Frame>, Vec<Vec<FrameId>>, Vec<String>) {
-        self.build_frames(heap);
+    pub(crate) fn into_tables(mut self, heap: &Heap) -> Result<Tables, Failure> {
+        self.build_frames(heap)?;
         // The table was reserved generously. Shrinking copies it, which is
         // worth it only when most of it went unused.
         if self.frames.capacity() > 2 * self.frames.len() {
             self.frames.shrink_to_fit();
         }
-        (
+        Ok((
             self.frames,
             self.stacks.into_items(),
             self.strings.into_items(),
-        )
+        ))
     }
 
     /// A lowerer for a pickle of `len` bytes.
@@ -227,6 +235,7 @@ impl Lowerer {
             ),
             stacks: Interner::with_capacity((len / 128).min(MAX_RESERVED_INDEX)),
             value_budget: 8 * len + (4 << 20),
+            frame_text_budget: 16 * len + (4 << 20),
             ..Lowerer::default()
         }
     }

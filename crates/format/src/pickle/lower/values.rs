@@ -7,11 +7,20 @@ use super::*;
 impl Lowerer {
     /// Converts any value to a generic [`Value`], for keys without a schema.
     pub(crate) fn value(&mut self, heap: &Heap, v: Val, depth: usize) -> Result<Value, Failure> {
+        self.charge(std::mem::size_of::<Value>())?;
+        self.value_in_slot(heap, v, depth)
+    }
+
+    /// [`Lowerer::value`] of an item of a list or map, whose slots were
+    /// charged before they were allocated: a list of thousands of
+    /// references to itself would otherwise allocate its slots at every
+    /// level it is nested to before charging any (512 times the file's
+    /// size).
+    fn value_in_slot(&mut self, heap: &Heap, v: Val, depth: usize) -> Result<Value, Failure> {
         if depth > MAX_DEPTH {
             return Err(format!(": values nested deeper than {MAX_DEPTH} levels"));
         }
-        self.build_frames(heap);
-        self.charge(std::mem::size_of::<Value>())?;
+        self.build_frames(heap)?;
         let value = match v {
             Val::Unset | Val::None => Value::None,
             Val::Bool(b) => Value::Bool(b),
@@ -32,18 +41,23 @@ impl Lowerer {
             Val::Stack(s) => self.charged(self.stack_value(Some(s)))?,
             Val::Obj(id) => match &heap.containers[id as usize] {
                 Container::List(items) | Container::Tuple(items) | Container::Set(items) => {
-                    let mut out = Vec::with_capacity(items.len());
+                    let mut out = self.charged_slots(items.len())?;
                     for (i, &item) in items.iter().enumerate() {
-                        out.push(self.value(heap, item, depth + 1).map_err(|f| index(i, f))?);
+                        out.push(
+                            self.value_in_slot(heap, item, depth + 1)
+                                .map_err(|f| index(i, f))?,
+                        );
                     }
                     Value::List(out)
                 }
                 Container::Dict(entries) => {
-                    let mut out = Vec::with_capacity(entries.len());
+                    let mut out = self.charged_slots(entries.len())?;
                     for &[k, item] in entries {
                         let key = key_text(heap, k);
-                        self.charge(std::mem::size_of::<String>() + key.len())?;
-                        let value = self.value(heap, item, depth + 1).map_err(|f| at(&key, f))?;
+                        self.charge(key.len())?;
+                        let value = self
+                            .value_in_slot(heap, item, depth + 1)
+                            .map_err(|f| at(&key, f))?;
                         out.push((key, value));
                     }
                     Value::Map(out)
@@ -52,7 +66,7 @@ impl Lowerer {
                 Container::Stack(s) => self.charged(self.stack_value(Some(*s)))?,
                 Container::Event(i) => self.charged_event(*i)?,
                 &Container::Events { start, len } => {
-                    let mut out = Vec::with_capacity(len as usize);
+                    let mut out = self.charged_slots(len as usize)?;
                     for (k, i) in (start..start + len).enumerate() {
                         out.push(self.charged_event(i).map_err(|f| index(k, f))?);
                     }
@@ -60,7 +74,7 @@ impl Lowerer {
                 }
                 Container::Block(i) => self.charged_block(*i)?,
                 &Container::Blocks { start, len } => {
-                    let mut out = Vec::with_capacity(len as usize);
+                    let mut out = self.charged_slots(len as usize)?;
                     for (k, i) in (start..start + len).enumerate() {
                         out.push(self.charged_block(i).map_err(|f| index(k, f))?);
                     }
@@ -110,6 +124,19 @@ impl Lowerer {
                 .to_owned()
         })?;
         Ok(())
+    }
+
+    /// `text` copied, once its size is taken from the budget.
+    pub(crate) fn charged_text(&mut self, text: &str) -> Result<String, Failure> {
+        self.charge(text.len())?;
+        Ok(text.to_owned())
+    }
+
+    /// An empty vector with room for `len` items, once that room is taken
+    /// from the budget.
+    fn charged_slots<T>(&mut self, len: usize) -> Result<Vec<T>, Failure> {
+        self.charge(len.saturating_mul(std::mem::size_of::<T>()))?;
+        Ok(Vec::with_capacity(len))
     }
 
     /// `value`, a record converted back to a generic value, once its size
