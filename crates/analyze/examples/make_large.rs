@@ -2,14 +2,17 @@
 //! `bench/analyze.sh`:
 //!
 //! ```text
-//! cargo run --release -p snapdiff-analyze --example make_large -- DIR
+//! cargo run --release -p snapdiff-analyze --example make_large -- DIR [EVENTS]
 //! ```
 //!
 //! - `DIR/blocks-before.snap`, `DIR/blocks-after.snap`: 1,000,000 live blocks
 //!   each, in 20-block segments, from 2,000 stacks of 30 frames; "after" has
 //!   1% of the blocks replaced by new ones of a leaking site.
 //! - `DIR/trace-10m.snap`: a trace of 10,000,000 events (alloc and
-//!   free_completed pairs, with step marks), one site leaking a block per step.
+//!   free_completed pairs, with step marks), one site leaking a block per step;
+//!   with `EVENTS` (in millions), a trace of that many as a PyTorch pickle
+//!   instead, `DIR/trace-<EVENTS>m.pickle` (100 million: 4.6 GB, a pickle
+//!   past 4 GiB).
 
 use snapdiff_format::{
     Action, Block, BlockState, DeviceTrace, Events, Frame, Meta, Pool, Segment, Snapshot,
@@ -93,13 +96,13 @@ fn blocks_snapshot(leak: bool) -> Snapshot {
     }
 }
 
-fn trace_snapshot() -> Snapshot {
+fn trace_snapshot(n: usize) -> Snapshot {
     let (frames, stacks) = frames_and_stacks();
-    let mut events = Events::with_capacity(10_000_000);
+    let mut events = Events::with_capacity(n);
     let mut time = 1_700_000_000_000_000i64;
     let mut step = 0u64;
     let mut leaked = 0u64;
-    while events.len() < 10_000_000 {
+    while events.len() < n {
         step += 1;
         events.push(TraceEvent {
             action: Action::Step,
@@ -152,7 +155,9 @@ fn trace_snapshot() -> Snapshot {
 }
 
 fn main() {
-    let dir = std::path::PathBuf::from(std::env::args().nth(1).expect("usage: make_large DIR"));
+    let usage = "usage: make_large DIR [EVENTS, in millions]";
+    let dir = std::path::PathBuf::from(std::env::args().nth(1).expect(usage));
+    let millions: Option<usize> = std::env::args().nth(2).map(|n| n.parse().expect(usage));
     std::fs::create_dir_all(&dir).unwrap();
     snapdiff_format::write_path(
         dir.join("blocks-before.snap"),
@@ -166,10 +171,16 @@ fn main() {
         snapdiff_format::Existing::Replace,
     )
     .unwrap();
-    snapdiff_format::write_path(
-        dir.join("trace-10m.snap"),
-        &trace_snapshot(),
-        snapdiff_format::Existing::Replace,
-    )
-    .unwrap();
+    let Some(millions) = millions else {
+        snapdiff_format::write_path(
+            dir.join("trace-10m.snap"),
+            &trace_snapshot(10_000_000),
+            snapdiff_format::Existing::Replace,
+        )
+        .unwrap();
+        return;
+    };
+    let path = dir.join(format!("trace-{millions}m.pickle"));
+    let out = std::fs::File::create(&path).unwrap();
+    snapdiff_format::write_torch_pickle(&trace_snapshot(millions * 1_000_000), out).unwrap();
 }

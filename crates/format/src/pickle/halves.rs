@@ -552,6 +552,43 @@ mod tests {
         assert!(devices_before >= 10, "splits after a first device");
     }
 
+    /// A skim keeps positions in 32 bits, so it reaches 4 GiB into a file
+    /// at most: here a reach cut to a part of each real file stands in for
+    /// that limit. A split is found before the reach (inside the trace, or
+    /// at its key when no batch of events starts in time) or not at all,
+    /// and the file reads there as on one thread.
+    #[test]
+    fn a_split_is_found_within_the_skims_reach() {
+        let (mut inside, mut at_key, mut none) = (0, 0, 0);
+        for path in pickles() {
+            let data = std::fs::read(&path).unwrap();
+            let one = on_one_thread(&data).unwrap();
+            for reach in [data.len() / 8, data.len() / 3, data.len() * 2 / 3] {
+                let wanted = data.len() / 2;
+                let Some(split) = skim::find_within(&data, reach, |_| Some(wanted)) else {
+                    none += 1;
+                    continue;
+                };
+                assert!(split.at < reach, "{}", path.display());
+                assert!(split.made_at.iter().all(|&at| (at as usize) < reach));
+                let in_trace = split.in_trace.is_some();
+                // A first half that passes the split before the skim is
+                // done reads on alone (small files): a split not made.
+                let (two, was_split) = split_at(&data, Some(split)).unwrap();
+                assert!(one == two, "{} within {reach}", path.display());
+                match (was_split, in_trace) {
+                    (true, true) => inside += 1,
+                    (true, false) => at_key += 1,
+                    (false, _) => {}
+                }
+            }
+        }
+        assert!(
+            inside > 0 && at_key > 0 && none > 0,
+            "{inside} {at_key} {none}"
+        );
+    }
+
     #[test]
     fn real_snapshots_read_in_two_halves_as_on_one_thread() {
         let mut split = Vec::new();

@@ -60,8 +60,16 @@ const TRACE_KEY: &[u8] = b"device_traces";
 /// 265 MiB trace (`fixtures/make_torch_format.py --large 5000000`), which
 /// read fastest split at 60% to 65% of the way through (0.58 – 0.65 s,
 /// against 0.65 – 0.93 s at 45% to 55% and 0.66 – 0.73 s at 70%).
+///
+/// In a file past 4 GiB the split is kept within the skim's reach
+/// ([`SKIM_REACH`]): as near the balance as that allows.
 pub(crate) fn find_balanced(data: &[u8]) -> Option<Split> {
-    find(data, |key_at| balanced_split(data.len(), key_at))
+    // A batch of events starts every few hundred KB at most: a split
+    // looked for this far before the reach is found within it.
+    let last_from = SKIM_REACH - (16 << 20);
+    find(data, |key_at| {
+        balanced_split(data.len(), key_at).map(|at| at.min(last_from))
+    })
 }
 
 /// Where inside the trace to split a file of `len` bytes whose trace key
@@ -98,12 +106,31 @@ const SKIM: u64 = 4;
 /// the key's, the first MARK of a batch of a device's events from there on
 /// (the key if there is none). `None` if there is no key, or if the pickle
 /// holds anything a snapshot does not (an object, a protocol 0 text
-/// opcode, a memo slot written out of order, a file past 4 GiB).
+/// opcode, a memo slot written out of order, a key past 4 GiB).
 pub(crate) fn find(data: &[u8], inside: impl FnOnce(usize) -> Option<usize>) -> Option<Split> {
-    // Positions are kept in 32 bits.
-    u32::try_from(data.len()).ok()?;
+    find_within(data, SKIM_REACH, inside)
+}
+
+/// How far into a file a skim goes: it keeps positions in 32 bits, so in a
+/// file past 4 GiB it gives up there (a split is found before it, or the
+/// file is read on one thread).
+const SKIM_REACH: usize = u32::MAX as usize;
+
+/// [`find`], the skim going no further than `reach` bytes.
+pub(crate) fn find_within(
+    data: &[u8],
+    reach: usize,
+    inside: impl FnOnce(usize) -> Option<usize>,
+) -> Option<Split> {
+    let reached = &data[..data.len().min(reach)];
     // Reserved for a slot every 16 bytes, as the machine reserves its memo.
-    let mut skim = Skim::new(data, 0, 0, Vec::new(), Vec::with_capacity(data.len() / 16));
+    let mut skim = Skim::new(
+        reached,
+        0,
+        0,
+        Vec::new(),
+        Vec::with_capacity(reached.len() / 16),
+    );
     let mut at_key = None;
     match skim.run_to_split(inside, &mut at_key) {
         Some(split) => Some(split),
@@ -141,7 +168,8 @@ pub(crate) fn past_trace(data: &[u8], mut key: Split, pages: Option<Pages>) -> O
     // The stack's depth at the key: the dict, and two for each pair before.
     let base = 1 + 2 * key.pairs;
     let made_at = std::mem::take(&mut key.made_at);
-    let mut skim = Skim::new(data, key.at, base, vec![1], made_at);
+    let reached = &data[..data.len().min(SKIM_REACH)];
+    let mut skim = Skim::new(reached, key.at, base, vec![1], made_at);
     skim.step()?;
     while data.get(skim.pos) != Some(&EMPTY_LIST) {
         // The key's memo put, or a frame's start.
