@@ -160,16 +160,16 @@ pub(crate) struct PastTrace {
 /// list of devices, each a list of events), counting its devices, so that
 /// a reader that needs no events can read the file around it; the trace's
 /// `pages` of a mapped file are handed back behind the skim, as a reader's
-/// are. `None` if the value is not a list made there, or holds anything
-/// [`find`] gives up at.
+/// are. `None` if the value is not a list made there, holds anything
+/// [`find`] gives up at, or ends past the skim's reach.
 pub(crate) fn past_trace(data: &[u8], mut key: Split, pages: Option<Pages>) -> Option<PastTrace> {
     let mut pages = pages.map(|p| p.from(key.at));
     let mut release_at = key.at + PROGRESS_EVERY;
     // The stack's depth at the key: the dict, and two for each pair before.
     let base = 1 + 2 * key.pairs;
     let made_at = std::mem::take(&mut key.made_at);
-    let reached = &data[..data.len().min(SKIM_REACH)];
-    let mut skim = Skim::new(reached, key.at, base, vec![1], made_at);
+    let data = &data[..data.len().min(SKIM_REACH)];
+    let mut skim = Skim::new(data, key.at, base, vec![1], made_at);
     skim.step()?;
     while data.get(skim.pos) != Some(&EMPTY_LIST) {
         // The key's memo put, or a frame's start.
