@@ -11,7 +11,7 @@
 //! - `DIR/trace-10m.snap`: a trace of 10,000,000 events (alloc and
 //!   free_completed pairs, with step marks), one site leaking a block per step;
 //!   with `EVENTS` (in millions), a trace of that many as a PyTorch pickle
-//!   instead, `DIR/trace-<EVENTS>m.pickle` (100 million: 4.6 GB, a pickle
+//!   instead, `DIR/trace-<EVENTS>m.pickle` (100 million: 4.3 GB, a pickle
 //!   past 4 GiB).
 
 use snapdiff_format::{
